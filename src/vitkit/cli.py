@@ -1,0 +1,83 @@
+"""The ``vitkit`` command: a thin layer that parses arguments and calls the library.
+
+Each subcommand lives in a module of ``vitkit.commands`` that defines ``register(parser)`` (adds its
+arguments) and ``run(args) -> int``. Modules are imported only when their subcommand runs, so
+``vitkit --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from .errors import VitkitError
+
+# name -> (module under vitkit.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("list_models", "list the named models with their parameter counts"),
+    "demo": ("demo", "build a model and classify a sample image (no training)"),
+    "train": ("train", "train a ViT on a folder of images, MNIST, CIFAR or the built-in demo set"),
+    "finetune": ("finetune", "fine-tune a checkpoint on new data, at a new resolution"),
+    "eval": ("evaluate", "evaluate a checkpoint: loss, top-1/top-5, per-class metrics, confusion matrix"),
+    "predict": ("predict", "top-k predictions for images, folders or globs"),
+    "explain": ("explain", "attention rollout and class-token attention overlaid on an image"),
+    "export": ("export", "export to ONNX, TorchScript or an ExportedProgram, checked against eager"),
+    "convert": ("convert", "convert weights from/to timm, Hugging Face or JAX checkpoints"),
+    "bench": ("bench", "measure throughput, latency, memory, FLOPs and MFU"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are one usage line and one error line, exit code 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _load(module: str):
+    return importlib.import_module(f"vitkit.commands.{module}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with ``only`` set, only that subcommand's arguments are registered."""
+    parser = _Parser(prog="vitkit", description="Vision Transformers: train, convert, evaluate, explain, export.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (module, help_) in COMMANDS.items():
+        if importlib.util.find_spec(f"vitkit.commands.{module}") is None:
+            continue  # a command whose module is not part of this build
+        p = sub.add_parser(name, help=help_, description=help_)
+        if only is None or only == name:
+            _load(module).register(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Register only the chosen subcommand's arguments: importing every command module costs time.
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=first if first in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if args.version:
+        from . import __version__
+
+        print(__version__)
+        return 0
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(_load(COMMANDS[args.command][0]).run(args) or 0)
+    except VitkitError as e:
+        print(f"vitkit: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("vitkit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

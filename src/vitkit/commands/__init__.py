@@ -1,0 +1,1 @@
+"""One module per ``vitkit`` subcommand: ``register(parser)`` and ``run(args)``."""

@@ -1,0 +1,64 @@
+"""Atomic file writes: a temporary file in the same folder, fsync, then rename over the target.
+
+A reader (or a crash at any moment) sees either the old file or the new one, never a partial one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+from ..errors import CheckpointError
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike):
+    """Yield a temporary path next to ``target``; on success it is fsynced and renamed over ``target``.
+
+    On any error the temporary file is removed and ``target`` is left as it was. A full disk or a
+    permission problem becomes a CheckpointError naming the target.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        raise CheckpointError(f"{target}: could not write ({why}); the previous file is unchanged") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(target) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+
+def atomic_write_text(target: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(target, text.encode("utf-8"))

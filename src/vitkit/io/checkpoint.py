@@ -1,0 +1,212 @@
+"""The canonical checkpoint: a directory with model.safetensors and config.json.
+
+config.json holds {"format": "vitkit", "format_version": 1, "model": ViTConfig, "preprocess":
+Preprocess, "labels": [class names] or null}. Loading never executes code from a file: weights come
+from safetensors, or from torch.load(weights_only=True) for .pth files of other libraries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from ..config import Preprocess, ViTConfig
+from ..errors import CheckpointError, ConfigError
+from .atomic import atomic_write_bytes, atomic_write_text
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+FORMAT_VERSION = 1
+
+
+# ------------------------------------------------------------------------------------------- save
+def checkpoint_config(model) -> dict:
+    return {
+        "format": "vitkit",
+        "format_version": FORMAT_VERSION,
+        "model": model.cfg.to_dict(),
+        "preprocess": model.preprocess.to_dict(),
+        "labels": list(model.labels) if model.labels is not None else None,
+    }
+
+
+def save(model, path: str | os.PathLike, extra: Mapping | None = None) -> Path:
+    """Write ``model`` to directory ``path`` (created if needed) as model.safetensors + config.json.
+
+    Each file is written atomically. ``extra`` adds keys to config.json (e.g. training provenance).
+    """
+    from safetensors.torch import save as st_save
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path}: exists and is not a directory")
+    model = unwrap(model)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    cfg = checkpoint_config(model)
+    if extra:
+        cfg.update(extra)
+    atomic_write_bytes(path / WEIGHTS, st_save(state, metadata={"format": "pt"}))
+    atomic_write_text(path / CONFIG, json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+def unwrap(model):
+    """The plain module under DDP / torch.compile wrappers (no 'module.' or '_orig_mod.' prefixes)."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+            model = model.module
+        else:
+            return model
+
+
+# ------------------------------------------------------------------------------------------- load
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint directory that ``path`` names: a checkpoint directory, its model.safetensors or
+    config.json, or a training run directory (its best checkpoint, else its last)."""
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise CheckpointError(f"{p}: no such file or directory")
+    if p.is_file() and p.name in (WEIGHTS, CONFIG):
+        p = p.parent
+    if p.is_dir():
+        if (p / CONFIG).is_file() or (p / WEIGHTS).is_file():
+            return p
+        for sub in ("best", "last"):
+            if (p / sub / CONFIG).is_file():
+                return p / sub
+        raise CheckpointError(f"{p}: not a vitkit checkpoint (no {CONFIG} and {WEIGHTS}, nor a run directory)")
+    raise CheckpointError(
+        f"{p}: not a vitkit checkpoint directory; convert other formats with `vitkit convert {p} OUT --from ...`"
+    )
+
+
+def read_config(ckpt_dir: Path) -> tuple[ViTConfig, Preprocess, list[str] | None, dict]:
+    file = ckpt_dir / CONFIG
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing (a vitkit checkpoint holds {CONFIG} beside {WEIGHTS})")
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+        raise CheckpointError(f"{file}: expected a JSON object with a 'model' table")
+    if raw.get("format", "vitkit") != "vitkit":
+        raise CheckpointError(f"{file}: format {raw.get('format')!r} is not 'vitkit'")
+    try:
+        cfg = ViTConfig.from_dict(raw["model"], where="model")
+        pre = Preprocess.from_dict(raw.get("preprocess") or {}, where="preprocess")
+    except ConfigError as e:
+        raise CheckpointError(f"{file}: {e}") from None
+    labels = raw.get("labels")
+    if labels is not None:
+        if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+            raise CheckpointError(f"{file}: 'labels' must be a list of strings or null")
+        if cfg.num_classes and len(labels) != cfg.num_classes:
+            raise CheckpointError(f"{file}: {len(labels)} labels for a head of {cfg.num_classes} classes")
+    return cfg, pre, labels, raw
+
+
+def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{file}: not a readable safetensors file ({msg})") from None
+
+
+def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors from a .safetensors, .pth/.pt/.bin (torch.load with weights_only=True) or .npz file.
+
+    Pickles that would run code are refused; nested {'state_dict': ...} / {'model': ...} are unwrapped.
+    """
+    import pickle
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        return read_safetensors(path)
+    if suffix == ".npz":
+        import numpy as np
+
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return {k: torch.from_numpy(np.asarray(z[k]).copy()) for k in z.files}
+        except (ValueError, OSError, EOFError) as e:
+            raise CheckpointError(f"{path}: not a readable .npz file ({str(e).splitlines()[0]})") from None
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(
+            f"{path}: refused to load: the pickle holds objects other than tensors (weights_only=True; {first[:160]})"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, AttributeError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({msg[:200]})") from None
+    for key in ("state_dict", "model", "model_state_dict", "module"):
+        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path}: expected a dict of tensors (a state dict)")
+    return obj
+
+
+def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Raise CheckpointError listing the missing, unexpected and mis-shaped keys, if any."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} != {tuple(own[k].shape)}"
+        for k in own
+        if k in state and tuple(state[k].shape) != tuple(own[k].shape)
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)):
+            if items:
+                more = f" (+{len(items) - 8} more)" if len(items) > 8 else ""
+                parts.append(f"{label}: {', '.join(items[:8])}{more}")
+        raise CheckpointError(f"{source}: weights do not fit the config; " + "; ".join(parts))
+
+
+def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Load a state dict after checking every key and shape (see ``check_state_dict``)."""
+    check_state_dict(model, state, source)
+    own = model.state_dict()
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
+
+
+def load(path: str | os.PathLike, device: str | torch.device = "cpu"):
+    """A ready model in eval mode from a checkpoint directory (or a run directory: its best checkpoint).
+
+    The model takes float images (B, C, H, W), normalised as ``model.preprocess`` says, and returns
+    logits; ``model.labels`` holds the class names when the checkpoint has them.
+    """
+    from ..model import VisionTransformer
+
+    ckpt = resolve_checkpoint(path)
+    cfg, pre, labels, _ = read_config(ckpt)
+    state = read_safetensors(ckpt / WEIGHTS)
+    with torch.device("meta"):
+        model = VisionTransformer(cfg)
+    check_state_dict(model, state, str(ckpt / WEIGHTS))
+    model = model.to_empty(device="cpu")
+    model.load_state_dict(state, strict=True)
+    model.preprocess = pre.for_channels(cfg.in_chans)
+    model.labels = labels
+    return model.to(device).eval()

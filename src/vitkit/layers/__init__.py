@@ -1,0 +1,21 @@
+"""Building blocks of the Vision Transformer, one concept a file."""
+
+from .attention import Attention, PerHeadAttention
+from .block import Block, DropPath, LayerScale
+from .mlp import Mlp
+from .patch_embed import ConvStem, PatchEmbed
+from .pos_embed import resample_pos_embed, sincos_1d, sincos_2d
+
+__all__ = [
+    "Attention",
+    "PerHeadAttention",
+    "Block",
+    "DropPath",
+    "LayerScale",
+    "Mlp",
+    "PatchEmbed",
+    "ConvStem",
+    "resample_pos_embed",
+    "sincos_1d",
+    "sincos_2d",
+]

@@ -1,0 +1,304 @@
+"""The Vision Transformer (Dosovitskiy et al. 2020), every variant from one ``ViTConfig``.
+
+    image (B, C, H, W)
+      -> patch_embed          (B, N, D)      N = H/P * W/P patches, each projected to D
+      -> [cls] + pos_embed    (B, 1+N, D)    prefix token(s) and position information
+      -> blocks x depth       (B, 1+N, D)    pre-LN self-attention + MLP, residual
+      -> norm                 (B, 1+N, D)    forward_features ends here
+      -> pool                 (B, D)         [cls] token or mean of patch tokens (then fc_norm)
+      -> head                 (B, classes)   forward_head ends here; softmax gives probabilities
+
+Module names follow timm (patch_embed.proj, cls_token, pos_embed, blocks.i.norm1, blocks.i.attn.qkv,
+blocks.i.attn.proj, blocks.i.norm2, blocks.i.mlp.fc1/fc2, norm, fc_norm, head), so timm state dicts
+load with an identity key map.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .config import Preprocess, ViTConfig
+from .errors import ShapeError
+from .layers import Block, ConvStem, LayerScale, PatchEmbed, resample_pos_embed, sincos_1d, sincos_2d
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, cfg: ViTConfig | None = None, **overrides):
+        super().__init__()
+        cfg = (cfg or ViTConfig()).replace(**overrides) if overrides else (cfg or ViTConfig())
+        self.cfg = cfg
+        D = cfg.embed_dim
+        self.num_prefix_tokens = cfg.num_prefix_tokens
+        self.num_features = D
+        # Saved with the model: how to prepare images, and the class names (None = indices).
+        self.preprocess = Preprocess().for_channels(cfg.in_chans)
+        self.labels: list[str] | None = None
+
+        if cfg.stem == "conv":
+            self.patch_embed = ConvStem(cfg.patch_size, cfg.in_chans, D, cfg.stem_width)
+        else:
+            self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, D, cfg.patch_embed)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
+        if cfg.pos_embed == "learn":
+            n_pos = cfg.num_patches + (0 if cfg.no_embed_class else cfg.num_prefix_tokens)
+            self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, D))
+        else:
+            self.pos_embed = None  # fixed tables are computed on the fly (cheap, never stale)
+        self.pos_drop = nn.Dropout(cfg.drop_rate)
+
+        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+        self.blocks = nn.ModuleList(
+            Block(
+                D,
+                cfg.num_heads,
+                cfg.mlp_hidden,
+                qkv_bias=cfg.qkv_bias,
+                act=cfg.act,
+                drop=cfg.drop_rate,
+                attn_drop=cfg.attn_drop_rate,
+                drop_path=dpr[i],
+                norm=cfg.norm,
+                eps=cfg.norm_eps,
+                fused_attn=cfg.attn_impl == "fused",
+                layer_scale=cfg.layer_scale,
+            )
+            for i in range(cfg.depth)
+        )
+        # Post-LN blocks end in a LayerNorm already; with fc_norm the norm moves after pooling.
+        final_norm = cfg.norm == "pre" and not cfg.use_fc_norm
+        self.norm = nn.LayerNorm(D, eps=cfg.norm_eps) if final_norm else nn.Identity()
+        self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.use_fc_norm else nn.Identity()
+        if cfg.representation_size:
+            self.pre_logits = nn.Sequential()
+            self.pre_logits.add_module("fc", nn.Linear(D, cfg.representation_size))
+            self.pre_logits.add_module("act", nn.Tanh())
+            self.num_features = cfg.representation_size
+        else:
+            self.pre_logits = nn.Identity()
+        self.head_drop = nn.Dropout(cfg.head_drop_rate)
+        self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.init_weights()
+
+    # -------------------------------------------------------------------------------------- init
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise as the paper ('jax') or timm ('timm'); seed torch's RNG first for determinism."""
+        mode = self.cfg.init
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02, a=-0.04, b=0.04)
+        if self.cls_token is not None:
+            nn.init.zeros_(self.cls_token)
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                if name == "head":
+                    if mode == "jax":
+                        nn.init.zeros_(m.weight)  # the paper's zero-initialised head
+                    else:
+                        nn.init.trunc_normal_(m.weight, std=0.02)
+                    nn.init.zeros_(m.bias)
+                elif mode == "jax":
+                    if name.endswith("pre_logits.fc"):
+                        _lecun_normal_(m.weight)
+                    else:
+                        nn.init.xavier_uniform_(m.weight)
+                    if m.bias is not None:
+                        if ".mlp." in name:
+                            nn.init.normal_(m.bias, std=1e-6)
+                        else:
+                            nn.init.zeros_(m.bias)
+                else:
+                    nn.init.trunc_normal_(m.weight, std=0.02)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Conv2d):
+                if name == "patch_embed.proj" and isinstance(self.patch_embed, PatchEmbed):
+                    _lecun_normal_(m.weight)  # fan_in = C*P*P, as a Dense layer on the flattened patch
+                else:
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, LayerScale):
+                nn.init.constant_(m.gamma, self.cfg.layer_scale)
+            elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def reset_head(self, num_classes: int, labels: Sequence[str] | None = None) -> None:
+        """Replace the head with a fresh one for ``num_classes`` (zero-initialised, as for fine-tuning)."""
+        self.cfg = self.cfg.replace(num_classes=num_classes)
+        ref = next(self.parameters())
+        self.head = nn.Linear(self.num_features, num_classes).to(ref.device) if num_classes else nn.Identity()
+        if num_classes:
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        self.labels = list(labels) if labels is not None else None
+
+    @torch.no_grad()
+    def resample_to(self, img_size: int | tuple[int, int], mode: str = "bicubic", antialias: bool = False) -> None:
+        """Convert the model once to a new input size: learned position embeddings are resampled in 2D."""
+        new = self.cfg.replace(img_size=img_size)
+        if self.pos_embed is not None:
+            prefix = 0 if self.cfg.no_embed_class else self.num_prefix_tokens
+            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, self.cfg.grid_size, prefix, mode, antialias)
+            self.pos_embed = nn.Parameter(pe)
+        self.cfg = new
+
+    # ----------------------------------------------------------------------------------- checks
+    def check_input(self, x: torch.Tensor) -> tuple[int, int]:
+        """Raise ShapeError unless ``x`` is a float (B, C, H, W) batch the model can take; return the grid."""
+        cfg = self.cfg
+        expect = f"a float tensor (B, {cfg.in_chans}, {cfg.img_size[0]}, {cfg.img_size[1]})"
+        if not isinstance(x, torch.Tensor):
+            raise ShapeError(f"input: expected {expect}, got {type(x).__name__}")
+        got = f"shape {tuple(x.shape)} dtype {str(x.dtype).replace('torch.', '')}"
+        if x.ndim != 4:
+            raise ShapeError(f"input: expected {expect}, got {got} (rank {x.ndim})")
+        if not x.is_floating_point():
+            raise ShapeError(f"input: expected {expect}, got {got}; convert images with .float() / 255")
+        B, C, H, W = x.shape
+        if C != cfg.in_chans:
+            raise ShapeError(f"input: expected {expect}, got {got} ({C} channels, model takes {cfg.in_chans})")
+        P = cfg.patch_size
+        if cfg.dynamic_img_size:
+            if H % P or W % P or H < P or W < P:
+                raise ShapeError(f"input: height and width must be multiples of patch size {P}, got {got}")
+        elif (H, W) != cfg.img_size:
+            raise ShapeError(
+                f"input: expected {expect}, got {got}; build with dynamic_img_size=True or call "
+                f"resample_to(({H}, {W})) to run at another size"
+            )
+        return H // P, W // P
+
+    # ---------------------------------------------------------------------------------- forward
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Add position information and the class token: (B, N, D) -> (B, prefix + N, D)."""
+        cfg = self.cfg
+        B, N, D = x.shape
+        cls = self.cls_token.expand(B, -1, -1) if self.cls_token is not None else None
+        if cfg.pos_embed == "learn":
+            pe = self.pos_embed
+            if grid != cfg.grid_size:
+                prefix = 0 if cfg.no_embed_class else self.num_prefix_tokens
+                pe = resample_pos_embed(pe, grid, cfg.grid_size, prefix)
+            if cfg.no_embed_class:
+                # big_vision adds position embeddings to the patches first, then concatenates [cls]
+                x = x + pe
+                x = torch.cat([cls, x], dim=1) if cls is not None else x
+            else:
+                x = torch.cat([cls, x], dim=1) if cls is not None else x
+                x = x + pe
+        elif cfg.pos_embed == "sincos2d":
+            x = x + sincos_2d(grid, D).to(x.dtype).to(x.device)  # patches only; [cls] gets none
+            x = torch.cat([cls, x], dim=1) if cls is not None else x
+        else:
+            x = torch.cat([cls, x], dim=1) if cls is not None else x
+            if cfg.pos_embed == "sincos1d":
+                x = x + sincos_1d(x.shape[1], D).to(x.dtype).to(x.device)  # one index per token
+        return self.pos_drop(x)
+
+    def _encode(self, x: torch.Tensor, keep: set[int] = frozenset(), return_attn: bool = False):
+        """Run the stem and the blocks; return tokens, the outputs of blocks in ``keep`` and attention maps."""
+        grid = self.check_input(x)
+        x = self._pos_embed(self.patch_embed(x), grid)
+        kept, maps = [], []
+        for i, blk in enumerate(self.blocks):
+            x, attn = blk(x, return_attn)
+            if return_attn:
+                maps.append(attn)
+            if i in keep:
+                kept.append(x)
+        return x, kept, maps, grid
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> normalised tokens (B, prefix + N, D)."""
+        x, _, _, _ = self._encode(x)
+        return self.norm(x)
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) tokens -> (B, D) by the configured pooling ('none' keeps every token)."""
+        if self.cfg.global_pool == "token":
+            return x[:, 0]
+        if self.cfg.global_pool == "avg":
+            return x[:, self.num_prefix_tokens :].mean(dim=1)
+        return x
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens from forward_features -> logits (B, classes), or the pooled features if ``pre_logits``."""
+        x = self.pre_logits(self.fc_norm(self.pool(x)))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) float images -> (B, num_classes) logits."""
+        return self.forward_head(self.forward_features(x))
+
+    # ------------------------------------------------------------------------------ inspection
+    def get_intermediate_layers(
+        self,
+        x: torch.Tensor,
+        n: int | Sequence[int] = 1,
+        norm: bool = False,
+        reshape: bool = False,
+        return_prefix_tokens: bool = False,
+    ) -> list:
+        """Outputs of the last ``n`` blocks (or of the blocks with indices ``n``), in block order.
+
+        Each is (B, prefix + N, D), or with ``reshape`` the patch tokens as a (B, D, gh, gw) map
+        (paired with the prefix tokens (B, prefix, D) if ``return_prefix_tokens``).
+        """
+        depth = len(self.blocks)
+        idx = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
+        if isinstance(n, int) and not 1 <= n <= depth:
+            raise ValueError(f"get_intermediate_layers: n must be in 1..{depth}, got {n}")
+        _, kept, _, (gh, gw) = self._encode(x, keep=set(idx))
+        by_index = dict(zip(sorted(set(idx)), kept))
+        outs = []
+        for i in idx:
+            t = self.norm(by_index[i]) if norm else by_index[i]
+            if reshape:
+                prefix, patches = t[:, : self.num_prefix_tokens], t[:, self.num_prefix_tokens :]
+                fmap = patches.reshape(t.shape[0], gh, gw, -1).permute(0, 3, 1, 2)  # (B, D, gh, gw)
+                outs.append((fmap, prefix) if return_prefix_tokens else fmap)
+            else:
+                outs.append(t)
+        return outs
+
+    @torch.no_grad()
+    def attention_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Attention probabilities of every block, a list of (B, heads, T, T), T = prefix + N.
+
+        Uses the manual attention path, so it works when the model runs fused attention by default.
+        """
+        _, _, maps, _ = self._encode(x, return_attn=True)
+        return maps
+
+    def forward_with_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits and the attention maps of every block, in one pass."""
+        tokens, _, maps, _ = self._encode(x, return_attn=True)
+        return self.forward_head(self.norm(tokens)), maps
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters that recipes exclude from weight decay (besides biases and norms)."""
+        return {"pos_embed", "cls_token"}
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        return f"img_size={c.img_size}, patch_size={c.patch_size}, embed_dim={c.embed_dim}, depth={c.depth}"
+
+
+def _lecun_normal_(w: torch.Tensor) -> None:
+    fan_in = w[0].numel()
+    # truncated normal on [-2, 2] std has std 0.8796; rescale so that the result has std 1/sqrt(fan_in)
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+    nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["VisionTransformer", "count_params"]

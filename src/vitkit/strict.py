@@ -1,0 +1,154 @@
+"""Strict conversion of plain dicts (JSON, TOML, command-line overrides) into dataclasses.
+
+Unknown keys and values of the wrong type are errors that name the field. Used by the model config
+and the training config alike, so that every config file vitkit reads is checked the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, get_args, get_origin
+
+from .errors import ConfigError
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Return ``value`` converted to type ``tp`` (ints to floats, lists to tuples), or raise ConfigError."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is typing.Union or origin is types.UnionType:
+        errors = []
+        for arg in get_args(tp):
+            if arg is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin is typing.Literal:
+        if value in get_args(tp):
+            return value
+        choices = ", ".join(repr(a) for a in get_args(tp))
+        raise ConfigError(f"{where}: expected one of {choices}, got {value!r}")
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        args = get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} values, got {len(value)}")
+            out = [coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
+        else:
+            elem = args[0] if args else Any
+            out = [coerce(v, elem, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table/dict, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{where}: expected null, got {value!r}")
+    raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")
+
+
+def from_dict(cls: type, data: Any, where: str = "config"):
+    """Build dataclass ``cls`` from ``data``; unknown keys and ill-typed values raise ConfigError."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a table/dict, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; known fields: {', '.join(fields)}"
+        )
+    kwargs = {k: coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> dict:
+    """Dataclass to a JSON-ready dict (tuples become lists)."""
+
+    def conv(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        return v
+
+    return conv(obj)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value`` into (["a","b","c"], value); the value is read as JSON when it parses."""
+    import json
+
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. optim.lr=0.001")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override {text!r}: empty key")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        low = raw.strip().lower()
+        value = {"true": True, "false": False, "none": None, "null": None}.get(low, raw)
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply dotted ``KEY=VALUE`` overrides to a nested dict (a copy is returned)."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = out
+        for k in keys[:-1]:
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {text!r}: {k!r} is not a section")
+            node = nxt
+        node[keys[-1]] = value
+    return out
