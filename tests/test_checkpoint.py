@@ -1,0 +1,184 @@
+"""The canonical checkpoint: round trip, run directories, and every way a checkpoint can be bad."""
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+import vitkit
+from vitkit import CheckpointError
+from vitkit.io.atomic import atomic_write_bytes
+from vitkit.io.checkpoint import load_state_dict_file
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+    m = vitkit.create_model("vit_test", seed=0, num_classes=3)
+    torch.nn.init.normal_(m.head.weight)
+    m.labels = ["cat", "dog", "eel"]
+    path = vitkit.save(m, tmp_path / "ckpt")
+    return m.eval(), path
+
+
+def test_round_trip(ckpt):
+    m, path = ckpt
+    assert sorted(os.listdir(path)) == ["config.json", "model.safetensors"]
+    loaded = vitkit.load(path)
+    assert not loaded.training and loaded.labels == ["cat", "dog", "eel"]
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(loaded(x), m(x))
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["format"] == "vitkit" and cfg["model"]["embed_dim"] == 32 and cfg["preprocess"]["mean"] == [0.5] * 3
+
+
+def test_load_accepts_weights_file_and_run_dir(ckpt, tmp_path):
+    m, path = ckpt
+    assert vitkit.load(path / "model.safetensors").cfg == m.cfg
+    run = tmp_path / "run"
+    vitkit.save(m, run / "best")
+    assert vitkit.load(run).labels == m.labels
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(CheckpointError, match=r"nope: no such file or directory"):
+        vitkit.load(tmp_path / "nope")
+
+
+def test_not_a_checkpoint_dir(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"empty: not a vitkit checkpoint"):
+        vitkit.load(tmp_path / "empty")
+
+
+def test_missing_config(ckpt):
+    _, path = ckpt
+    (path / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"config.json: missing"):
+        vitkit.load(path)
+
+
+@pytest.mark.parametrize(
+    "edit,msg",
+    [
+        (lambda c: c["model"].update(embed_dims=4), r"config.json: model: unknown field\(s\) 'embed_dims'"),
+        (lambda c: c["model"].update(depth="2"), r"config.json: model.depth: expected an integer, got '2'"),
+        (lambda c: c["model"].update(num_heads=5), r"config.json: ViTConfig.num_heads: embed_dim 32 is not divisible"),
+        (lambda c: c.update(labels=["a"]), r"config.json: 1 labels for a head of 3 classes"),
+        (lambda c: c["preprocess"].update(std=[0, 1, 1]), r"config.json: Preprocess.std"),
+        (lambda c: c.pop("model"), r"config.json: expected a JSON object with a 'model' table"),
+    ],
+)
+def test_bad_config(ckpt, edit, msg):
+    _, path = ckpt
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=msg):
+        vitkit.load(path)
+
+
+def test_config_not_json(ckpt):
+    _, path = ckpt
+    (path / "config.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(CheckpointError, match=r"config.json: not valid JSON"):
+        vitkit.load(path)
+
+
+@pytest.mark.parametrize("cut", [0, 7, 100, -50])
+def test_truncated_safetensors(ckpt, cut):
+    _, path = ckpt
+    f = path / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[:cut] if cut >= 0 else data[:cut])
+    with pytest.raises(CheckpointError, match=r"model.safetensors: not a readable safetensors file"):
+        vitkit.load(path)
+
+
+def test_corrupted_safetensors_header(ckpt):
+    _, path = ckpt
+    f = path / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[8:20] = b"!!garbage!!!"
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"not a readable safetensors file"):
+        vitkit.load(path)
+
+
+def test_weights_that_do_not_fit_list_the_keys(ckpt):
+    from safetensors.torch import save_file
+
+    m, path = ckpt
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    del sd["norm.weight"]
+    sd["extra.weight"] = torch.zeros(2)
+    sd["head.bias"] = torch.zeros(4)
+    save_file(sd, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError) as e:
+        vitkit.load(path)
+    msg = str(e.value)
+    assert "missing: norm.weight" in msg and "unexpected: extra.weight" in msg
+    assert "mis-shaped: head.bias (4,) != (3,)" in msg and "\n" not in msg
+
+
+class _Payload:
+    """Unpickling this object would create a file: the loader must refuse it without running it."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "evil.pth"
+    with open(bad, "wb") as f:
+        pickle.dump({"w": _Payload(str(marker))}, f)
+    with pytest.raises(CheckpointError, match=r"evil.pth: refused to load"):
+        load_state_dict_file(bad)
+    assert not marker.exists()
+
+
+def test_torch_save_zip_payload_is_refused(tmp_path):
+    marker = tmp_path / "pwned2"
+    bad = tmp_path / "evil2.pt"
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "x": _Payload(str(marker))}, bad)
+    with pytest.raises(CheckpointError, match=r"evil2.pt: refused to load"):
+        load_state_dict_file(bad)
+    assert not marker.exists()
+
+
+def test_pth_state_dict_loads(tmp_path):
+    torch.save({"model": {"a": torch.ones(2)}}, tmp_path / "ok.pth")
+    assert torch.equal(load_state_dict_file(tmp_path / "ok.pth")["a"], torch.ones(2))
+    (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"junk.pth: "):
+        load_state_dict_file(tmp_path / "junk.pth")
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    import errno
+
+    target = tmp_path / "f.bin"
+    atomic_write_bytes(target, b"old")
+
+    real_replace = os.replace
+
+    def full_disk(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(CheckpointError, match=r"f.bin: could not write \(no space left on device\)"):
+        atomic_write_bytes(target, b"new")
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert target.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["f.bin"]  # no temporary file left behind
+
+
+def test_save_over_a_file_is_an_error(tmp_path):
+    (tmp_path / "x").write_text("hi")
+    with pytest.raises(CheckpointError, match=r"x: exists and is not a directory"):
+        vitkit.save(vitkit.create_model("vit_test"), tmp_path / "x")

@@ -1,0 +1,139 @@
+"""The alternative designs of the tutorials compute the same thing (float32, stated tolerances)."""
+
+import pytest
+import torch
+
+from vitkit.layers import Attention, PatchEmbed, PerHeadAttention, resample_pos_embed, sincos_1d, sincos_2d
+
+ATOL = 1e-5
+
+
+@pytest.mark.parametrize("patch,chans,hw", [(4, 1, (28, 28)), (8, 3, (32, 48)), (16, 3, (32, 32))])
+def test_patch_embed_conv_equals_linear(patch, chans, hw):
+    torch.manual_seed(0)
+    conv = PatchEmbed(patch, chans, 24, mode="conv")
+    lin = PatchEmbed(patch, chans, 24, mode="linear")
+    lin.load_state_dict(conv.state_dict())  # one parameter layout: loads unchanged
+    x = torch.randn(2, chans, *hw)
+    a, b = conv(x), lin(x)
+    assert a.shape == (2, (hw[0] // patch) * (hw[1] // patch), 24)
+    torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+def test_patch_embed_linear_is_a_linear_layer_on_flattened_patches():
+    """Space-to-depth in (C, P, P) order, then an nn.Linear holding the conv weight as (D, C*P*P)."""
+    torch.manual_seed(0)
+    pe = PatchEmbed(4, 3, 16, mode="linear")
+    x = torch.randn(1, 3, 8, 8)
+    lin = torch.nn.Linear(48, 16)
+    lin.weight.data = pe.proj.weight.data.reshape(16, 48)
+    lin.bias.data = pe.proj.bias.data
+    patches = [x[0, :, r * 4 : r * 4 + 4, c * 4 : c * 4 + 4].reshape(-1) for r in range(2) for c in range(2)]
+    ref = lin(torch.stack(patches))[None]
+    torch.testing.assert_close(pe(x), ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_attention_fused_manual_per_head_agree(bias):
+    torch.manual_seed(0)
+    D, H = 48, 4
+    fused = Attention(D, H, qkv_bias=bias, fused=True).eval()
+    manual = Attention(D, H, qkv_bias=bias, fused=False).eval()
+    manual.load_state_dict(fused.state_dict())
+    per_head = PerHeadAttention(D, H, qkv_bias=bias).load_fused(fused).eval()
+    x = torch.randn(3, 17, D)
+    a, none = fused(x)
+    b, attn = manual(x)
+    c = per_head(x)
+    assert none is None and attn.shape == (3, H, 17, 17)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(3, H, 17), atol=ATOL, rtol=0)
+    torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+    torch.testing.assert_close(a, c, atol=ATOL, rtol=0)
+    # and the other direction: per-head weights into the fused module
+    back = Attention(D, H, qkv_bias=bias)
+    back.load_state_dict(per_head.fused_state_dict())
+    torch.testing.assert_close(back.eval()(x)[0], c, atol=ATOL, rtol=0)
+
+
+def test_fused_returns_attention_on_request():
+    torch.manual_seed(0)
+    attn = Attention(32, 2, fused=True).eval()
+    x = torch.randn(2, 5, 32)
+    out, maps = attn(x, return_attn=True)
+    torch.testing.assert_close(out, attn(x)[0], atol=ATOL, rtol=0)
+    assert maps.shape == (2, 2, 5, 5)
+
+
+def test_sliced_per_head_equals_block_diagonal_fused():
+    """The 'from scratch' tutorial's heads each see only their slice of the token."""
+    torch.manual_seed(0)
+    D, H = 8, 2
+    ref = PerHeadAttention(D, H, sliced=True).eval()
+    fused = Attention(D, H).eval()
+    fused.load_state_dict(ref.fused_state_dict())
+    w = fused.qkv.weight.reshape(3, H, D // H, D)
+    assert torch.count_nonzero(w[:, 0, :, D // H :]) == 0  # block-diagonal
+    x = torch.randn(2, 50, D)
+    torch.testing.assert_close(fused(x)[0], ref(x), atol=ATOL, rtol=0)
+
+
+def test_sincos_1d_matches_tutorial_formula():
+    n, d = 50, 8
+    got = sincos_1d(n, d)
+    ref = torch.empty(n, d)
+    for i in range(n):
+        for j in range(d):
+            ref[i, j] = (
+                torch.sin(torch.tensor(i / 10000 ** (j / d)))
+                if j % 2 == 0
+                else torch.cos(torch.tensor(i / 10000 ** ((j - 1) / d)))
+            )
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
+
+
+def test_sincos_2d_layout():
+    t = sincos_2d((3, 5), 16)
+    assert t.shape == (15, 16)
+    # first quarter: sin(x * omega); omega_0 = 1 -> sin(column index)
+    cols = torch.arange(5).repeat(3).float()
+    rows = torch.arange(3).repeat_interleave(5).float()
+    torch.testing.assert_close(t[:, 0], cols.sin(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(t[:, 4], cols.cos(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(t[:, 8], rows.sin(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(t[:, 12], rows.cos(), atol=1e-6, rtol=0)
+
+
+def test_resample_identity_and_prefix_kept():
+    torch.manual_seed(0)
+    pe = torch.randn(1, 1 + 16, 8)
+    assert resample_pos_embed(pe, (4, 4)) is pe
+    out = resample_pos_embed(pe, (6, 10))
+    assert out.shape == (1, 1 + 60, 8)
+    torch.testing.assert_close(out[:, :1], pe[:, :1])
+
+
+def test_resample_constant_and_linear_fields_are_preserved():
+    """Interpolation reproduces a constant table exactly, and bilinear up-then-down is the identity
+    for an integer factor 2 of a table with smooth content only within tolerance."""
+    const = torch.full((1, 1 + 9, 4), 0.7)
+    torch.testing.assert_close(resample_pos_embed(const, (7, 5)), torch.full((1, 1 + 35, 4), 0.7), atol=1e-6, rtol=0)
+    torch.manual_seed(0)
+    pe = torch.randn(1, 16, 8)
+    up = resample_pos_embed(pe, (8, 8), num_prefix_tokens=0, mode="nearest")
+    down = resample_pos_embed(up, (4, 4), num_prefix_tokens=0, mode="nearest")
+    torch.testing.assert_close(down, pe)
+
+
+def test_resample_float32_compute_for_bf16_input():
+    pe = torch.randn(1, 1 + 4, 8).to(torch.bfloat16)
+    out = resample_pos_embed(pe, (3, 3))
+    assert out.dtype == torch.bfloat16
+    ref = resample_pos_embed(pe.float(), (3, 3))
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=0)
+
+
+def test_resample_errors():
+    with pytest.raises(ValueError, match="not a square grid"):
+        resample_pos_embed(torch.zeros(1, 1 + 6, 4), (3, 3))
+    with pytest.raises(ValueError, match="does not hold"):
+        resample_pos_embed(torch.zeros(1, 1 + 6, 4), (3, 3), old_grid=(2, 2))

@@ -1,0 +1,300 @@
+import math
+
+import pytest
+import torch
+
+import vitkit
+from vitkit import ConfigError, ShapeError, ViTConfig, VisionTransformer
+from vitkit.variants import REGISTRY
+
+ATOL = 1e-5
+
+
+def tiny(**kw) -> VisionTransformer:
+    base = dict(img_size=32, patch_size=8, num_classes=5, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
+    base.update(kw)
+    torch.manual_seed(0)
+    m = VisionTransformer(ViTConfig(**base))
+    # the paper's zero head makes every logit 0; randomise it so that tests see real outputs
+    if isinstance(m.head, torch.nn.Linear):
+        torch.nn.init.normal_(m.head.weight, std=0.1)
+    return m.eval()
+
+
+# ---------------------------------------------------------------------------------------- sizes
+@pytest.mark.parametrize(
+    "name,millions",
+    [
+        ("vit_tiny_patch16_224", 5.72),
+        ("vit_small_patch16_224", 22.05),
+        ("vit_base_patch16_224", 86.57),
+        ("vit_large_patch16_224", 304.33),
+        ("vit_huge_patch14_224", 632.05),
+    ],
+)
+def test_published_parameter_counts(name, millions):
+    with torch.device("meta"):
+        m = vitkit.create_model(name)
+    assert round(vitkit.count_params(m) / 1e6, 2) == millions
+
+
+def test_exact_base_count():
+    with torch.device("meta"):
+        m = vitkit.create_model("vit_base_patch16_224")
+    assert vitkit.count_params(m) == 86_567_656  # ViT-B/16, 224 px, 1000 classes
+
+
+def test_every_registered_model_builds():
+    for name in REGISTRY:
+        with torch.device("meta"):
+            m = vitkit.create_model(name)
+        assert m.cfg.embed_dim % m.cfg.num_heads == 0, name
+
+
+def test_list_models_pattern():
+    assert "vit_base_patch16_224" in vitkit.list_models("vit_base*")
+    assert all("patch32" in n for n in vitkit.list_models("patch32"))
+    assert vitkit.list_models("nothing-like-this") == []
+
+
+def test_unknown_model_name():
+    with pytest.raises(ConfigError, match="'vit_bsae_patch16_224' is not a known name"):
+        vitkit.create_model("vit_bsae_patch16_224")
+
+
+def test_tutorial_mnist_preset():
+    m = vitkit.create_model("tutorial_mnist", seed=0).eval()
+    c = m.cfg
+    assert (c.img_size, c.patch_size, c.grid_size, c.embed_dim, c.num_heads, c.depth) == ((28, 28), 4, (7, 7), 8, 2, 1)
+    assert c.mlp_hidden == 8 and c.act == "relu" and c.pos_embed == "sincos1d"
+    assert isinstance(m.blocks[0].mlp.act, torch.nn.ReLU)
+    probs = m(torch.rand(4, 1, 28, 28)).softmax(-1)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(4))
+
+
+# ---------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(embed_dim=30, num_heads=4), r"ViTConfig.num_heads: embed_dim 30 is not divisible by num_heads 4"),
+        (dict(img_size=30, patch_size=8), r"ViTConfig.img_size: 30x30 is not divisible by patch_size 8"),
+        (dict(class_token=False, global_pool="token"), r"ViTConfig.global_pool: 'token' pooling needs class_token"),
+        (dict(pos_embed="sincos2d", embed_dim=34, num_heads=2), r"ViTConfig.pos_embed: 'sincos2d' needs embed_dim"),
+        (dict(drop_rate=1.0), r"ViTConfig.drop_rate: must be in \[0, 1\)"),
+        (dict(stem="conv", patch_size=6, img_size=36), r"ViTConfig.stem: .*power-of-two"),
+        (dict(img_size=(32, 0)), r"ViTConfig.img_size"),
+        (dict(num_classes=-1), r"ViTConfig.num_classes"),
+    ],
+)
+def test_bad_config_names_the_field(kw, msg):
+    with pytest.raises(ConfigError, match=msg):
+        tiny(**kw)
+
+
+def test_config_from_dict_is_strict():
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) 'embed_dims'"):
+        ViTConfig.from_dict({"embed_dims": 3})
+    with pytest.raises(ConfigError, match=r"ViTConfig.depth: expected an integer, got 'twelve'"):
+        ViTConfig.from_dict({"depth": "twelve"})
+    with pytest.raises(ConfigError, match=r"ViTConfig.global_pool: expected one of"):
+        ViTConfig.from_dict({"global_pool": "max"})
+    c = ViTConfig.from_dict(ViTConfig(img_size=(32, 64), patch_size=16).to_dict())
+    assert c.img_size == (32, 64)
+
+
+# ---------------------------------------------------------------------------------------- forward
+def test_staged_api():
+    m = tiny()
+    x = torch.randn(2, 3, 32, 32)
+    feats = m.forward_features(x)
+    assert feats.shape == (2, 1 + 16, 32)
+    pre = m.forward_head(feats, pre_logits=True)
+    assert pre.shape == (2, 32)
+    torch.testing.assert_close(m.forward_head(feats), m.head(pre))
+    torch.testing.assert_close(m(x), m.forward_head(feats))
+
+
+def test_fused_and_manual_models_agree_and_attention_maps():
+    fused = tiny()
+    manual = tiny(attn_impl="manual")
+    manual.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(fused(x), manual(x), atol=ATOL, rtol=0)
+    maps = fused.attention_maps(x)
+    assert len(maps) == 2 and maps[0].shape == (2, 2, 17, 17)
+    logits, maps2 = fused.forward_with_attention(x)
+    torch.testing.assert_close(logits, fused(x), atol=ATOL, rtol=0)
+    for a, b in zip(maps, maps2):
+        torch.testing.assert_close(a, b)
+
+
+def test_intermediate_layers():
+    m = tiny(depth=3)
+    x = torch.randn(2, 3, 32, 32)
+    outs = m.get_intermediate_layers(x, n=2)
+    assert len(outs) == 2 and outs[0].shape == (2, 17, 32)
+    torch.testing.assert_close(m.norm(outs[-1]), m.forward_features(x))
+    fmaps = m.get_intermediate_layers(x, n=[0, -1], reshape=True, return_prefix_tokens=True, norm=True)
+    fmap, prefix = fmaps[1]
+    assert fmap.shape == (2, 32, 4, 4) and prefix.shape == (2, 1, 32)
+    # the map holds the patch tokens in raster order
+    torch.testing.assert_close(fmap[:, :, 0, 1], m.forward_features(x)[:, 2])
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(global_pool="avg", class_token=False),
+        dict(global_pool="avg"),
+        dict(global_pool="none"),
+        dict(pos_embed="sincos1d"),
+        dict(pos_embed="sincos2d", global_pool="avg", class_token=False),
+        dict(pos_embed="none"),
+        dict(no_embed_class=True),
+        dict(norm="post"),
+        dict(act="relu", mlp_ratio=1.0),
+        dict(stem="conv"),
+        dict(patch_embed="linear"),
+        dict(representation_size=16),
+        dict(layer_scale=1e-5),
+        dict(num_classes=0),
+        dict(img_size=(32, 48)),
+        dict(in_chans=1),
+    ],
+)
+def test_variants_run(kw):
+    m = tiny(**kw)
+    c = m.cfg
+    x = torch.randn(2, c.in_chans, *c.img_size)
+    y = m(x)
+    if c.global_pool == "none":
+        assert y.shape == (2, c.num_prefix_tokens + c.num_patches, c.num_classes)
+    else:
+        assert y.shape == (2, c.num_classes or m.num_features)
+    assert torch.isfinite(y).all()
+
+
+def test_pooling_semantics():
+    m = tiny(global_pool="avg", class_token=False)
+    x = torch.randn(2, 3, 32, 32)
+    feats = m.forward_features(x)
+    torch.testing.assert_close(m.forward_head(feats, pre_logits=True), m.fc_norm(feats.mean(1)))
+    assert isinstance(m.norm, torch.nn.Identity)  # timm: with avg pooling the norm moves after pooling
+    m = tiny()
+    feats = m.forward_features(x)
+    torch.testing.assert_close(m.forward_head(feats, pre_logits=True), feats[:, 0])
+
+
+def test_post_ln_block():
+    m = tiny(norm="post", depth=1)
+    blk = m.blocks[0]
+    x = torch.randn(2, 17, 32)
+    a, _ = blk.attn(x)
+    h = blk.norm1(x + a)
+    ref = blk.norm2(h + blk.mlp(h))
+    torch.testing.assert_close(blk(x)[0], ref, atol=ATOL, rtol=0)
+    assert isinstance(m.norm, torch.nn.Identity)
+
+
+def test_sincos_models_have_no_learned_positions():
+    m = tiny(pos_embed="sincos2d", class_token=False, global_pool="avg")
+    assert m.pos_embed is None and "pos_embed" not in m.state_dict()
+
+
+def test_dropout_and_droppath_only_in_training():
+    m = tiny(drop_rate=0.3, attn_drop_rate=0.3, drop_path_rate=0.3)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(m(x), m(x))
+    m.train()
+    assert not torch.allclose(m(x), m(x))
+    assert [round(b.drop_path1.p, 3) for b in m.blocks] == [0.0, 0.3]
+
+
+# ---------------------------------------------------------------------------------------- sizes at run time
+def test_resample_to_and_dynamic_size_agree():
+    m = tiny()
+    dyn = tiny(dynamic_img_size=True)
+    dyn.load_state_dict(m.state_dict())
+    x = torch.randn(2, 3, 48, 64)
+    y_dyn = dyn(x)
+    m.resample_to((48, 64))
+    assert m.cfg.img_size == (48, 64) and m.pos_embed.shape == (1, 1 + 6 * 8, 32)
+    torch.testing.assert_close(m(x), y_dyn, atol=ATOL, rtol=0)
+    # at the built size the dynamic model is the plain model
+    torch.testing.assert_close(dyn(torch.zeros(1, 3, 32, 32)), tiny()(torch.zeros(1, 3, 32, 32)), atol=ATOL, rtol=0)
+
+
+def test_resample_round_trip_nearest_is_identity():
+    m = tiny()
+    before = m.pos_embed.detach().clone()
+    m.resample_to(64, mode="nearest")
+    m.resample_to(32, mode="nearest")
+    torch.testing.assert_close(m.pos_embed.detach(), before)
+
+
+def test_dynamic_size_sincos2d():
+    m = tiny(pos_embed="sincos2d", class_token=False, global_pool="avg", dynamic_img_size=True)
+    assert m(torch.randn(1, 3, 40, 24)).shape == (1, 5)
+
+
+def test_224_model_runs_at_384():
+    cfg = ViTConfig(img_size=224, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    m = VisionTransformer(cfg).eval()
+    m.resample_to(384)
+    assert m(torch.randn(1, 3, 384, 384)).shape == (1, 3)
+    assert m.pos_embed.shape[1] == 1 + 24 * 24
+
+
+# ---------------------------------------------------------------------------------------- input checks
+@pytest.mark.parametrize(
+    "x,msg",
+    [
+        (torch.randn(3, 32, 32), r"input: expected a float tensor \(B, 3, 32, 32\), got shape \(3, 32, 32\) .*rank 3"),
+        (torch.randn(2, 1, 32, 32), r"got shape \(2, 1, 32, 32\) dtype float32 \(1 channels, model takes 3\)"),
+        (torch.zeros(2, 3, 32, 32, dtype=torch.uint8), r"dtype uint8; convert images with .float\(\) / 255"),
+        (torch.randn(2, 3, 48, 32), r"got shape \(2, 3, 48, 32\).*dynamic_img_size=True or call resample_to"),
+    ],
+)
+def test_input_errors(x, msg):
+    with pytest.raises(ShapeError, match=msg):
+        tiny()(x)
+
+
+def test_dynamic_size_rejects_non_multiple():
+    with pytest.raises(ShapeError, match="multiples of patch size 8"):
+        tiny(dynamic_img_size=True)(torch.randn(1, 3, 36, 32))
+
+
+# ---------------------------------------------------------------------------------------- init
+def test_seeded_init_is_deterministic():
+    a = vitkit.create_model("vit_test", seed=3)
+    b = vitkit.create_model("vit_test", seed=3)
+    c = vitkit.create_model("vit_test", seed=4)
+    for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(va, vb), k
+    assert not torch.equal(a.pos_embed, c.pos_embed)
+
+
+def test_jax_init_statistics():
+    torch.manual_seed(0)
+    m = VisionTransformer(ViTConfig(img_size=64, patch_size=16, embed_dim=256, depth=1, num_heads=4, num_classes=7))
+    assert torch.count_nonzero(m.head.weight) == 0 and torch.count_nonzero(m.cls_token) == 0
+    assert abs(m.pos_embed.std().item() - 0.02) < 0.003
+    fan_in = 3 * 16 * 16
+    assert abs(m.patch_embed.proj.weight.std().item() - math.sqrt(1 / fan_in)) < 0.1 * math.sqrt(1 / fan_in)
+    bound = math.sqrt(6 / (256 + 768))  # xavier uniform of qkv (768 x 256)
+    assert m.blocks[0].attn.qkv.weight.abs().max().item() <= bound
+    assert m.blocks[0].mlp.fc1.bias.abs().max().item() < 1e-5
+
+
+def test_timm_init_statistics():
+    torch.manual_seed(0)
+    m = VisionTransformer(ViTConfig(img_size=64, patch_size=16, embed_dim=256, depth=1, num_heads=4, init="timm"))
+    assert abs(m.blocks[0].mlp.fc1.weight.std().item() - 0.02) < 0.002
+    assert torch.count_nonzero(m.blocks[0].mlp.fc1.bias) == 0
+
+
+def test_reset_head():
+    m = tiny()
+    m.reset_head(3, labels=["a", "b", "c"])
+    assert m(torch.randn(1, 3, 32, 32)).shape == (1, 3) and m.cfg.num_classes == 3 and m.labels == ["a", "b", "c"]
