@@ -41,26 +41,43 @@ def _load(module: str):
     return importlib.import_module(f"vitkit.commands.{module}")
 
 
+def available_commands() -> list[str]:
+    """Subcommands whose module is part of this installation."""
+    return [n for n, (m, _) in COMMANDS.items() if importlib.util.find_spec(f"vitkit.commands.{m}") is not None]
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with ``only`` set, only that subcommand's arguments are registered."""
     parser = _Parser(prog="vitkit", description="Vision Transformers: train, convert, evaluate, explain, export.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, (module, help_) in COMMANDS.items():
-        if importlib.util.find_spec(f"vitkit.commands.{module}") is None:
-            continue  # a command whose module is not part of this build
+    parser.subcommands = {}
+    for name in available_commands():
+        module, help_ = COMMANDS[name]
         p = sub.add_parser(name, help=help_, description=help_)
+        parser.subcommands[name] = p
         if only is None or only == name:
             _load(module).register(p)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # Register only the chosen subcommand's arguments: importing every command module costs time.
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; errors (exit 2) print the usage of the subcommand at fault, not the top level's."""
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=first if first in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        at_fault = parser.subcommands.get(args.command, parser)
+        at_fault.error(f"unrecognized arguments: {' '.join(extra)}")
+    args._parser = parser
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Only the chosen subcommand's arguments are registered: importing every command module costs time.
+    args = parse_args(argv)
+    parser = args._parser
     if args.version:
         from . import __version__
 

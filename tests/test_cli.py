@@ -1,0 +1,107 @@
+"""The command line: usage errors exit 2 with a usage line; random arguments and configs never give a traceback."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vitkit import ConfigError, ViTConfig
+from vitkit.cli import available_commands, main, parse_args
+
+
+def run_cli(*argv):
+    return subprocess.run([sys.executable, "-m", "vitkit", *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_every_subcommand():
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for name in available_commands():
+        assert name in out.stdout
+
+
+def test_list_command_counts():
+    out = run_cli("list", "vit_base_patch16_224", "--json")
+    assert out.returncode == 0
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rows == [dict(name="vit_base_patch16_224", params=86_567_656, img_size=[224, 224], patch_size=16,
+                         embed_dim=768, depth=12, num_heads=12)]
+
+
+@pytest.mark.parametrize("command", available_commands())
+def test_unknown_argument_exits_2_with_usage(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args([command, "--no-such-flag"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: vitkit {command}") and "unrecognized arguments: --no-such-flag" in err
+
+
+@pytest.mark.parametrize("command", available_commands())
+def test_missing_required_arguments_exit_2(command, capsys):
+    # A subcommand with required positionals must exit 2 without them; one without must parse.
+    try:
+        parse_args([command])
+    except SystemExit as e:
+        assert e.code == 2
+        assert "usage: vitkit " + command in capsys.readouterr().err
+
+
+def test_unknown_command_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["frobnicate"])
+    assert e.value.code == 2 and "invalid choice: 'frobnicate'" in capsys.readouterr().err
+
+
+def test_ill_typed_argument_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--seed", "many"])
+    assert e.value.code == 2 and "argument --seed: invalid int value: 'many'" in capsys.readouterr().err
+
+
+def test_library_error_is_one_line_exit_1(capsys):
+    assert main(["demo", "--model", "vit_nonexistent"]) == 1
+    err = capsys.readouterr().err
+    assert err == "vitkit: error: model 'vit_nonexistent' is not a known name; `vitkit list` shows every name\n"
+
+
+# ------------------------------------------------------------------------------------------------ fuzz
+_words = st.sampled_from(
+    available_commands()
+    + ["--json", "--model", "--data", "--epochs", "--lr", "--out", "--seed", "--batch-size", "--format", "--from",
+       "--to", "--set", "-h", "--top-k", "--img-size", "--dtype", "x=1", "optim.lr=abc", "--", "-", "1", "-1", "0.5",
+       "nan", "inf", "1e309", "", " ", "é", "\x00", "vit_test", "/nonexistent", "a=b=c"]
+)
+_argv = st.lists(st.one_of(_words, st.text(max_size=12)), max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_argv)
+def test_fuzz_parser_never_tracebacks(argv):
+    try:
+        parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2): both are clean exits
+        assert e.code in (0, 2)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5000) | st.floats(allow_nan=True) | st.text(max_size=6),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=6,
+)
+_fields = [f.name for f in dataclasses.fields(ViTConfig)] + ["bogus"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(_fields), _json, max_size=6))
+def test_fuzz_config_loader_raises_only_config_errors(data):
+    try:
+        cfg = ViTConfig.from_dict(data)
+    except ConfigError as e:
+        assert "\n" not in str(e)
+    else:
+        assert ViTConfig.from_dict(cfg.to_dict()) == cfg
