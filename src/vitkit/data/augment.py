@@ -1,0 +1,475 @@
+"""Training augmentations applied to whole batches in pure torch (CPU or CUDA tensors).
+
+``BatchAugment(cfg, img_size, pre, num_classes)(images, labels, generator)`` takes a uint8 batch
+(B, C, h, w) and returns the normalised float batch (B, C, H, W) and the targets. Every random draw
+comes from the given ``torch.Generator`` (on the images' device), so a run resumed with the same
+generator state produces the same batches. Order of the steps:
+
+    crop (random resized crop | pad-and-crop | none) + horizontal flip
+    -> RandAugment / TrivialAugment (per-image ops, on 0..255 values)
+    -> normalise ((x/255 - mean) / std) -> random erasing -> mixup / cutmix + label smoothing
+
+Conventions (chosen here, documented in docs/data.md): geometric auto-augment ops fill the uncovered
+area with mid-grey (128); random erasing fills its box with per-pixel standard normal noise (in
+normalised units, as DeiT); mixup/cutmix pair each image with the batch in reverse order, and cutmix
+uses one box for the whole batch, with lambda corrected to the box's real area.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError, ShapeError
+from ..strict import from_dict, to_dict
+from .images import _check_uint8, _norm_consts, _pair, resize_center_crop
+
+
+@dataclass
+class AugmentConfig:
+    crop: Literal["rrc", "pad", "none"] = "rrc"  # 'rrc' random resized crop | 'pad' pad-and-crop (CIFAR
+    #   style, zeros) | 'none' (only a resize to img_size when the stored size differs)
+    rrc_scale: tuple[float, float] = (0.08, 1.0)  # random resized crop: range of the crop's area / image area
+    rrc_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # random resized crop: range of the crop's aspect ratio w/h
+    pad: int = 4  # pad-and-crop: pixels of zero padding on every side before the random crop
+    hflip: float = 0.5  # probability of a horizontal flip (use 0 for digits and text)
+    auto: Literal["none", "randaugment", "trivialaugment"] = "none"  # per-image colour/geometry ops:
+    #   'randaugment' applies ra_ops random ops at ra_magnitude; 'trivialaugment' one op, random magnitude
+    ra_ops: int = 2  # RandAugment: ops applied to each image (drawn with replacement)
+    ra_magnitude: int = 9  # RandAugment: strength on a 0..30 scale (9 as in the paper's ImageNet setting)
+    mixup_alpha: float = 0.0  # mixup: lambda ~ Beta(alpha, alpha); 0 = off (0.8 in DeiT)
+    cutmix_alpha: float = 0.0  # cutmix: lambda ~ Beta(alpha, alpha); 0 = off (1.0 in DeiT). With both on,
+    #   each batch uses one of them, chosen with equal odds
+    mix_prob: float = 1.0  # probability that a batch is mixed at all (when mixup or cutmix is on)
+    label_smoothing: float = 0.0  # smoothing of the one-hot targets: 1 - eps + eps/K on the label, eps/K off it
+    erase_prob: float = 0.0  # probability of random erasing per image (a box of 2%..33% of the area)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(name, msg):
+            raise ConfigError(f"AugmentConfig.{name}: {msg}")
+
+        if self.crop not in ("rrc", "pad", "none"):
+            bad("crop", f"expected 'rrc', 'pad' or 'none', got {self.crop!r}")
+        if self.auto not in ("none", "randaugment", "trivialaugment"):
+            bad("auto", f"expected 'none', 'randaugment' or 'trivialaugment', got {self.auto!r}")
+        lo, hi = self.rrc_scale
+        if not 0 < lo <= hi <= 1:
+            bad("rrc_scale", f"expected 0 < min <= max <= 1, got {tuple(self.rrc_scale)}")
+        lo, hi = self.rrc_ratio
+        if not 0 < lo <= hi:
+            bad("rrc_ratio", f"expected 0 < min <= max, got {tuple(self.rrc_ratio)}")
+        if not isinstance(self.pad, int) or self.pad < 0:
+            bad("pad", f"expected an integer >= 0, got {self.pad!r}")
+        for name in ("hflip", "mix_prob", "erase_prob"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                bad(name, f"is a probability, expected 0..1, got {v!r}")
+        if not isinstance(self.ra_ops, int) or self.ra_ops < 1:
+            bad("ra_ops", f"expected an integer >= 1, got {self.ra_ops!r}")
+        if not isinstance(self.ra_magnitude, int) or not 0 <= self.ra_magnitude <= 30:
+            bad("ra_magnitude", f"expected an integer in 0..30, got {self.ra_magnitude!r}")
+        for name in ("mixup_alpha", "cutmix_alpha"):
+            if getattr(self, name) < 0:
+                bad(name, f"expected >= 0 (0 = off), got {getattr(self, name)!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            bad("label_smoothing", f"expected 0 <= eps < 1, got {self.label_smoothing!r}")
+
+    @property
+    def mixing(self) -> bool:
+        return self.mix_prob > 0 and (self.mixup_alpha > 0 or self.cutmix_alpha > 0)
+
+    @property
+    def soft_targets(self) -> bool:
+        """True when __call__ returns float (B, K) targets instead of int64 labels."""
+        return self.mixing or self.label_smoothing > 0
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "AugmentConfig") -> "AugmentConfig":
+        return from_dict(cls, data, where)
+
+
+# ==================================================================================================
+# random draws (all from the caller's generator, on the images' device)
+def _rand(g, *shape, device):
+    return torch.rand(shape, generator=g, device=device)
+
+
+def rrc_boxes(b: int, h: int, w: int, scale, ratio, g, device, trials: int = 10) -> torch.Tensor:
+    """(B, 4) boxes (x0, y0, cw, ch) in pixels: area ~ U(scale) * h*w, log aspect ~ U(log ratio); the first of
+    ``trials`` draws that fits, else the largest centred box within the ratio range (as torchvision)."""
+    area = h * w * (scale[0] + (scale[1] - scale[0]) * _rand(g, b, trials, device=device))
+    lr0, lr1 = math.log(ratio[0]), math.log(ratio[1])
+    ar = torch.exp(lr0 + (lr1 - lr0) * _rand(g, b, trials, device=device))
+    cw, ch = torch.sqrt(area * ar), torch.sqrt(area / ar)
+    ok = (cw <= w) & (ch <= h)
+    first = ok.to(torch.uint8).argmax(1, keepdim=True)
+    has = ok.any(1)
+    cw, ch = cw.gather(1, first).squeeze(1), ch.gather(1, first).squeeze(1)
+    in_ratio = w / h  # fallback: whole image clipped to the ratio range
+    if in_ratio < ratio[0]:
+        fw, fh = w, w / ratio[0]
+    elif in_ratio > ratio[1]:
+        fw, fh = h * ratio[1], h
+    else:
+        fw, fh = w, h
+    cw = torch.where(has, cw, torch.full_like(cw, fw))
+    ch = torch.where(has, ch, torch.full_like(ch, fh))
+    u = _rand(g, b, 2, device=device)
+    x0 = torch.where(has, u[:, 0] * (w - cw), (w - cw) / 2)
+    y0 = torch.where(has, u[:, 1] * (h - ch), (h - ch) / 2)
+    return torch.stack([x0, y0, cw, ch], 1)
+
+
+def crop_resize(x: torch.Tensor, boxes: torch.Tensor, out_size: tuple[int, int], flip: torch.Tensor | None = None,
+                mode: str = "bilinear") -> torch.Tensor:
+    """Per-sample crops (x0, y0, cw, ch) of float (B, C, h, w), resized to ``out_size`` in one grid_sample
+    call; ``flip`` (bool (B,)) mirrors the chosen samples horizontally at no extra cost."""
+    b, _, h, w = x.shape
+    x0, y0, cw, ch = boxes.unbind(1)
+    sx, sy = cw / w, ch / h  # half-extent of the box in normalised [-1, 1] units
+    cx, cy = (2 * x0 + cw) / w - 1, (2 * y0 + ch) / h - 1
+    if flip is not None:
+        sx = torch.where(flip, -sx, sx)
+    zero = torch.zeros_like(sx)
+    theta = torch.stack([torch.stack([sx, zero, cx], 1), torch.stack([zero, sy, cy], 1)], 1)  # (B, 2, 3)
+    grid = F.affine_grid(theta, [b, x.shape[1], *out_size], align_corners=False)
+    return F.grid_sample(x, grid, mode=mode, padding_mode="border", align_corners=False)
+
+
+def pad_crop(x: torch.Tensor, pad: int, g) -> torch.Tensor:
+    """Zero-pad float (B, C, H, W) by ``pad`` and take a random (H, W) window per sample (one gather)."""
+    if pad == 0:
+        return x
+    b, c, h, w = x.shape
+    xp = F.pad(x, (pad, pad, pad, pad))
+    off = (_rand(g, b, 2, device=x.device) * (2 * pad + 1)).long().clamp_(max=2 * pad)  # (B, 2) y, x
+    ys = off[:, 0:1] + torch.arange(h, device=x.device)  # (B, H)
+    xs = off[:, 1:2] + torch.arange(w, device=x.device)  # (B, W)
+    # flat index into each (Hp*Wp) plane, gathered for all channels at once
+    wp = w + 2 * pad
+    idx = (ys[:, :, None] * wp + xs[:, None, :]).view(b, 1, h * w).expand(b, c, h * w)
+    return xp.view(b, c, -1).gather(2, idx).view(b, c, h, w)
+
+
+# ==================================================================================================
+# per-image ops on float 0..255 images (N, C, H, W); m = signed magnitude in the op's own units (N,)
+def _grey(x):
+    if x.shape[1] == 1:
+        return x
+    return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
+
+
+def _blend(a, b, f):  # b + f * (a - b): f = 1 -> a; f = 0 -> b
+    return (b + f.view(-1, 1, 1, 1) * (a - b)).clamp_(0, 255)
+
+
+def op_identity(x, m):
+    return x
+
+
+def op_autocontrast(x, m):
+    lo, hi = x.amin((2, 3), keepdim=True), x.amax((2, 3), keepdim=True)
+    span = hi - lo
+    scale = torch.where(span > 0, 255.0 / span.clamp(min=1e-6), torch.ones_like(span))
+    off = torch.where(span > 0, lo, torch.zeros_like(lo))
+    return ((x - off) * scale).clamp_(0, 255)
+
+
+def op_equalize(x, m):
+    """Per-channel histogram equalisation with Pillow's lookup-table rule."""
+    n, c, h, w = x.shape
+    flat = x.round().clamp(0, 255).long().view(n * c, h * w)
+    hist = torch.zeros(n * c, 256, device=x.device).scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float32))
+    last = 255 - (hist.flip(1) > 0).to(torch.uint8).argmax(1, keepdim=True)
+    step = torch.div(h * w - hist.gather(1, last), 255, rounding_mode="floor")  # (NC, 1)
+    cdf = hist.cumsum(1) - hist  # exclusive
+    lut = torch.div(cdf + torch.div(step, 2, rounding_mode="floor"), step.clamp(min=1), rounding_mode="floor")
+    lut = torch.where(step > 0, lut.clamp(0, 255), torch.arange(256, device=x.device, dtype=torch.float32))
+    return lut.gather(1, flat).view(n, c, h, w)
+
+
+def op_solarize(x, m):  # m = threshold in 0..255: pixels >= threshold are inverted
+    return torch.where(x >= m.view(-1, 1, 1, 1), 255 - x, x)
+
+
+def op_posterize(x, m):  # m = bits to keep (4..8)
+    q = torch.pow(2.0, 8 - m).view(-1, 1, 1, 1)
+    return torch.floor(x.round() / q) * q
+
+
+def op_color(x, m):  # m = factor - 1
+    return _blend(x, _grey(x).expand_as(x), 1 + m)
+
+
+def op_contrast(x, m):
+    mean = _grey(x).mean((1, 2, 3), keepdim=True)
+    return _blend(x, mean.expand_as(x), 1 + m)
+
+
+def op_brightness(x, m):
+    return _blend(x, torch.zeros_like(x), 1 + m)
+
+
+def op_sharpness(x, m):
+    c = x.shape[1]
+    k = torch.ones(3, 3, device=x.device)
+    k[1, 1] = 5
+    k = (k / 13).expand(c, 1, 3, 3)
+    smooth = x.clone()
+    smooth[:, :, 1:-1, 1:-1] = F.conv2d(x, k, groups=c)  # borders stay as they are (as Pillow)
+    return _blend(x, smooth, 1 + m)
+
+
+FILL = 128.0  # mid-grey for the area that geometric ops uncover
+
+
+def _affine(x, lin: torch.Tensor, shift: torch.Tensor):
+    """Output pixel -> input pixel mapping u_in = lin @ u_out + shift in normalised coords; nearest
+    sampling, FILL outside."""
+    n = x.shape[0]
+    theta = torch.cat([lin, shift.view(n, 2, 1)], 2)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x - FILL, grid, mode="nearest", padding_mode="zeros", align_corners=False) + FILL
+
+
+def op_rotate(x, m):  # m = degrees
+    h, w = x.shape[-2:]
+    a = m * (math.pi / 180)
+    cos, sin = torch.cos(a), torch.sin(a)
+    lin = torch.stack([torch.stack([cos, -sin * h / w], 1), torch.stack([sin * w / h, cos], 1)], 1)
+    return _affine(x, lin, torch.zeros(len(m), 2, device=x.device))
+
+
+def op_shear_x(x, m):  # m = shear factor
+    h, w = x.shape[-2:]
+    one, zero = torch.ones_like(m), torch.zeros_like(m)
+    lin = torch.stack([torch.stack([one, m * h / w], 1), torch.stack([zero, one], 1)], 1)
+    return _affine(x, lin, torch.zeros(len(m), 2, device=x.device))
+
+
+def op_shear_y(x, m):
+    h, w = x.shape[-2:]
+    one, zero = torch.ones_like(m), torch.zeros_like(m)
+    lin = torch.stack([torch.stack([one, zero], 1), torch.stack([m * w / h, one], 1)], 1)
+    return _affine(x, lin, torch.zeros(len(m), 2, device=x.device))
+
+
+def op_translate_x(x, m):  # m = fraction of the width
+    eye = torch.eye(2, device=x.device).expand(len(m), 2, 2)
+    return _affine(x, eye, torch.stack([-2 * m, torch.zeros_like(m)], 1))
+
+
+def op_translate_y(x, m):
+    eye = torch.eye(2, device=x.device).expand(len(m), 2, 2)
+    return _affine(x, eye, torch.stack([torch.zeros_like(m), -2 * m], 1))
+
+
+# name -> (function, magnitude at level 30 (the maximum), signed?, maps level -> op units)
+# Ranges follow the RandAugment paper's table as commonly implemented: rotate 30 deg, shear 0.3,
+# translate 0.45 of the size, colour/contrast/brightness/sharpness factor 1 +- 0.9, posterize down to
+# 4 bits, solarize threshold down to 0.
+OPS = {
+    "identity": (op_identity, None),
+    "autocontrast": (op_autocontrast, None),
+    "equalize": (op_equalize, None),
+    "rotate": (op_rotate, lambda f: 30.0 * f),
+    "solarize": (op_solarize, lambda f: 255.0 * (1 - f)),
+    "color": (op_color, lambda f: 0.9 * f),
+    "contrast": (op_contrast, lambda f: 0.9 * f),
+    "brightness": (op_brightness, lambda f: 0.9 * f),
+    "sharpness": (op_sharpness, lambda f: 0.9 * f),
+    "posterize": (op_posterize, lambda f: 8 - torch.round(4 * f)),
+    "shear_x": (op_shear_x, lambda f: 0.3 * f),
+    "shear_y": (op_shear_y, lambda f: 0.3 * f),
+    "translate_x": (op_translate_x, lambda f: 0.45 * f),
+    "translate_y": (op_translate_y, lambda f: 0.45 * f),
+}
+SIGNED = {"rotate", "color", "contrast", "brightness", "sharpness", "shear_x", "shear_y", "translate_x", "translate_y"}
+OP_NAMES = list(OPS)
+
+
+def apply_auto(x: torch.Tensor, g, mode: str, num_ops: int, magnitude: int) -> torch.Tensor:
+    """RandAugment (``num_ops`` ops per image at ``magnitude``/30) or TrivialAugment (one op per image at a
+    uniform random level in 0..30) on float 0..255 images; each image draws its own ops."""
+    n, dev = x.shape[0], x.device
+    rounds = num_ops if mode == "randaugment" else 1
+    x = x.clone()
+    for _ in range(rounds):
+        op = (_rand(g, n, device=dev) * len(OPS)).long().clamp_(max=len(OPS) - 1)
+        if mode == "randaugment":
+            frac = torch.full((n,), magnitude / 30.0, device=dev)
+            _ = _rand(g, n, device=dev)  # keep the draw count equal in both modes
+        else:
+            frac = (_rand(g, n, device=dev) * 31).floor().clamp_(max=30) / 30.0
+        sign = torch.where(_rand(g, n, device=dev) < 0.5, -1.0, 1.0)
+        for k, name in enumerate(OP_NAMES):
+            if name == "identity":
+                continue
+            sel = torch.nonzero(op == k).flatten()
+            if sel.numel() == 0:
+                continue
+            fn, level = OPS[name]
+            m = None
+            if level is not None:
+                m = level(frac[sel])
+                if name in SIGNED:
+                    m = m * sign[sel]
+            x[sel] = fn(x[sel], m).clamp_(0, 255)
+    return x
+
+
+# ==================================================================================================
+def random_erase(x: torch.Tensor, prob: float, g, area=(0.02, 1 / 3), log_ratio=(math.log(0.3), math.log(3.3)),
+                 trials: int = 10) -> torch.Tensor:
+    """Replace one random box per image (with probability ``prob``) by standard normal noise."""
+    b, c, h, w = x.shape
+    dev = x.device
+    a = h * w * (area[0] + (area[1] - area[0]) * _rand(g, b, trials, device=dev))
+    r = torch.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0]) * _rand(g, b, trials, device=dev))
+    eh, ew = torch.sqrt(a * r).round(), torch.sqrt(a / r).round()
+    ok = (eh < h) & (ew < w) & (eh >= 1) & (ew >= 1)
+    first = ok.to(torch.uint8).argmax(1, keepdim=True)
+    eh, ew = eh.gather(1, first).squeeze(1), ew.gather(1, first).squeeze(1)
+    u = _rand(g, b, 3, device=dev)
+    apply = ok.any(1) & (u[:, 0] < prob)
+    top = (u[:, 1] * (h - eh + 1)).floor()
+    left = (u[:, 2] * (w - ew + 1)).floor()
+    ys = torch.arange(h, device=dev, dtype=x.dtype)
+    xs = torch.arange(w, device=dev, dtype=x.dtype)
+    my = (ys >= top[:, None]) & (ys < (top + eh)[:, None])  # (B, H)
+    mx = (xs >= left[:, None]) & (xs < (left + ew)[:, None])  # (B, W)
+    mask = (my[:, :, None] & mx[:, None, :] & apply[:, None, None])[:, None]  # (B, 1, H, W)
+    noise = torch.randn(x.shape, generator=g, device=dev, dtype=x.dtype)
+    return torch.where(mask, noise, x)
+
+
+def one_hot(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
+    """int64 (B,) -> float (B, K): 1 - eps + eps/K on the label, eps/K elsewhere."""
+    off = smoothing / num_classes
+    y = torch.full((labels.shape[0], num_classes), off, device=labels.device)
+    return y.scatter_(1, labels.view(-1, 1), 1.0 - smoothing + off)
+
+
+def mix_batch(x: torch.Tensor, y: torch.Tensor, cfg: AugmentConfig, g) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Mixup or cutmix of a normalised batch with itself in reverse order; y are soft targets (B, K).
+
+    One generator draw (a seed for the batch-level scalars) keeps this exact across devices."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=g, device=x.device).item())
+    rng = np.random.default_rng(seed)
+    info = {"mixed": False, "mode": None, "lam": 1.0}
+    if rng.random() >= cfg.mix_prob:
+        return x, y, info
+    if cfg.mixup_alpha > 0 and cfg.cutmix_alpha > 0:
+        use_cutmix = rng.random() < 0.5
+    else:
+        use_cutmix = cfg.cutmix_alpha > 0
+    alpha = cfg.cutmix_alpha if use_cutmix else cfg.mixup_alpha
+    lam = float(rng.beta(alpha, alpha))
+    xf, yf = x.flip(0), y.flip(0)
+    if use_cutmix:
+        h, w = x.shape[-2:]
+        cut = math.sqrt(1.0 - lam)
+        ch, cw = int(h * cut), int(w * cut)
+        cy, cx = int(rng.integers(h)), int(rng.integers(w))
+        y0, y1 = max(cy - ch // 2, 0), min(cy + ch - ch // 2, h)
+        x0, x1 = max(cx - cw // 2, 0), min(cx + cw - cw // 2, w)
+        x = x.clone()
+        x[:, :, y0:y1, x0:x1] = xf[:, :, y0:y1, x0:x1]
+        lam = 1.0 - (y1 - y0) * (x1 - x0) / (h * w)
+    else:
+        x = xf.lerp(x, lam)  # lam * x + (1 - lam) * x_flipped
+    y = yf.lerp(y, lam)
+    info.update(mixed=True, mode="cutmix" if use_cutmix else "mixup", lam=lam)
+    return x, y, info
+
+
+# ==================================================================================================
+class BatchAugment:
+    """The training-time transform of a uint8 batch: see the module docstring for the steps."""
+
+    def __init__(self, cfg: AugmentConfig | dict | None, img_size, pre, num_classes: int):
+        if cfg is None:
+            cfg = AugmentConfig()
+        self.cfg = cfg if isinstance(cfg, AugmentConfig) else AugmentConfig.from_dict(cfg)
+        self.img_size = _pair(img_size)
+        self.pre = pre
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ConfigError(f"BatchAugment: num_classes must be a positive integer, got {num_classes!r}")
+        self.num_classes = num_classes
+        self.last_info: dict = {}
+
+    def __repr__(self) -> str:
+        return f"BatchAugment({self.cfg}, img_size={self.img_size}, num_classes={self.num_classes})"
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator):
+        _check_uint8(images, 4, "BatchAugment")
+        b, c, h, w = images.shape
+        if labels.shape != (b,):
+            raise ShapeError(f"BatchAugment: labels must have shape ({b},), got {tuple(labels.shape)}")
+        if generator.device.type != images.device.type:
+            raise ShapeError(f"BatchAugment: the generator is on {generator.device} but the images on {images.device}")
+        cfg, g, dev = self.cfg, generator, images.device
+        out = self.img_size
+        x = images.float()  # (B, C, h, w) 0..255
+
+        # 1. geometry: crop and flip
+        flip = _rand(g, b, device=dev) < cfg.hflip
+        if cfg.crop == "rrc":
+            boxes = rrc_boxes(b, h, w, cfg.rrc_scale, cfg.rrc_ratio, g, dev)
+            x = crop_resize(x, boxes, out, flip)
+        else:
+            if (h, w) != out:
+                x = resize_center_crop(x, out, 1.0, self.pre.interpolation)
+            if cfg.crop == "pad":
+                x = pad_crop(x, cfg.pad, g)
+            x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+
+        # 2. per-image colour/geometry ops
+        if cfg.auto != "none":
+            x = apply_auto(x, g, cfg.auto, cfg.ra_ops, cfg.ra_magnitude)
+
+        # 3. normalise
+        mean, std = _norm_consts(self.pre, c, dev)
+        x = (x - mean) / std
+
+        # 4. random erasing
+        if cfg.erase_prob > 0:
+            x = random_erase(x, cfg.erase_prob, g)
+
+        # 5. targets
+        if not cfg.soft_targets:
+            return x, labels
+        if labels.device.type == "cpu" and b and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+            raise ShapeError(f"BatchAugment: labels must be in 0..{self.num_classes - 1}, got "
+                             f"{int(labels.min())}..{int(labels.max())}")
+        y = one_hot(labels, self.num_classes, cfg.label_smoothing)
+        if cfg.mixing:
+            x, y, self.last_info = mix_batch(x, y, cfg, g)
+        return x, y
+
+
+def eval_batch(images: torch.Tensor, img_size, pre) -> torch.Tensor:
+    """uint8 (B, C, h, w) -> normalised float (B, C, H, W); resized (short side to size / crop_pct) and
+    centre cropped only when (h, w) differs from img_size. No randomness."""
+    _check_uint8(images, 4, "eval_batch")
+    img_size = _pair(img_size)
+    x = images.float()
+    if tuple(x.shape[-2:]) != img_size:
+        x = resize_center_crop(x, img_size, pre.crop_pct, pre.interpolation)
+    mean, std = _norm_consts(pre, images.shape[1], images.device)
+    return (x - mean) / std
+
+
+__all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "apply_auto", "rrc_boxes", "crop_resize", "pad_crop",
+           "random_erase", "one_hot", "mix_batch", "OP_NAMES"]

@@ -1,0 +1,688 @@
+"""Datasets: class-folder trees, train/val folders, MNIST IDX files, CIFAR python batches, the demo set.
+
+``open_dataset`` looks at a folder, tells its layout from the content, and returns ``DataSplits`` of
+``ImageSet``s. Small datasets are decoded once (in parallel) and held in memory as one uint8 tensor
+(N, C, H, W); large ones keep file paths and decode on demand, e.g. in DataLoader workers through
+``ImageSet.as_dataset()``. Unreadable files are skipped and listed in ``DataSplits.skipped`` (or, with
+``strict=True``, the first one is an error). Every error is a one-line DataError naming the file or
+folder at fault.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import DataError
+from .images import (
+    DEFAULT_MAX_PIXELS,
+    _decode,
+    _fit_box,
+    _walk_images,
+    is_image_name,
+    pil_limits,
+    show_path,
+)
+
+FORMATS = ("folder", "split-folder", "mnist", "cifar10", "cifar100", "demo")
+DEMO_DIR = Path(__file__).resolve().parent / "demo"
+MEMORY_BUDGET = 2 << 30  # in_memory=None holds a dataset in memory when its uint8 pixels fit in 2 GiB
+VAL_NAMES = ("val", "valid", "validation")
+TEST_NAMES = ("test",)
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+# ==================================================================================================
+# ImageSet / DataSplits
+@dataclass
+class ImageSet:
+    labels: torch.Tensor  # int64 (N,)
+    classes: list[str]  # class names; label i is classes[i]
+    images: torch.Tensor | None  # uint8 (N, C, H, W) when held in memory
+    paths: list[Path] | None  # image files when streamed (decoded on demand at `size`)
+    size: tuple[int, int]  # (H, W) of every image get() returns
+    channels: int  # 1 grey or 3 RGB
+    max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit for streamed files
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def in_memory(self) -> bool:
+        return self.images is not None
+
+    def get(self, i: int) -> tuple[torch.Tensor, int]:
+        """Image i as uint8 (C, H, W) and its label."""
+        i = int(i)
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"ImageSet: index {i} out of range for {len(self)} images")
+        if self.images is not None:
+            return self.images[i], int(self.labels[i])
+        with pil_limits(self.max_pixels):
+            a = _decode(self.paths[i], self.channels, self.max_pixels, self.size)
+        return torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1))), int(self.labels[i])
+
+    def get_batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images ``idx`` as uint8 (B, C, H, W) and int64 labels (B,)."""
+        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+        if self.images is not None:
+            return self.images[idx], self.labels[idx]
+        if len(idx) == 0:
+            return torch.empty(0, self.channels, *self.size, dtype=torch.uint8), self.labels[idx]
+        return torch.stack([self.get(int(i))[0] for i in idx]), self.labels[idx]
+
+    def as_dataset(self) -> torch.utils.data.Dataset:
+        """A torch Dataset view (items: uint8 (C, H, W), int label), picklable for DataLoader workers."""
+        return _ImageSetDataset(self)
+
+    def subset(self, idx) -> "ImageSet":
+        """A new ImageSet of the images ``idx`` (in that order)."""
+        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+        return ImageSet(
+            labels=self.labels[idx].clone(),
+            classes=list(self.classes),
+            images=None if self.images is None else self.images[idx].contiguous(),
+            paths=None if self.paths is None else [self.paths[int(i)] for i in idx],
+            size=self.size,
+            channels=self.channels,
+            max_pixels=self.max_pixels,
+        )
+
+    def class_counts(self) -> list[int]:
+        return torch.bincount(self.labels, minlength=len(self.classes)).tolist()
+
+    def __repr__(self) -> str:
+        kind = "in memory" if self.images is not None else "streamed"
+        return (f"ImageSet({len(self)} images, {len(self.classes)} classes, {self.channels}x"
+                f"{self.size[0]}x{self.size[1]}, {kind})")
+
+
+class _ImageSetDataset(torch.utils.data.Dataset):
+    def __init__(self, images: ImageSet):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return self.images.get(i)
+
+
+@dataclass
+class DataSplits:
+    train: ImageSet
+    val: ImageSet | None  # split off train with `seed` when the data has no val part
+    test: ImageSet | None  # the data's own held-out part (MNIST t10k, a test/ folder), if any
+    classes: list[str]
+    format: str  # 'folder' | 'split-folder' | 'mnist' | 'cifar10' | 'cifar100' | 'demo'
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason), files left out
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def channels(self) -> int:
+        return self.train.channels
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.train.size
+
+    def summary(self) -> str:
+        parts = [f"{self.format}: {len(self.classes)} classes, {self.channels}x{self.size[0]}x{self.size[1]}",
+                 f"train {len(self.train)}"]
+        if self.val is not None:
+            parts.append(f"val {len(self.val)}")
+        if self.test is not None:
+            parts.append(f"test {len(self.test)}")
+        if self.skipped:
+            parts.append(f"{len(self.skipped)} skipped")
+        return ", ".join(parts)
+
+
+# ==================================================================================================
+# public entry point
+def open_dataset(
+    path: str | os.PathLike | None = None,
+    fmt: str | None = None,
+    *,
+    channels: int | None = None,
+    img_size: tuple[int, int] | int | None = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    strict: bool = False,
+    in_memory: bool | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    num_workers: int | None = None,
+) -> DataSplits:
+    """Open a dataset folder (layout detected from its content, or forced with ``fmt``).
+
+    path None: the built-in demo set (10,000 MNIST digits: 8,000 train, 2,000 test).
+    channels: 1 or 3 (None: 1 for MNIST, 3 otherwise). img_size: (H, W) to store/decode at (resize the
+    short side + centre crop); None keeps the native size, which all images must then share.
+    val_fraction: part of train split off (stratified, with ``seed``) as val when the data has no val
+    part; 0 = none. strict: the first unreadable file is an error (else skipped and listed).
+    in_memory: None = auto (in memory when the pixels fit in 2 GiB). num_workers: decode threads.
+    """
+    if fmt is not None and fmt not in FORMATS:
+        raise DataError(f"fmt: unknown dataset format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if channels is not None and channels not in (1, 3):
+        raise DataError(f"channels: must be 1 (grey) or 3 (RGB), got {channels!r}")
+    if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
+        raise DataError(f"val_fraction: must be in [0, 1), got {val_fraction!r}")
+    if img_size is not None:
+        img_size = _pair(img_size)
+    opts = _Opts(channels, img_size, strict, in_memory, max_pixels, num_workers)
+
+    if path is None:
+        if fmt not in (None, "demo"):
+            raise DataError(f"fmt={fmt!r} needs a dataset path (no path = the built-in demo set)")
+        fmt, root = "demo", DEMO_DIR
+    else:
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        root = Path(path).expanduser()
+        _check_folder(root)
+        if fmt is None:
+            fmt, root = detect_format(root)
+        elif fmt == "demo":
+            raise DataError(f"fmt='demo' is the built-in set; it takes no path (got {show_path(root)})")
+
+    loader = {"folder": _open_folder, "split-folder": _open_split_folder, "mnist": _open_mnist,
+              "demo": _open_mnist, "cifar10": _open_cifar, "cifar100": _open_cifar}[fmt]
+    train, val, test, skipped = loader(root, fmt, opts)
+
+    if val is None and val_fraction > 0:
+        train, val = split_stratified(train, val_fraction, seed, where=show_path(root))
+    return DataSplits(train=train, val=val, test=test, classes=list(train.classes), format=fmt,
+                      skipped=skipped)
+
+
+@dataclass
+class _Opts:
+    channels: int | None
+    img_size: tuple[int, int] | None
+    strict: bool
+    in_memory: bool | None
+    max_pixels: int | None
+    num_workers: int | None
+
+
+def _pair(s) -> tuple[int, int]:
+    if isinstance(s, bool):
+        raise DataError(f"img_size: expected an int or (H, W), got {s!r}")
+    if isinstance(s, int):
+        s = (s, s)
+    try:
+        s = tuple(int(v) for v in s)
+    except (TypeError, ValueError):
+        raise DataError(f"img_size: expected an int or (H, W), got {s!r}") from None
+    if len(s) != 2 or min(s) < 1:
+        raise DataError(f"img_size: expected an int or (H, W) of positive sizes, got {s!r}")
+    return s
+
+
+def _check_folder(root: Path) -> None:
+    if root.is_symlink() and not root.exists():
+        raise DataError(f"{show_path(root)}: broken symbolic link")
+    if not root.exists():
+        raise DataError(f"{show_path(root)}: no such folder")
+    if not root.is_dir():
+        raise DataError(f"{show_path(root)}: is a file; expected a dataset folder")
+
+
+def _entries(root: Path) -> tuple[list[Path], list[Path]]:
+    """Non-hidden (dirs, files) of a folder, sorted by name."""
+    dirs, files = [], []
+    try:
+        it = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as e:
+        raise DataError(f"{show_path(root)}: cannot list folder ({e.strerror or e})") from None
+    for e in it:
+        if e.name.startswith("."):
+            continue
+        try:
+            (dirs if e.is_dir() else files).append(Path(e.path))
+        except OSError:
+            files.append(Path(e.path))
+    return dirs, files
+
+
+# ==================================================================================================
+# format detection
+_IDX_RE = re.compile(r"idx[13]", re.IGNORECASE)
+
+
+def detect_format(root: Path) -> tuple[str, Path]:
+    """(format, folder to read) from a folder's content; DataError when nothing fits."""
+    dirs, files = _entries(root)
+    names = {p.name for p in files}
+    dnames = {p.name.lower(): p for p in dirs}
+    if any(n.startswith("data_batch_") for n in names) or "test_batch" in names:
+        return "cifar10", root
+    if {"train", "test"} <= names or ("meta" in names and ({"train", "test"} & names)):
+        return "cifar100", root
+    if any(_IDX_RE.search(n) for n in names):
+        return "mnist", root
+    for sub in ("cifar-10-batches-py", "cifar-100-python"):
+        if sub in dnames:
+            return detect_format(dnames[sub])
+    if "train" in dnames and (_entries(dnames["train"])[0] or not (set(dnames) - {"train"} - set(VAL_NAMES)
+                                                                    - set(TEST_NAMES))):
+        sub_dirs = _entries(dnames["train"])[0]
+        if sub_dirs:
+            return "split-folder", root
+    if dirs:
+        return "folder", root
+    if not files:
+        raise DataError(f"{show_path(root)}: empty folder (no class folders, IDX or CIFAR files)")
+    n_img = sum(is_image_name(p.name) for p in files)
+    if n_img:
+        raise DataError(f"{show_path(root)}: {n_img} image(s) at the top level but no class folders; "
+                        f"put each class's images in a subfolder named after the class")
+    raise DataError(f"{show_path(root)}: cannot tell the dataset format (expected class folders, train/ + "
+                    f"val/ folders, MNIST IDX files or CIFAR batches); found {len(files)} other file(s)")
+
+
+# ==================================================================================================
+# class folders
+def _class_items(root: Path, classes: list[str] | None, skipped: list) -> tuple[list[str], list[tuple[Path, int]]]:
+    """(classes, [(file, label)]) of a class-folder tree. Files at the top level are ignored (noted in
+    ``skipped``); with ``classes`` given (a val/test part), a folder name outside them is an error."""
+    dirs, files = _entries(root)
+    for f in files:
+        skipped.append((show_path(f), "file at the top level of a class-folder tree, not in a class folder; ignored"))
+    if not dirs:
+        raise DataError(f"{show_path(root)}: no class folders (each class's images go in a subfolder named after it)")
+    names = [d.name for d in dirs]
+    if classes is None:
+        classes = names
+    else:
+        extra = [n for n in names if n not in classes]
+        if extra:
+            raise DataError(f"{show_path(root / extra[0])}: class {show_path(extra[0])!r} is not among the "
+                            f"training classes")
+    index = {c: i for i, c in enumerate(classes)}
+    items: list[tuple[Path, int]] = []
+    for d in dirs:
+        found = _walk_images(d)
+        if not found:
+            raise DataError(f"{show_path(d)}: class folder has no images (.jpg .png .bmp .webp .gif .tif ...)")
+        items.extend((p, index[d.name]) for p in found)
+    return classes, items
+
+
+def _open_folder(root: Path, fmt: str, o: _Opts):
+    skipped: list[tuple[str, str]] = []
+    classes, items = _class_items(root, None, skipped)
+    train = _materialize(items, classes, o, skipped, where=root)
+    return train, None, None, skipped
+
+
+def _open_split_folder(root: Path, fmt: str, o: _Opts):
+    skipped: list[tuple[str, str]] = []
+    dirs, files = _entries(root)
+    by = {d.name.lower(): d for d in dirs}
+    if "train" not in by:
+        raise DataError(f"{show_path(root)}: no train/ folder (a split-folder dataset has train/ and val/ or test/)")
+    classes, items = _class_items(by["train"], None, skipped)
+    parts = {}
+    for kind, names in (("val", VAL_NAMES), ("test", TEST_NAMES)):
+        for n in names:
+            if n in by:
+                _, its = _class_items(by[n], classes, skipped)
+                parts[kind] = its
+                break
+    # one size for all parts: decide it from train, then hold val/test to it
+    train = _materialize(items, classes, o, skipped, where=by["train"])
+    o2 = _Opts(train.channels, o.img_size or train.size, o.strict, train.in_memory if o.in_memory is None
+               else o.in_memory, o.max_pixels, o.num_workers)
+    val = _materialize(parts["val"], classes, o2, skipped, where=root) if "val" in parts else None
+    test = _materialize(parts["test"], classes, o2, skipped, where=root) if "test" in parts else None
+    return train, val, test, skipped
+
+
+# --------------------------------------------------------------------------------------------------
+def _workers(n: int | None, count: int) -> int:
+    if n is not None:
+        return max(1, int(n))
+    return max(1, min(8, os.cpu_count() or 1, count // 256 or 1))
+
+
+def _header(path: Path, max_pixels):
+    """(H, W) of an image file after EXIF rotation, reading the header only; raises DataError."""
+    from PIL import Image, UnidentifiedImageError
+
+    from .images import _check_path, _sniff
+
+    shown = show_path(path)
+    _check_path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+            if not head:
+                raise DataError(f"{shown}: empty file (0 bytes)")
+            f.seek(0)
+            try:
+                im = Image.open(f)
+            except UnidentifiedImageError:
+                raise DataError(f"{shown}: {_sniff(head)}") from None
+            w, h = im.size
+            if max_pixels is not None and w * h > max_pixels:
+                raise DataError(f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} "
+                                f"(possible decompression bomb; raise max_pixels if the file is trusted)")
+            if im.format in ("JPEG", "TIFF", "WEBP", "PNG") and im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
+                w, h = h, w
+            return h, w
+    except DataError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DataError(f"{shown}: refused as a possible decompression bomb ({e}); raise max_pixels if trusted") from None
+    except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file
+        raise DataError(f"{shown}: cannot read image header ({type(e).__name__}: {e})") from None
+
+
+def _pmap(fn, items, workers: int):
+    """Map ``fn`` over ``items`` with a thread pool (Pillow releases the GIL while decoding); each result is
+    (value, None) or (None, DataError)."""
+
+    def safe(x):
+        try:
+            return fn(x), None
+        except DataError as e:
+            return None, e
+
+    if workers <= 1 or len(items) < 64:
+        return [safe(x) for x in items]
+    with ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(safe, items, chunksize=max(1, min(256, len(items) // (workers * 8)))))
+
+
+def _materialize(items: list[tuple[Path, int]], classes: list[str], o: _Opts, skipped: list, where: Path) -> ImageSet:
+    """Decode (or, for large sets, check the headers of) ``items`` into an ImageSet."""
+    channels = o.channels or 3
+    workers = _workers(o.num_workers, len(items))
+    with pil_limits(o.max_pixels):
+        in_memory = o.in_memory
+        size = o.img_size
+        if in_memory is None:
+            # estimate the pixel bytes from img_size or the first readable header
+            probe = size
+            for p, _ in items[:16]:
+                try:
+                    probe = probe or _header(p, o.max_pixels)
+                    break
+                except DataError:
+                    continue
+            probe = probe or (32, 32)
+            in_memory = len(items) * channels * probe[0] * probe[1] <= MEMORY_BUDGET
+        if in_memory:
+            res = _pmap(lambda it: _decode(it[0], channels, o.max_pixels, size), items, workers)
+        else:
+            res = _pmap(lambda it: _header(it[0], o.max_pixels), items, workers)
+    keep, vals = [], []
+    for (p, lab), (v, err) in zip(items, res):
+        if err is not None:
+            if o.strict:
+                raise err
+            skipped.append((show_path(p), str(err).split(": ", 1)[-1] if str(err).startswith(show_path(p)) else str(err)))
+            continue
+        keep.append((p, lab))
+        vals.append(v)
+    if not keep:
+        raise DataError(f"{show_path(where)}: none of the {len(items)} image(s) could be read "
+                        f"(first: {skipped[-len(items)][0]}: {skipped[-len(items)][1]})")
+    shapes = [v.shape[:2] if in_memory else v for v in vals]
+    if size is None:
+        first = tuple(shapes[0])
+        for (p, _), s in zip(keep, shapes):
+            if tuple(s) != first:
+                raise DataError(
+                    f"{show_path(where)}: images have different sizes ({show_path(keep[0][0])} is "
+                    f"{first[0]}x{first[1]}, {show_path(p)} is {s[0]}x{s[1]}); pass img_size to resize them")
+        size = first
+    labels = torch.tensor([lab for _, lab in keep], dtype=torch.long)
+    if in_memory:
+        arr = np.stack(vals)  # (N, H, W, C)
+        images = torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()  # (N, C, H, W)
+        return ImageSet(labels, list(classes), images, None, tuple(size), channels, o.max_pixels)
+    return ImageSet(labels, list(classes), None, [p for p, _ in keep], tuple(size), channels, o.max_pixels)
+
+
+# ==================================================================================================
+# arrays (MNIST, CIFAR) -> ImageSet
+def _array_set(images: torch.Tensor, labels: torch.Tensor, classes: list[str], o: _Opts, native_c: int) -> ImageSet:
+    """uint8 (N, C, H, W) in the data's own channels -> ImageSet at the requested channels and size."""
+    channels = o.channels or native_c
+    if channels != images.shape[1]:
+        if channels == 3:
+            images = images.expand(-1, 3, -1, -1).contiguous()
+        else:  # RGB -> grey with ITU-R 601 luma, as Pillow's convert('L')
+            w = torch.tensor([299, 587, 114], dtype=torch.int32).view(1, 3, 1, 1)
+            images = ((images.int() * w).sum(1, keepdim=True) + 500).div(1000, rounding_mode="floor").to(torch.uint8)
+    size = tuple(images.shape[-2:])
+    if o.img_size is not None and tuple(o.img_size) != size:
+        images = _resize_uint8(images, o.img_size)
+        size = tuple(o.img_size)
+    return ImageSet(labels, classes, images, None, size, channels, o.max_pixels)
+
+
+def _resize_uint8(images: torch.Tensor, size: tuple[int, int], chunk: int = 4096) -> torch.Tensor:
+    from .images import resize_center_crop
+
+    out = torch.empty(images.shape[0], images.shape[1], *size, dtype=torch.uint8)
+    for s in range(0, images.shape[0], chunk):
+        x = resize_center_crop(images[s : s + chunk].float(), size, 1.0, "bicubic")
+        out[s : s + chunk] = x.round_().clamp_(0, 255).to(torch.uint8)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# MNIST IDX
+def _read_bytes(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise DataError(f"{show_path(path)}: cannot read ({type(e).__name__}: {e})") from None
+    return raw
+
+
+def read_idx(path: Path, ndim: int) -> np.ndarray:
+    """An IDX file (gzip or raw) of unsigned bytes with ``ndim`` dimensions as a numpy array."""
+    raw = _read_bytes(path)
+    shown = show_path(path)
+    if len(raw) < 4:
+        raise DataError(f"{shown}: too short for an IDX file ({len(raw)} bytes)")
+    magic = int.from_bytes(raw[:4], "big")
+    want = 0x800 + ndim
+    if magic != want:
+        raise DataError(f"{shown}: bad magic number 0x{magic:08x} (expected 0x{want:08x} for an IDX "
+                        f"file of unsigned bytes with {ndim} dimension(s))")
+    hdr = 4 + 4 * ndim
+    if len(raw) < hdr:
+        raise DataError(f"{shown}: truncated IDX header ({len(raw)} bytes)")
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    n = int(np.prod(dims))
+    if len(raw) - hdr != n:
+        raise DataError(f"{shown}: wrong size: header says {'x'.join(map(str, dims))} = {n} bytes of data, "
+                        f"file has {len(raw) - hdr}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=hdr).reshape(dims)
+
+
+def _open_mnist(root: Path, fmt: str, o: _Opts):
+    files = [p for p in _entries(root)[1]]
+    found: dict[tuple[str, str], Path] = {}
+    for p in files:
+        n = p.name.lower()
+        kind = "images" if "idx3" in n else "labels" if "idx1" in n else None
+        if kind is None:
+            continue
+        part = "test" if n.startswith(("t10k", "test")) else "train"
+        if (part, kind) in found:
+            raise DataError(f"{show_path(p)}: a second {part} {kind} file (also {show_path(found[(part, kind)])})")
+        found[(part, kind)] = p
+    if ("train", "images") not in found:
+        raise DataError(f"{show_path(root)}: no MNIST train images file (train-images-idx3-ubyte[.gz])")
+    classes = [str(i) for i in range(10)]
+    sets = {}
+    for part in ("train", "test"):
+        if (part, "images") not in found:
+            if (part, "labels") in found:
+                raise DataError(f"{show_path(found[(part, 'labels')])}: labels without a matching {part} images file")
+            continue
+        if (part, "labels") not in found:
+            raise DataError(f"{show_path(found[(part, 'images')])}: no matching {part} labels file (*-labels-idx1-ubyte)")
+        ip, lp = found[(part, "images")], found[(part, "labels")]
+        imgs = read_idx(ip, 3)
+        labs = read_idx(lp, 1)
+        if len(imgs) != len(labs):
+            raise DataError(f"{show_path(lp)}: {len(labs)} labels for {len(imgs)} images in {show_path(ip)}")
+        if len(labs) == 0:
+            raise DataError(f"{show_path(ip)}: no images")
+        bad = np.nonzero(labs >= 10)[0]
+        if len(bad):
+            raise DataError(f"{show_path(lp)}: label {int(labs[bad[0]])} at index {int(bad[0])} is out of range 0..9")
+        images = torch.from_numpy(imgs.copy())[:, None]  # (N, 1, H, W)
+        sets[part] = _array_set(images, torch.from_numpy(labs.astype(np.int64)), classes, o, 1)
+    return sets["train"], None, sets.get("test"), []
+
+
+# --------------------------------------------------------------------------------------------------
+# CIFAR python batches (pickles), read without executing code
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickles dicts/lists/numbers/strings and numpy arrays; any other global is refused, so a
+    malicious pickle cannot run code."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
+    }
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing global {module}.{name}")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("refusing persistent ids")
+
+
+def safe_unpickle(path: Path) -> dict:
+    """A CIFAR batch file -> dict with str keys; DataError when it is not a pickle of plain data."""
+    raw = _read_bytes(path)
+    import io
+
+    try:
+        obj = _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    except pickle.UnpicklingError as e:
+        raise DataError(f"{show_path(path)}: not a plain-data pickle ({e}); refusing to load it") from None
+    except Exception as e:  # noqa: BLE001 - truncated or garbage data
+        raise DataError(f"{show_path(path)}: not a readable CIFAR batch ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{show_path(path)}: expected a pickled dict, got {type(obj).__name__}")
+    return {(k.decode("latin1") if isinstance(k, bytes) else str(k)): v for k, v in obj.items()}
+
+
+def _cifar_part(path: Path, label_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    d = safe_unpickle(path)
+    shown = show_path(path)
+    if "data" not in d:
+        raise DataError(f"{shown}: no 'data' entry (keys: {', '.join(sorted(d)) or 'none'})")
+    if label_key not in d:
+        raise DataError(f"{shown}: no {label_key!r} entry (keys: {', '.join(sorted(d))})")
+    data = d["data"]
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+        what = data.dtype if isinstance(data, np.ndarray) else type(data).__name__
+        raise DataError(f"{shown}: 'data' must be a uint8 array, got {what}")
+    if data.ndim != 2 or data.shape[1] != 3072:
+        raise DataError(f"{shown}: wrong size: 'data' has shape {tuple(data.shape)}, expected (N, 3072) = 3x32x32 images")
+    try:
+        labels = np.asarray(d[label_key], dtype=np.int64).reshape(-1)
+    except (TypeError, ValueError):
+        raise DataError(f"{shown}: {label_key!r} is not a list of integers") from None
+    if len(labels) != len(data):
+        raise DataError(f"{shown}: {len(labels)} labels for {len(data)} images")
+    bad = np.nonzero((labels < 0) | (labels >= num_classes))[0]
+    if len(bad):
+        raise DataError(f"{shown}: label {int(labels[bad[0]])} at index {int(bad[0])} is out of range "
+                        f"0..{num_classes - 1}")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def _names_from_meta(path: Path, key: str, n: int) -> list[str] | None:
+    if not path.is_file():
+        return None
+    d = safe_unpickle(path)
+    names = d.get(key)
+    if not isinstance(names, (list, tuple)) or len(names) != n:
+        raise DataError(f"{show_path(path)}: {key!r} should list {n} class names")
+    return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in names]
+
+
+def _open_cifar(root: Path, fmt: str, o: _Opts):
+    if fmt == "cifar10":
+        n_cls, key = 10, "labels"
+        train_files = sorted((p for p in _entries(root)[1] if re.fullmatch(r"data_batch_\d+", p.name)),
+                             key=lambda p: int(p.name.rsplit("_", 1)[1]))
+        test_file = root / "test_batch"
+        classes = _names_from_meta(root / "batches.meta", "label_names", 10) or list(CIFAR10_CLASSES)
+        if not train_files:
+            raise DataError(f"{show_path(root)}: no CIFAR-10 training batches (data_batch_1 ... data_batch_5)")
+    else:
+        n_cls, key = 100, "fine_labels"
+        train_files = [root / "train"]
+        test_file = root / "test"
+        if not train_files[0].is_file():
+            raise DataError(f"{show_path(root)}: no CIFAR-100 'train' file")
+        classes = _names_from_meta(root / "meta", "fine_label_names", 100) or [str(i) for i in range(100)]
+    parts = [_cifar_part(p, key, n_cls) for p in train_files]
+    imgs = np.concatenate([p[0] for p in parts])
+    labs = np.concatenate([p[1] for p in parts])
+    train = _array_set(torch.from_numpy(imgs), torch.from_numpy(labs), classes, o, 3)
+    test = None
+    if test_file.is_file():
+        ti, tl = _cifar_part(test_file, key, n_cls)
+        test = _array_set(torch.from_numpy(ti), torch.from_numpy(tl), classes, o, 3)
+    return train, None, test, []
+
+
+# ==================================================================================================
+def split_stratified(images: ImageSet, fraction: float, seed: int, where: str = "dataset") -> tuple[ImageSet, ImageSet]:
+    """Split ``fraction`` of every class off as a validation set (at least one image per class), with a
+    seeded shuffle; both parts keep the original order. Needs 2+ images in every class."""
+    g = torch.Generator().manual_seed(int(seed))
+    counts = images.class_counts()
+    train_idx, val_idx = [], []
+    for c, n in enumerate(counts):
+        if n == 0:
+            continue
+        if n < 2:
+            raise DataError(f"{where}: class {images.classes[c]!r} has {n} image; a validation split needs at "
+                            f"least 2 per class (add images or use val_fraction=0)")
+        idx = torch.nonzero(images.labels == c).flatten()
+        idx = idx[torch.randperm(n, generator=g)]
+        k = min(n - 1, max(1, round(n * fraction)))
+        val_idx.append(idx[:k])
+        train_idx.append(idx[k:])
+    tr = torch.cat(train_idx).sort().values
+    va = torch.cat(val_idx).sort().values
+    return images.subset(tr), images.subset(va)
+
+
+__all__ = ["ImageSet", "DataSplits", "open_dataset", "detect_format", "split_stratified", "read_idx",
+           "safe_unpickle", "FORMATS", "DEMO_DIR"]

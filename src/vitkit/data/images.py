@@ -1,0 +1,359 @@
+"""Reading one image file into a uint8 tensor, and turning any image into the model's input.
+
+``decode_image`` accepts whatever Pillow reads (JPEG, PNG, BMP, WebP, GIF, TIFF, ...) in any mode:
+grey, RGB, RGBA, palette, CMYK, 16-bit. It applies the EXIF orientation, keeps the first frame of an
+animation, composites transparent pixels on WHITE (the way a browser shows a transparent image on a
+page), and converts to the model's channel count (1 = grey by ITU-R 601 luma, 3 = RGB). Every failure
+is a one-line ``DataError`` that starts with the file's path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import DataError
+
+DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own limit (about 9459 x 9459); larger images are refused as
+#   possible decompression bombs unless the caller passes a larger max_pixels (or None = no limit)
+
+IMAGE_EXTS = frozenset(
+    {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".dib", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm",
+     ".pbm", ".pnm", ".tga", ".ico"}
+)
+
+_BACKGROUND = 255  # transparent pixels are composited on white (255) — see the module docstring
+_PIL_LIMIT_LOCK = threading.RLock()
+
+
+def show_path(path) -> str:
+    """A path as printable text: undecodable bytes in file names become \\xNN escapes, never an error."""
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _img():
+    from PIL import Image
+
+    return Image
+
+
+@contextlib.contextmanager
+def pil_limits(max_pixels: int | None):
+    """Make Pillow's decompression-bomb warning an error, and its limit ``max_pixels``.
+
+    Pillow warns above ``Image.MAX_IMAGE_PIXELS`` and raises above twice that. Inside this context the
+    warning is an error too. When ``max_pixels`` differs from Pillow's current limit, the global limit is
+    swapped under a lock for the duration (so concurrent callers with another limit wait). vitkit checks
+    ``max_pixels`` itself on the header, so both paths refuse the same images.
+    """
+    Image = _img()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        if max_pixels == Image.MAX_IMAGE_PIXELS:
+            yield
+            return
+        with _PIL_LIMIT_LOCK:
+            old = Image.MAX_IMAGE_PIXELS
+            Image.MAX_IMAGE_PIXELS = max_pixels
+            try:
+                yield
+            finally:
+                Image.MAX_IMAGE_PIXELS = old
+
+
+def _sniff(head: bytes) -> str:
+    """A short description of what a non-image file seems to be, for error messages."""
+    h = head.lstrip()[:64].lower()
+    if h.startswith((b"<!doctype html", b"<html", b"<head", b"<body")):
+        return "an HTML page, not an image"
+    if h.startswith(b"<?xml") or h.startswith(b"<svg"):
+        return "an XML/SVG file, not a raster image"
+    if h.startswith(b"{") or h.startswith(b"["):
+        return "a JSON/text file, not an image"
+    try:
+        head.decode("utf-8")
+        return "a text file, not an image"
+    except UnicodeDecodeError:
+        return "not a recognised image format"
+
+
+def _check_path(path: Path) -> None:
+    if path.is_symlink() and not path.exists():
+        raise DataError(f"{show_path(path)}: broken symbolic link (points to {show_path(os.readlink(path))})")
+    if not path.exists():
+        raise DataError(f"{show_path(path)}: no such file")
+    if path.is_dir():
+        raise DataError(f"{show_path(path)}: is a directory, not an image file")
+    if not path.is_file():
+        raise DataError(f"{show_path(path)}: not a regular file")
+
+
+def _to_uint8_array(im, path: Path) -> np.ndarray:
+    """A decoded Pillow image in a high-bit-depth mode -> uint8 array (H, W), scaled from its own range."""
+    a = np.asarray(im)
+    if a.dtype == np.uint8:
+        return a
+    if np.issubdtype(a.dtype, np.floating):
+        a = np.nan_to_num(a.astype(np.float64))
+        top = 1.0 if a.max(initial=0) <= 1.0 else 255.0
+        return np.clip(a / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    # 16-bit (or 32-bit int holding 16-bit data): 0..65535 -> 0..255
+    a = a.astype(np.int64)
+    top = 65535 if a.max(initial=0) > 255 or im.mode.startswith("I;16") else 255
+    return np.clip((a * 255 + top // 2) // top, 0, 255).astype(np.uint8)
+
+
+def _convert(im, channels: int, path: Path):
+    """Any Pillow mode -> 'L' or 'RGB' (transparency composited on white)."""
+    Image = _img()
+    mode = im.mode
+    if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
+        im = Image.fromarray(_to_uint8_array(im, path), "L")
+        mode = "L"
+    if mode == "P":
+        im = im.convert("RGBA" if "transparency" in im.info else "RGB")
+        mode = im.mode
+    if mode in ("1",):
+        im = im.convert("L")
+        mode = "L"
+    if mode == "L" and "transparency" in im.info:
+        im = im.convert("LA")
+        mode = "LA"
+    if mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        rgba = im.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (_BACKGROUND,) * 3 + (255,))
+        im = Image.alpha_composite(bg, rgba).convert("RGB")
+        mode = "RGB"
+    if mode == "RGB" and "transparency" in im.info:  # RGB with one transparent colour key
+        im = im.convert("RGBA")
+        bg = Image.new("RGBA", im.size, (_BACKGROUND,) * 3 + (255,))
+        im = Image.alpha_composite(bg, im).convert("RGB")
+    want = "L" if channels == 1 else "RGB"
+    if im.mode != want:
+        im = im.convert(want)
+    return im
+
+
+def _fit_box(w: int, h: int, out_h: int, out_w: int) -> tuple[float, float, float, float]:
+    """Source box (left, top, right, bottom) of a centre crop with the output's aspect ratio."""
+    scale = max(out_h / h, out_w / w)  # resize so the short side (in aspect terms) covers the output
+    cw, ch = out_w / scale, out_h / scale
+    left, top = (w - cw) / 2, (h - ch) / 2
+    return left, top, left + cw, top + ch
+
+
+def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] | None = None) -> np.ndarray:
+    """decode_image without the warning context (callers enter ``pil_limits`` once around many calls).
+
+    Returns uint8 (H, W, C). With ``size`` = (H, W) the image is resized (short side) and centre cropped.
+    """
+    Image = _img()
+    from PIL import ImageOps, UnidentifiedImageError
+
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    path = Path(path)
+    shown = show_path(path)
+    if channels not in (1, 3):
+        raise DataError(f"{shown}: channels must be 1 (grey) or 3 (RGB), got {channels!r}")
+    _check_path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+            if not head:
+                raise DataError(f"{shown}: empty file (0 bytes)")
+            f.seek(0)
+            try:
+                im = Image.open(f)
+            except UnidentifiedImageError:
+                raise DataError(f"{shown}: {_sniff(head)}") from None
+            w, h = im.size
+            if w < 1 or h < 1:
+                raise DataError(f"{shown}: image has no pixels ({w}x{h})")
+            if max_pixels is not None and w * h > max_pixels:
+                raise DataError(
+                    f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} "
+                    f"(possible decompression bomb; raise max_pixels if the file is trusted)"
+                )
+            if getattr(im, "n_frames", 1) > 1:
+                im.seek(0)  # animations: the first frame
+            if size is not None and im.format == "JPEG":
+                # let libjpeg decode at 1/2, 1/4 or 1/8 scale when that still covers the output (fast)
+                rot = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
+                th, tw = (size[1], size[0]) if rot else size
+                im.draft("L" if channels == 1 else "RGB", (tw, th))
+            im.load()
+            im = ImageOps.exif_transpose(im)
+            im = _convert(im, channels, path)
+            if size is not None and (im.height, im.width) != tuple(size):
+                box = _fit_box(im.width, im.height, size[0], size[1])
+                im = im.resize((size[1], size[0]), Image.BICUBIC, box=box)
+            a = np.asarray(im, dtype=np.uint8)
+    except DataError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DataError(f"{shown}: refused as a possible decompression bomb ({e}); raise max_pixels if trusted") from None
+    except OSError as e:
+        msg = str(e).strip() or type(e).__name__
+        if "truncated" in msg.lower() or "broken data stream" in msg.lower() or "image file is" in msg.lower():
+            raise DataError(f"{shown}: truncated or corrupt image data ({msg})") from None
+        raise DataError(f"{shown}: cannot read image ({msg})") from None
+    except (ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError, MemoryError) as e:
+        raise DataError(f"{shown}: corrupt image ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if a.ndim == 2:
+        a = a[:, :, None]
+    return a
+
+
+def decode_image(path, channels: int, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
+    """Read one image file as uint8 (C, H, W) with C = ``channels`` (1 grey, 3 RGB).
+
+    RGBA / palette transparency is composited on white, CMYK and 16-bit images are converted, the EXIF
+    orientation is applied and animations give their first frame. Images above ``max_pixels`` pixels
+    are refused (decompression bombs; None = no limit). Raises DataError("<path>: <why>").
+    """
+    with pil_limits(max_pixels):
+        a = _decode(path, channels, max_pixels)
+    return torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))
+
+
+def is_image_name(name: str) -> bool:
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTS
+
+
+def list_images(inputs: list[str], recursive: bool = True) -> list[Path]:
+    """Files, folders and glob patterns -> image files (by extension), sorted, without duplicates.
+
+    A folder gives the image files in it (and below it when ``recursive``); hidden files and folders
+    (names starting with '.') are left out. An input that matches no image file is a DataError.
+    """
+    if isinstance(inputs, (str, os.PathLike, bytes)):
+        inputs = [inputs]
+    out: list[Path] = []
+    seen: set[Path] = set()
+
+    def add(p: Path):
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+
+    for raw in inputs:
+        item = os.fsdecode(raw) if isinstance(raw, bytes) else str(raw)
+        found: list[Path] = []
+        p = Path(item)
+        if p.is_dir():
+            found = _walk_images(p, recursive)
+            if not found:
+                raise DataError(f"{show_path(p)}: folder has no image files ({_ext_hint()})")
+        elif p.is_file() or p.is_symlink():
+            found = [p]  # an explicit file is taken whatever its extension (decode_image will judge it)
+        elif glob.has_magic(item):
+            matches = sorted(glob.glob(item, recursive=recursive))
+            for m in matches:
+                mp = Path(m)
+                if mp.is_dir():
+                    found.extend(_walk_images(mp, recursive))
+                elif is_image_name(mp.name):
+                    found.append(mp)
+            if not found:
+                raise DataError(f"{show_path(item)}: pattern matches no image files")
+        else:
+            raise DataError(f"{show_path(item)}: no such file or folder")
+        for f in found:
+            add(f)
+    return out
+
+
+def _ext_hint() -> str:
+    return "looked for " + ", ".join(sorted({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif"}))
+
+
+def _walk_images(root: Path, recursive: bool = True) -> list[Path]:
+    """Image files under ``root`` in a stable sorted order; hidden entries skipped."""
+    found = []
+    if recursive:
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if not name.startswith(".") and is_image_name(name):
+                    found.append(Path(dirpath) / name)
+    else:
+        for entry in sorted(os.scandir(root), key=lambda e: e.name):
+            if not entry.name.startswith(".") and is_image_name(entry.name) and not entry.is_dir():
+                found.append(Path(entry.path))
+    return found
+
+
+# --------------------------------------------------------------------------------------------------
+# tensor side: resize + centre crop + normalise
+def _interp_mode(name: str) -> str:
+    return {"nearest": "nearest-exact"}.get(name, name)
+
+
+def resize_center_crop(x: torch.Tensor, img_size: tuple[int, int], crop_pct: float = 1.0,
+                       interpolation: str = "bicubic") -> torch.Tensor:
+    """float (B, C, h, w) in [0, 255] -> (B, C, H, W): resize so the image covers (H, W) / crop_pct while
+    keeping its aspect ratio, then take the centre (H, W). Antialiased when shrinking; clamped to [0, 255]."""
+    out_h, out_w = img_size
+    h, w = x.shape[-2:]
+    scale = max(out_h / crop_pct / h, out_w / crop_pct / w)
+    rh, rw = max(out_h, round(h * scale)), max(out_w, round(w * scale))
+    if (rh, rw) != (h, w):
+        mode = _interp_mode(interpolation)
+        kw = {"antialias": True, "align_corners": False} if mode in ("bilinear", "bicubic") else {}
+        x = F.interpolate(x, size=(rh, rw), mode=mode, **kw)
+        if mode == "bicubic":
+            x = x.clamp(0, 255)
+    top, left = (rh - out_h) // 2, (rw - out_w) // 2
+    return x[..., top : top + out_h, left : left + out_w]
+
+
+def _norm_consts(pre, channels: int, device, dtype=torch.float32):
+    p = pre.for_channels(channels)
+    mean = torch.tensor(p.mean, dtype=dtype, device=device).view(-1, 1, 1) * 255.0
+    std = torch.tensor(p.std, dtype=dtype, device=device).view(-1, 1, 1) * 255.0
+    return mean, std
+
+
+def _check_uint8(img: torch.Tensor, ndim: int, what: str) -> None:
+    from ..errors import ShapeError
+
+    if not isinstance(img, torch.Tensor) or img.ndim != ndim:
+        shape = tuple(img.shape) if isinstance(img, torch.Tensor) else type(img).__name__
+        want = "(C, H, W)" if ndim == 3 else "(B, C, H, W)"
+        raise ShapeError(f"{what}: expected a uint8 tensor {want}, got shape {shape}")
+    if img.dtype != torch.uint8:
+        raise ShapeError(f"{what}: expected dtype uint8 (0..255), got {img.dtype}")
+
+
+def to_model_input(img: torch.Tensor, img_size: tuple[int, int], pre) -> torch.Tensor:
+    """uint8 (C, H, W) of any size -> float (C, img_h, img_w), the model's own preprocessing: resize the
+    short side to size / pre.crop_pct with pre.interpolation, centre crop, scale to [0, 1], (x - mean) / std."""
+    _check_uint8(img, 3, "to_model_input")
+    img_size = _pair(img_size)
+    x = resize_center_crop(img[None].float(), img_size, pre.crop_pct, pre.interpolation)
+    mean, std = _norm_consts(pre, img.shape[0], img.device)
+    return ((x - mean) / std)[0]
+
+
+def _pair(s) -> tuple[int, int]:
+    if isinstance(s, int):
+        return (s, s)
+    s = tuple(int(v) for v in s)
+    if len(s) != 2 or min(s) < 1:
+        raise DataError(f"img_size: expected an int or (H, W) of positive sizes, got {s!r}")
+    return s
+
+
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTS", "decode_image", "list_images", "to_model_input",
+           "resize_center_crop", "show_path", "pil_limits"]
