@@ -1,0 +1,259 @@
+"""Export a model to ONNX, TorchScript or a torch.export ExportedProgram, checked against eager.
+
+    from vitkit.export import export
+    report = export("ckpt/", "model.onnx", fmt="onnx")     # raises ExportError if the check fails
+    report["max_abs_diff"]                                  # worst |export - eager| over the checks
+
+Every export has a dynamic batch dimension. Before success is reported the exported file is loaded
+back (onnxruntime for ONNX, torch.jit.load, torch.export.load) and compared with the eager model on
+at least two batch sizes (and two image sizes with ``dynamic_size``): the largest absolute difference
+of the logits must be at most ``atol`` (1e-4 in float32).
+
+ONNX uses torch's TorchScript-based exporter (``dynamo=False``): the dynamo exporter needs the
+``onnxscript`` package, which vitkit does not depend on.
+
+Dynamic image size needs a model built with ``dynamic_img_size=True``, and a model whose
+position-embedding path traces with symbolic sizes; if the traced graph is specialised to the example
+size, the check at the second size fails and the export is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from .errors import VitkitError
+
+FORMATS = ("onnx", "torchscript", "exported-program")
+SUFFIX = {"onnx": ".onnx", "torchscript": ".pt", "exported-program": ".pt2"}
+
+
+class ExportError(VitkitError, RuntimeError):
+    """An export failed, or the exported model does not match the eager one."""
+
+
+def _as_model(model_or_path, device="cpu"):
+    if isinstance(model_or_path, torch.nn.Module):
+        return model_or_path.eval()
+    from .io.checkpoint import load
+
+    return load(model_or_path, device=device)
+
+
+def _check_sizes(model, dynamic_size: bool) -> list[tuple[int, int]]:
+    """Image sizes to check: the model's own, plus a different one (a multiple of P) when dynamic."""
+    cfg = model.cfg
+    h, w = cfg.img_size
+    if not dynamic_size:
+        return [(h, w)]
+    P = cfg.patch_size
+    # a size with a different grid in both directions and a different aspect ratio
+    return [(h, w), (h + P, max(P, w - P) if w > P else w + 2 * P)]
+
+
+def _inputs(model, batch_sizes, sizes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    C = model.cfg.in_chans
+    return [torch.randn(b, C, h, w, generator=g) for (h, w) in sizes for b in batch_sizes]
+
+
+# --------------------------------------------------------------------------------------- writers
+def _export_onnx(model, example, file: Path, opset: int, dynamic_size: bool) -> None:
+    try:
+        import onnx  # noqa: F401  (the exporter needs it)
+    except ImportError:
+        raise ExportError("ONNX export needs the 'onnx' package: pip install 'vitkit[onnx]'") from None
+    axes = {0: "batch"}
+    if dynamic_size:
+        axes.update({2: "height", 3: "width"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TracerWarnings about shape checks that are constant per trace
+        torch.onnx.export(
+            model,
+            (example,),
+            str(file),
+            dynamo=False,
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_axes={"images": axes, "logits": {0: "batch"}},
+            opset_version=opset,
+            do_constant_folding=True,
+        )
+
+
+def _export_torchscript(model, example, file: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(model, (example,), check_trace=False)
+    torch.jit.save(traced, str(file))
+
+
+def _export_program(model, example, file: Path, dynamic_size: bool) -> None:
+    P = model.cfg.patch_size
+    dims = {0: torch.export.Dim("batch", min=1, max=65536)}
+    if dynamic_size:
+        # height and width as multiples of the patch size, so that the grid is an integer
+        dims[2] = P * torch.export.Dim("grid_h", min=1, max=1024)
+        dims[3] = P * torch.export.Dim("grid_w", min=1, max=1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(model, (example,), dynamic_shapes={"x": dims})
+    torch.export.save(ep, str(file))
+
+
+# --------------------------------------------------------------------------------------- runners
+def _runner(fmt: str, file: Path):
+    """A function images -> logits that runs the exported file as a user would."""
+    if fmt == "onnx":
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise ExportError(
+                "checking an ONNX export needs 'onnxruntime': pip install 'vitkit[onnx]' (or pass check=False)"
+            ) from None
+        ort.set_default_logger_severity(4)  # failures come back as exceptions; no log lines on stderr
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4
+        sess = ort.InferenceSession(str(file), opts, providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+        return lambda x: torch.from_numpy(sess.run(None, {name: x.numpy()})[0])
+    if fmt == "torchscript":
+        m = torch.jit.load(str(file), map_location="cpu").eval()
+    else:
+        m = torch.export.load(str(file)).module()
+
+    def run(x):
+        with torch.no_grad():
+            return m(x)
+
+    return run
+
+
+def check_export(model, fmt: str, file: str | os.PathLike, batch_sizes=(1, 3), dynamic_size: bool = False,
+                 atol: float = 1e-4) -> dict:
+    """Compare an exported file with the eager model; a dict with one row per checked input shape."""
+    file = Path(file)
+    run = _runner(fmt, file)
+    rows = []
+    for x in _inputs(model, batch_sizes, _check_sizes(model, dynamic_size), seed=1):
+        with torch.no_grad():
+            ref = model(x).float()
+        shape = list(x.shape)
+        try:
+            got = run(x).float()
+        except Exception as e:  # noqa: BLE001 - a runtime's own error is the finding
+            rows.append(dict(shape=shape, max_abs_diff=None, error=_first_line(e, 200)))
+            continue
+        if tuple(got.shape) != tuple(ref.shape):
+            rows.append(dict(shape=shape, max_abs_diff=None, error=f"output {tuple(got.shape)} != {tuple(ref.shape)}"))
+            continue
+        rows.append(dict(shape=shape, max_abs_diff=float((got - ref).abs().max())))
+    diffs = [r["max_abs_diff"] for r in rows if r["max_abs_diff"] is not None]
+    ok = len(diffs) == len(rows) and max(diffs) <= atol
+    return dict(ok=ok, atol=atol, max_abs_diff=max(diffs) if diffs else None, checks=rows)
+
+
+def export(
+    model_or_path,
+    out: str | os.PathLike,
+    fmt: str = "onnx",
+    *,
+    opset: int = 18,
+    dynamic_size: bool = False,
+    check: bool = True,
+    batch_sizes: tuple[int, ...] = (1, 3),
+    atol: float = 1e-4,
+) -> dict:
+    """Export ``model_or_path`` (a module, checkpoint or run directory) to ``out`` in format ``fmt``.
+
+    Returns {"format", "out", "bytes", "dynamic_batch", "dynamic_size", "check": {...}}. Raises
+    ExportError if the export fails or the check finds a difference above ``atol``; the file is only
+    left at ``out`` when the check passes (it is written next to it and renamed).
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if len(set(batch_sizes)) < 2 and check:
+        raise ExportError(f"batch_sizes: the check needs at least two batch sizes, got {tuple(batch_sizes)}")
+    model = _as_model(model_or_path)
+    model = model.float().eval().to("cpu")
+    cfg = model.cfg
+    if dynamic_size and not cfg.dynamic_img_size:
+        raise ExportError(
+            f"--dynamic-size: the model was built with dynamic_img_size=False (fixed {cfg.img_size[0]}x"
+            f"{cfg.img_size[1]} input); rebuild it with dynamic_img_size=True, or export at a fixed size"
+        )
+    out = Path(out)
+    if out.is_dir():
+        raise ExportError(f"--out: {out} is a directory; give a file name such as model{SUFFIX[fmt]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Example batch of 2 (a batch of 1 lets some exporters specialise the batch dimension).
+    example = torch.randn(2, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
+    # Write into a private folder next to ``out`` under the final name (torch.export.load wants the
+    # .pt2 suffix), check, then rename over ``out``: a failed export or check leaves ``out`` untouched.
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = tmpdir / out.name
+    try:
+        try:
+            if fmt == "onnx":
+                _export_onnx(model, example, tmp, opset, dynamic_size)
+            elif fmt == "torchscript":
+                _export_torchscript(model, example, tmp)
+            else:
+                _export_program(model, example, tmp, dynamic_size)
+        except ExportError:
+            raise
+        except Exception as e:  # noqa: BLE001 - exporter failures become one line
+            hint = _dynamic_hint(cfg) if dynamic_size else ""
+            raise ExportError(f"{fmt} export failed: {type(e).__name__}: {_first_line(e, 300)}{hint}") from None
+        result = dict(
+            format=fmt,
+            out=str(out),
+            bytes=tmp.stat().st_size,
+            dynamic_batch=True,
+            dynamic_size=dynamic_size,
+            opset=opset if fmt == "onnx" else None,
+            check=None,
+        )
+        if check:
+            res = check_export(model, fmt, tmp, batch_sizes, dynamic_size, atol)
+            result["check"] = res
+            if not res["ok"]:
+                bad = [r for r in res["checks"] if r["max_abs_diff"] is None or r["max_abs_diff"] > atol]
+                first = bad[0]
+                shape = "x".join(map(str, first["shape"]))
+                what = first.get("error") or f"max abs difference {first['max_abs_diff']:.3g} > {atol:g}"
+                hint = _dynamic_hint(cfg) if dynamic_size and first["shape"][2:] != list(cfg.img_size) else ""
+                raise ExportError(f"{fmt} export does not match the eager model on input {shape}: {what}{hint}")
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return result
+
+
+def _first_line(e: BaseException, limit: int) -> str:
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    line = text.splitlines()[0]
+    if "Status Message:" in line:  # onnxruntime: keep the message, drop the source location
+        line = line.split("Status Message:", 1)[1].strip()
+        line = line.split(" was false. ", 1)[-1] if " was false. " in line else line
+    return line[:limit]
+
+
+def _dynamic_hint(cfg) -> str:
+    return (
+        f" (the graph is specialised to {cfg.img_size[0]}x{cfg.img_size[1]}: the model's position-embedding "
+        "resampling compares the patch grid with the configured one in Python, so tracing keeps one "
+        "branch; export without --dynamic-size)"
+    )
+
+
+__all__ = ["export", "check_export", "ExportError", "FORMATS"]
