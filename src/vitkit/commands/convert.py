@@ -1,0 +1,75 @@
+"""`vitkit convert SRC DEST --from timm|hf|jax` / `--to timm|hf`: weight conversion."""
+
+from __future__ import annotations
+
+
+def _size(text: str):
+    """'384' -> 384; '384x512' or '384,512' -> (384, 512)."""
+    import argparse
+
+    parts = text.replace("x", ",").split(",")
+    try:
+        vals = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or HxW, got {text!r}") from None
+    if len(vals) not in (1, 2) or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected N or HxW with positive sizes, got {text!r}")
+    return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+def register(p):
+    p.add_argument("src", help="the weights to read: a vitkit checkpoint, a timm .pth/.safetensors file, an HF "
+                               "model directory or a JAX .npz file")
+    p.add_argument("dest", help="where to write: a vitkit checkpoint directory, a timm .safetensors/.pth file or "
+                                "an HF model directory")
+    p.add_argument("--from", dest="src_format", choices=["timm", "hf", "jax"], default=None,
+                   help="format of SRC (default: a vitkit checkpoint)")
+    p.add_argument("--to", dest="dest_format", choices=["timm", "hf"], default=None,
+                   help="format of DEST (default: a vitkit checkpoint)")
+    p.add_argument("--model", dest="model_name", metavar="NAME", default=None,
+                   help="a vitkit model name (`vitkit list`) that supplies what the weights do not show "
+                        "(heads, eps, pooling, a non-square image size)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a ViTConfig field the weights do not show, e.g. global_pool=avg, norm_eps=1e-12, "
+                        "img_size=[224,320] (repeatable; wins over everything else)")
+    p.add_argument("--img-size", type=_size, default=None, metavar="N|HxW",
+                   help="convert at another resolution: resample the position embeddings to this image size")
+    p.add_argument("--interpolation", choices=["bicubic", "bilinear", "nearest"], default="bicubic",
+                   help="position-embedding resampling for --img-size (default bicubic, no antialias, as HF)")
+    p.add_argument("--antialias", action="store_true", help="antialias when resampling down (as timm does)")
+    p.add_argument("--json", action="store_true", help="print a JSON report as the last line")
+    p.set_defaults(_convert_parser=p)
+
+
+def run(args) -> int:
+    import json
+
+    from ..io.convert import convert
+
+    parser = args._convert_parser
+    if args.src_format is None and args.dest_format is None:
+        parser.error("give --from FORMAT (SRC is timm, hf or jax) or --to FORMAT (DEST is timm or hf)")
+    if args.src_format is None and (args.model_name or args.overrides):
+        parser.error("--model and --set describe foreign weights; use them with --from")
+    src_format = args.src_format or "vitkit"
+    dest_format = args.dest_format or "vitkit"
+    report = convert(args.src, args.dest, src_format, dest_format, model_name=args.model_name,
+                     overrides=args.overrides, img_size=args.img_size, interpolation=args.interpolation,
+                     antialias=args.antialias)
+    c = report["config"]
+    img = "x".join(map(str, c["img_size"]))
+    print(f"read {src_format}: {args.src}")
+    print(f"model: width {c['embed_dim']}, depth {c['depth']}, heads {c['num_heads']}, patch {c['patch_size']}, "
+          f"image {img}, classes {c['num_classes']}, pool {c['global_pool']}, "
+          f"{report['params'] / 1e6:.2f}M parameters")
+    if report["assumed"]:
+        items = ", ".join(f"{k}={v}" for k, v in report["assumed"].items())
+        print(f"not in the weights, assumed: {items} (change with --set KEY=VALUE)")
+    if report["resampled"]:
+        r = report["resampled"]
+        print(f"resampled position embeddings {'x'.join(map(str, r['from']))} -> {'x'.join(map(str, r['to']))} "
+              f"({r['interpolation']}{', antialias' if r['antialias'] else ''})")
+    print(f"wrote {dest_format}: {', '.join(report['files'])}")
+    if args.json:
+        print(json.dumps(report))
+    return 0

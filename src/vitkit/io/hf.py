@@ -1,0 +1,300 @@
+"""Hugging Face ViT directories: config.json + model.safetensors (or pytorch_model.bin).
+
+ViTForImageClassification keeps the encoder under ``vit.`` and a ``classifier``; ViTModel has no
+prefix and an optional ``pooler`` (Linear + tanh on the [cls] token: vitkit's pre-logits layer, the
+JAX checkpoints' ``pre_logits``). Files on disk use these names (transformers 5 renames modules in
+memory, e.g. ``layers.i.attention.q_proj``, and maps them back when saving); both spellings are read.
+
+HF's ViT always has a class token, token pooling, learned position embeddings with a class slot,
+pre-LN blocks without LayerScale, and a patch-projection stem; models that differ are refused with
+the feature named. ``layer_norm_eps`` (HF's default 1e-12) is carried into ViTConfig.norm_eps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from ..config import Preprocess, ViTConfig
+from ..errors import CheckpointError
+from .convert import assemble, build, expected_state, learned_pos_table, mlp_ratio_for, refuse, resolve_config
+
+ACT_FROM_HF = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "relu": "relu"}
+ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+RESAMPLE_TO_HF = {"nearest": 0, "bilinear": 2, "bicubic": 3}  # PIL constants
+HF_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                   hidden_act="gelu", layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3,
+                   qkv_bias=True, pooler_act="tanh")
+
+# transformers 5 in-memory names -> the names on disk (and in transformers 4)
+_MODERN = [
+    (r"(^|\.)layers\.(\d+)\.", r"\1encoder.layer.\2."),
+    (r"\.attention\.q_proj\.", ".attention.attention.query."),
+    (r"\.attention\.k_proj\.", ".attention.attention.key."),
+    (r"\.attention\.v_proj\.", ".attention.attention.value."),
+    (r"\.attention\.o_proj\.", ".attention.output.dense."),
+    (r"\.mlp\.fc1\.", ".intermediate.dense."),
+    (r"\.mlp\.fc2\.", ".output.dense."),
+]
+
+
+def _legacy_name(key: str) -> str:
+    for pat, rep in _MODERN:
+        key = re.sub(pat, rep, key)
+    return key
+
+
+def hf_table(cfg: ViTConfig, prefix: str) -> dict:
+    """vitkit key -> (HF keys, how to make the vitkit tensor from them)."""
+    p = prefix
+    cat = lambda *ts: torch.cat(ts, dim=0)  # noqa: E731 - q, k, v stacked into qkv
+    t = {
+        "cls_token": (f"{p}embeddings.cls_token",),
+        "pos_embed": (f"{p}embeddings.position_embeddings",),
+        "patch_embed.proj.weight": (f"{p}embeddings.patch_embeddings.projection.weight",),
+        "patch_embed.proj.bias": (f"{p}embeddings.patch_embeddings.projection.bias",),
+        "norm.weight": (f"{p}layernorm.weight",),
+        "norm.bias": (f"{p}layernorm.bias",),
+        "pre_logits.fc.weight": (f"{p}pooler.dense.weight",),
+        "pre_logits.fc.bias": (f"{p}pooler.dense.bias",),
+        "head.weight": ("classifier.weight",),
+        "head.bias": ("classifier.bias",),
+    }
+    table = {k: (v, lambda x: x) for k, v in t.items()}
+    for i in range(cfg.depth):
+        b, h = f"blocks.{i}.", f"{p}encoder.layer.{i}."
+        for wb in ("weight", "bias"):
+            table[f"{b}norm1.{wb}"] = ((f"{h}layernorm_before.{wb}",), lambda x: x)
+            table[f"{b}norm2.{wb}"] = ((f"{h}layernorm_after.{wb}",), lambda x: x)
+            qkv = tuple(f"{h}attention.attention.{n}.{wb}" for n in ("query", "key", "value"))
+            table[f"{b}attn.qkv.{wb}"] = (qkv, cat)
+            table[f"{b}attn.proj.{wb}"] = ((f"{h}attention.output.dense.{wb}",), lambda x: x)
+            table[f"{b}mlp.fc1.{wb}"] = ((f"{h}intermediate.dense.{wb}",), lambda x: x)
+            table[f"{b}mlp.fc2.{wb}"] = ((f"{h}output.dense.{wb}",), lambda x: x)
+    return table
+
+
+# ----------------------------------------------------------------------------------------- read
+def read_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor], str]:
+    """(config.json as a dict, state dict, the weights file's name) of an HF model directory."""
+    from .checkpoint import load_state_dict_file
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory (an HF model is a directory with config.json and weights)")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file}: missing (an HF model directory holds config.json)")
+    try:
+        hf_cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
+    if not isinstance(hf_cfg, dict):
+        raise CheckpointError(f"{cfg_file}: expected a JSON object")
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return hf_cfg, load_state_dict_file(path / name), str(path / name)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (path / index).is_file():
+            try:
+                weight_map = json.loads((path / index).read_text(encoding="utf-8"))["weight_map"]
+                shards = sorted(set(weight_map.values()))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise CheckpointError(f"{path / index}: not a valid shard index (no 'weight_map')") from None
+            sd: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                sd.update(load_state_dict_file(path / shard))
+            return hf_cfg, sd, str(path / index)
+    raise CheckpointError(f"{path}: no model.safetensors or pytorch_model.bin beside config.json")
+
+
+def infer(hf_cfg: dict, sd: dict, source: str) -> tuple[dict, dict]:
+    """(ViTConfig fields, notes) from HF's config.json and the weights' keys."""
+    model_type = hf_cfg.get("model_type", "vit")
+    if model_type != "vit":
+        raise CheckpointError(f"{source}: model_type {model_type!r} is not a plain ViT ('vit')")
+    c = {**HF_DEFAULTS, **hf_cfg}
+    act = ACT_FROM_HF.get(c["hidden_act"])
+    if act is None:
+        raise CheckpointError(f"{source}: hidden_act {c['hidden_act']!r} has no vitkit equivalent "
+                              f"(known: {', '.join(ACT_FROM_HF)})")
+    ps = c["patch_size"]
+    if isinstance(ps, (list, tuple)):
+        if len(ps) != 2 or ps[0] != ps[1]:
+            raise CheckpointError(f"{source}: patch_size {ps} is not square")
+        ps = ps[0]
+    img = c["image_size"]
+    D = c["hidden_size"]
+    prefix = "vit." if any(k.startswith("vit.") for k in sd) else ""
+    has_pooler = f"{prefix}pooler.dense.weight" in sd
+    has_head = "classifier.weight" in sd
+    if has_pooler and has_head:
+        raise CheckpointError(f"{source}: holds both a pooler and a classifier; HF's classifier reads the [cls] "
+                              "token, not the pooler, and vitkit's head follows the pre-logits layer")
+    if has_pooler and c.get("pooler_act", "tanh") != "tanh":
+        raise CheckpointError(f"{source}: pooler_act {c['pooler_act']!r} is not tanh (vitkit's pre-logits layer)")
+    seen = dict(
+        embed_dim=D,
+        depth=c["num_hidden_layers"],
+        num_heads=c["num_attention_heads"],
+        mlp_ratio=mlp_ratio_for(c["intermediate_size"], D),
+        act=act,
+        norm_eps=float(c["layer_norm_eps"]),
+        img_size=list(img) if isinstance(img, (list, tuple)) else img,
+        patch_size=ps,
+        in_chans=c["num_channels"],
+        qkv_bias=bool(c["qkv_bias"]),
+        class_token=True,
+        global_pool="token",
+        fc_norm=False,
+        pos_embed="learn",
+        no_embed_class=False,
+        num_classes=sd["classifier.weight"].shape[0] if has_head else 0,
+        representation_size=sd[f"{prefix}pooler.dense.weight"].shape[0] if has_pooler else None,
+        drop_rate=float(c.get("hidden_dropout_prob", 0.0)),
+        attn_drop_rate=float(c.get("attention_probs_dropout_prob", 0.0)),
+    )
+    return seen, {"prefix": prefix}
+
+
+def _labels(hf_cfg: dict, num_classes: int) -> list[str] | None:
+    """Class names from id2label, unless HF's placeholders LABEL_i."""
+    id2label = hf_cfg.get("id2label")
+    if not isinstance(id2label, dict) or len(id2label) != num_classes or not num_classes:
+        return None
+    try:
+        names = [str(id2label[k]) for k in sorted(id2label, key=int)]
+    except ValueError:
+        return None
+    if names == [f"LABEL_{i}" for i in range(num_classes)]:
+        return None
+    return names
+
+
+def _preprocess(path: Path, in_chans: int) -> Preprocess | None:
+    file = path / "preprocessor_config.json"
+    if not file.is_file():
+        return None
+    try:
+        p = json.loads(file.read_text(encoding="utf-8"))
+        interp = {v: k for k, v in RESAMPLE_TO_HF.items()}.get(p.get("resample"), "bilinear")
+        pre = Preprocess(mean=tuple(p["image_mean"]), std=tuple(p["image_std"]), interpolation=interp)
+        return pre.for_channels(in_chans)
+    except (ValueError, KeyError, TypeError):
+        return None  # an image processor vitkit does not read: keep the default constants
+
+
+def read_hf(path, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
+    """(VisionTransformer, info) from an HF ViT directory."""
+    hf_cfg, sd, source = read_hf_dir(path)
+    sd = {_legacy_name(k): v for k, v in sd.items()}
+    seen, notes = infer(hf_cfg, sd, source)
+    if model is not None:
+        cfg = model.cfg
+    elif cfg is None:
+        cfg, _ = resolve_config(seen, {}, source, model_name=model_name, overrides=overrides)
+    expected = expected_state(cfg)
+    state = assemble(expected, hf_table(cfg, notes["prefix"]), sd, source)
+    model = build(cfg, state, source, model)
+    model.labels = _labels(hf_cfg, cfg.num_classes)
+    pre = _preprocess(Path(path), cfg.in_chans)
+    if pre is not None:
+        model.preprocess = pre
+    return model, {"source": source, "assumed": {}}
+
+
+# ---------------------------------------------------------------------------------------- write
+def hf_config(model) -> dict:
+    """config.json for transformers' ViTConfig describing ``model`` (refusing what HF cannot hold)."""
+    cfg = model.cfg
+    refuse(model, "HF ViT", {
+        "no class token (class_token=False)": not cfg.class_token,
+        f"pooling {cfg.global_pool!r} (HF's classifier reads the [cls] token)": cfg.global_pool != "token",
+        "a LayerNorm after pooling (fc_norm)": cfg.use_fc_norm,
+        "post-LN blocks (norm='post')": cfg.norm == "post",
+        "the convolutional stem (stem='conv')": cfg.stem == "conv",
+        "LayerScale (layer_scale)": cfg.layer_scale is not None,
+        "a pre-logits layer together with a head (ViTForImageClassification has no pooler; "
+        "ViTModel has no head)": cfg.representation_size is not None and cfg.num_classes > 0,
+    })
+    h, w = cfg.img_size
+    labels = model.labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    out = {
+        "architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"],
+        "model_type": "vit",
+        "hidden_size": cfg.embed_dim,
+        "num_hidden_layers": cfg.depth,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_hidden,
+        "hidden_act": ACT_TO_HF[cfg.act],
+        "hidden_dropout_prob": cfg.drop_rate,
+        "attention_probs_dropout_prob": cfg.attn_drop_rate,
+        "initializer_range": 0.02,
+        "layer_norm_eps": cfg.norm_eps,
+        "image_size": h if h == w else [h, w],
+        "patch_size": cfg.patch_size,
+        "num_channels": cfg.in_chans,
+        "qkv_bias": cfg.qkv_bias,
+        "encoder_stride": cfg.patch_size,
+        "pooler_output_size": cfg.representation_size or cfg.embed_dim,
+        "pooler_act": "tanh",
+        "dtype": "float32",
+    }
+    if cfg.num_classes:
+        out["id2label"] = {str(i): name for i, name in enumerate(labels)}
+        out["label2id"] = {name: i for i, name in enumerate(labels)}
+    return out
+
+
+def to_hf_state(model) -> dict[str, torch.Tensor]:
+    """The weights under HF's on-disk names (ViTForImageClassification with a head, else ViTModel)."""
+    cfg = model.cfg
+    hf_config(model)  # refuses what HF cannot hold
+    prefix = "vit." if cfg.num_classes else ""
+    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    sd["pos_embed"] = learned_pos_table(model)
+    out: dict[str, torch.Tensor] = {}
+    for key, (hf_keys, _) in hf_table(cfg, prefix).items():
+        if key not in sd:
+            continue
+        if len(hf_keys) == 3:  # qkv -> query, key, value
+            for name, part in zip(hf_keys, sd[key].chunk(3, dim=0)):
+                out[name] = part.contiguous()
+        else:
+            out[hf_keys[0]] = sd[key].contiguous()
+    return out
+
+
+def write_hf(model, path: str | os.PathLike, return_files: bool = False):
+    """Write config.json, model.safetensors and preprocessor_config.json into directory ``path``."""
+    from safetensors.torch import save as st_save
+
+    from .atomic import atomic_write_bytes, atomic_write_text
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path}: exists and is not a directory (an HF model is a directory)")
+    config = hf_config(model)
+    state = to_hf_state(model)
+    pre = model.preprocess
+    h, w = model.cfg.img_size
+    processor = {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": h, "width": w},
+        "resample": RESAMPLE_TO_HF[pre.interpolation],
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(pre.mean),
+        "image_std": list(pre.std),
+    }
+    files = [path / "model.safetensors", path / "config.json", path / "preprocessor_config.json"]
+    atomic_write_bytes(files[0], st_save(state, metadata={"format": "pt"}))
+    atomic_write_text(files[1], json.dumps(config, indent=2) + "\n")
+    atomic_write_text(files[2], json.dumps(processor, indent=2) + "\n")
+    return files if return_files else path

@@ -1,0 +1,148 @@
+"""timm VisionTransformer state dicts: an identity key map, since vitkit's module names follow timm.
+
+Read from a state dict or a .pth / .pt / .bin (torch.load with weights_only=True) / .safetensors
+file. What the weights show: width, depth, patch size, channels, MLP width, qkv bias, class token,
+position table (image size, class slot), LayerScale, fc_norm (average pooling), classes. What they
+do not: heads (taken from the named sizes' width table, else width / 64), LayerNorm eps (1e-6) and
+the activation (exact GELU).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from ..config import ViTConfig
+from ..errors import CheckpointError
+from .convert import assemble, build, expected_state, heads_from_width, learned_pos_table, mlp_ratio_for, refuse
+from .convert import resolve_config, same
+
+
+def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int | None]:
+    """(fields the weights show, fields assumed, position-table length) of a timm ViT state dict."""
+    w = sd.get("patch_embed.proj.weight")
+    if w is None or w.ndim != 4:
+        got = "no patch_embed.proj.weight" if w is None else f"patch_embed.proj.weight {tuple(w.shape)}"
+        raise CheckpointError(f"{source}: not a timm ViT state dict ({got}; expected a (D, C, P, P) tensor)")
+    D, C, P, P2 = w.shape
+    if P != P2:
+        raise CheckpointError(f"{source}: patch_embed.proj.weight {tuple(w.shape)} has non-square {P}x{P2} patches")
+    blocks = [int(m.group(1)) for m in map(re.compile(r"blocks\.(\d+)\.").match, sd) if m]
+    if not blocks:
+        raise CheckpointError(f"{source}: no encoder blocks (no blocks.0.* tensors)")
+    depth = max(blocks) + 1  # a block with tensors missing is reported as missing, not dropped
+    fc1 = sd.get("blocks.0.mlp.fc1.weight")
+    seen: dict = dict(embed_dim=D, depth=depth, patch_size=P, in_chans=C)
+    if fc1 is not None:
+        seen["mlp_ratio"] = mlp_ratio_for(fc1.shape[0], D)
+    seen["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
+    seen["class_token"] = "cls_token" in sd
+    seen["layer_scale"] = 1e-5 if "blocks.0.ls1.gamma" in sd else None  # the value only seeds a re-init
+    seen["num_classes"] = sd["head.weight"].shape[0] if "head.weight" in sd else 0
+    seen["fc_norm"] = "fc_norm.weight" in sd
+    seen["pos_embed"] = "learn" if "pos_embed" in sd else "none"
+    seen["representation_size"] = sd["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in sd else None
+    guessed: dict = dict(num_heads=heads_from_width(D), norm_eps=1e-6, act="gelu")
+    if not seen["class_token"]:
+        seen["global_pool"] = "avg"  # no class token: the mean of the patch tokens
+    else:
+        guessed["global_pool"] = "avg" if seen["fc_norm"] else "token"  # timm's default pairing
+    pos_len = sd["pos_embed"].shape[1] if "pos_embed" in sd and sd["pos_embed"].ndim == 3 else None
+    return seen, guessed, pos_len
+
+
+def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
+    """(VisionTransformer, info) from a timm state dict or file; see ``convert.resolve_config``."""
+    from .checkpoint import load_state_dict_file
+
+    if isinstance(src, (str, os.PathLike)):
+        source = str(src)
+        sd = load_state_dict_file(src)
+    elif isinstance(src, Mapping):
+        source, sd = "timm state dict", dict(src)
+    else:
+        raise CheckpointError(f"timm weights: expected a state dict or a file path, got {type(src).__name__}")
+    assumed: dict = {}
+    if model is not None:
+        cfg = model.cfg
+    elif cfg is None:
+        seen, guessed, pos_len = infer(sd, source)
+        cfg, assumed = resolve_config(seen, guessed, source, pos_len=pos_len, model_name=model_name,
+                                      overrides=overrides)
+    expected = expected_state(cfg)
+    table = {k: ((k,), same) for k in expected}  # identity: vitkit's names are timm's
+    state = assemble(expected, table, sd, source)
+    return build(cfg, state, source, model), {"source": source, "assumed": assumed}
+
+
+def to_timm(model) -> dict[str, torch.Tensor]:
+    """The weights as a state dict for timm's VisionTransformer built with ``timm_model_kwargs(cfg)``.
+
+    Position embeddings are always written as one learned table with a class slot (timm's default
+    layout); fixed sin-cos tables become the learned table they equal.
+    """
+    cfg = model.cfg
+    refuse(model, "timm's VisionTransformer", {
+        "post-LN blocks (norm='post')": cfg.norm == "post",
+        "the convolutional stem (stem='conv')": cfg.stem == "conv",
+        f"activation {cfg.act!r} (a timm state dict loads into exact-GELU models)": cfg.act != "gelu",
+        "a pre-logits layer (representation_size)": cfg.representation_size is not None,
+    })
+    sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
+    sd["pos_embed"] = learned_pos_table(model).contiguous()
+    # keep timm's key order: cls_token, pos_embed first
+    order = ["cls_token", "pos_embed"]
+    return {**{k: sd[k] for k in order if k in sd}, **{k: v for k, v in sd.items() if k not in order}}
+
+
+def timm_model_kwargs(cfg: ViTConfig) -> dict:
+    """Keyword arguments of ``timm.models.vision_transformer.VisionTransformer`` for the same network.
+
+    The model built with them loads ``to_timm(model)`` strictly and computes the same logits.
+    """
+    from torch import nn
+
+    return dict(
+        img_size=tuple(cfg.img_size),
+        patch_size=cfg.patch_size,
+        in_chans=cfg.in_chans,
+        num_classes=cfg.num_classes,
+        global_pool={"token": "token", "avg": "avg", "none": ""}[cfg.global_pool],
+        embed_dim=cfg.embed_dim,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=cfg.mlp_ratio,
+        qkv_bias=cfg.qkv_bias,
+        init_values=cfg.layer_scale,
+        class_token=cfg.class_token,
+        no_embed_class=False,
+        fc_norm=cfg.use_fc_norm,
+        dynamic_img_size=cfg.dynamic_img_size,
+        norm_layer=functools.partial(nn.LayerNorm, eps=cfg.norm_eps),
+    )
+
+
+def save_timm(model, path: str | os.PathLike) -> Path:
+    """Write ``to_timm(model)`` to a .safetensors or .pth / .pt / .bin file, atomically."""
+    from .atomic import atomic_path
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".safetensors", ".pth", ".pt", ".bin"):
+        raise CheckpointError(f"{path}: a timm state dict is written as .safetensors or .pth (got {suffix or 'no suffix'!r})")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory; give a file name ending in .safetensors or .pth")
+    sd = to_timm(model)
+    with atomic_path(path) as tmp:
+        if suffix == ".safetensors":
+            from safetensors.torch import save_file
+
+            save_file(sd, str(tmp), metadata={"format": "pt"})
+        else:
+            torch.save(sd, tmp)
+    return path
