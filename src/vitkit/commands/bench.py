@@ -1,0 +1,65 @@
+"""`vitkit bench MODEL|CKPT`: images/s, latency, peak memory, FLOPs and MFU, per batch size and dtype."""
+
+from __future__ import annotations
+
+
+def _csv(kind):
+    def parse(s: str):
+        import argparse
+
+        try:
+            return [kind(v) for v in s.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {s!r}") from None
+
+    return parse
+
+
+def _size(s: str):
+    import argparse
+
+    try:
+        parts = [int(v) for v in s.lower().replace("x", ",").split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"expected N or HxW, got {s!r}")
+    return (parts[0], parts[-1])
+
+
+def register(p):
+    p.add_argument("model", help="a model name (see `vitkit list`; random weights), a checkpoint or a run directory")
+    p.add_argument("--batch-sizes", type=_csv(int), default=[1, 32], help="comma-separated (default 1,32)")
+    p.add_argument("--img-size", type=_size, default=None, help="N or HxW (default: the model's own)")
+    p.add_argument("--dtype", type=_csv(str), default=["fp32"], help="comma-separated of fp32, bf16, int8 (default fp32)")
+    p.add_argument("--mode", type=_csv(str), default=["infer"], help="comma-separated of infer, train (default infer)")
+    p.add_argument("--repeats", type=int, default=10, help="timed steps per configuration (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model first")
+    p.add_argument("--device", default="cuda" if _has_cuda() else "cpu", help="cpu or cuda (default: cuda if present)")
+    p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+
+
+def _has_cuda() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run(args) -> int:
+    import json
+
+    from ..bench import bench, format_table
+
+    res = bench(args.model, batch_sizes=args.batch_sizes, img_size=args.img_size, dtypes=args.dtype,
+                modes=args.mode, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
+                compile=args.compile, device=args.device)
+    print(format_table(res))
+    if args.json:
+        print(json.dumps(res))
+    return 0

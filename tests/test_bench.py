@@ -1,0 +1,89 @@
+"""bench: FLOPs against an analytic count, the shape of the result, error paths, CLI."""
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.bench import bench, count_flops, format_table, vit_flops
+from vitkit.cli import main
+
+
+def test_flops_of_a_tiny_vit_match_the_formula_written_out():
+    m = vitkit.create_model("vit_test", seed=0)  # 32 px, P 8, C 3, D 32, depth 2, MLP 64, 10 classes
+    N, T, D, C, P, hid = 16, 17, 32, 3, 8, 64
+    stem = 2 * N * D * C * P * P  # patch embedding as a matmul per patch
+    qkv = 2 * T * D * 3 * D
+    attn = 2 * 2 * T * T * D  # QK^T and AV
+    proj = 2 * T * D * D
+    mlp = 2 * 2 * T * D * hid
+    head = 2 * D * 10
+    expect = stem + 2 * (qkv + attn + proj + mlp) + head
+    assert expect == 828_288
+    assert vit_flops(m.cfg) == expect
+    assert count_flops(m) == expect
+
+
+def test_flops_count_attention_under_fused_attention_too():
+    # the model's default path is fused SDPA; the count must still include the attention matmuls
+    m = vitkit.create_model("vit_test", seed=0, img_size=(48, 32), class_token=False, global_pool="avg")
+    assert m.cfg.attn_impl == "fused"
+    assert count_flops(m) == vit_flops(m.cfg)
+    N = 6 * 4
+    assert vit_flops(m.cfg) - vit_flops(m.cfg.replace(depth=1)) == (
+        2 * N * 32 * 96 + 4 * N * N * 32 + 2 * N * 32 * 32 + 4 * N * 32 * 64)
+
+
+def test_bench_rows_for_each_mode_dtype_and_batch():
+    res = bench("vit_test", batch_sizes=(1, 2), dtypes=("fp32", "int8"), modes=("infer", "train"),
+                repeats=2, warmup=1, peak=False)
+    assert res["flops_per_image"] == 828_288 and res["params"] == vitkit.count_params(vitkit.create_model("vit_test"))
+    keys = [(r["mode"], r["dtype"], r["batch"]) for r in res["rows"]]
+    assert keys == [("infer", "fp32", 1), ("infer", "fp32", 2), ("infer", "int8", 1), ("infer", "int8", 2),
+                    ("train", "fp32", 1), ("train", "fp32", 2), ("train", "int8", 1), ("train", "int8", 2)]
+    for r in res["rows"]:
+        if r["mode"] == "train" and r["dtype"] == "int8":
+            assert r["skipped"] == "int8 dynamic quantization is inference only"
+            continue
+        assert r["min_ms"] <= r["p50_ms"] <= r["p95_ms"] <= r["max_ms"]
+        assert r["images_per_s"] == pytest.approx(r["batch"] / (r["p50_ms"] / 1e3))
+        assert r["peak_mem_mib"] > 0
+        flops = 828_288 * r["batch"] * (3 if r["mode"] == "train" else 1)
+        assert r["tflops"] == pytest.approx(flops / (r["p50_ms"] / 1e3) / 1e12)
+    assert "int8 = dynamic quantization" in format_table(res)
+
+
+def test_bench_does_not_change_the_model_weights():
+    m = vitkit.create_model("vit_test", seed=0)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    bench(m, batch_sizes=(2,), modes=("train",), repeats=1, warmup=0, peak=False)
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_bench_errors():
+    with pytest.raises(vitkit.ConfigError, match=r"--dtype: 'fp8' is not one of fp32, bf16, int8"):
+        bench("vit_test", dtypes=("fp8",))
+    with pytest.raises(vitkit.ConfigError, match=r"--mode: 'eval' is not one of infer, train"):
+        bench("vit_test", modes=("eval",))
+    with pytest.raises(vitkit.ConfigError, match=r"--batch-sizes: every batch size must be >= 1, got \[0\]"):
+        bench("vit_test", batch_sizes=(0,))
+    with pytest.raises(vitkit.CheckpointError, match=r"no_such_model: no such file or directory"):
+        bench("no_such_model")
+
+
+def test_cli_table_and_json(tmp_path, capsys):
+    ckpt = vitkit.save(vitkit.create_model("vit_test", seed=0), tmp_path / "ck")
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["bench", str(ckpt), "--batch-sizes", "1,2", "--repeats", "2", "--warmup", "0", "--threads", "1",
+                   "--device", "cpu", "--json"])
+    finally:
+        torch.set_num_threads(threads)  # --threads sets a process-wide value
+    assert rc == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith(f"{ckpt}  32x32") and any(line.startswith("infer  fp32      2") for line in out)
+    res = json.loads(out[-1])
+    assert res["threads"] == 1 and [r["batch"] for r in res["rows"]] == [1, 2]
+    assert set(res["peak_flops"]) == {"fp32"} and res["rows"][0]["mfu"] > 0
