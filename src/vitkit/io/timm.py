@@ -32,6 +32,9 @@ def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int 
     D, C, P, P2 = w.shape
     if P != P2:
         raise CheckpointError(f"{source}: patch_embed.proj.weight {tuple(w.shape)} has non-square {P}x{P2} patches")
+    if "reg_token" in sd:
+        raise CheckpointError(f"{source}: holds register tokens (reg_token {tuple(sd['reg_token'].shape)}), "
+                              "which vitkit's VisionTransformer does not have")
     blocks = [int(m.group(1)) for m in map(re.compile(r"blocks\.(\d+)\.").match, sd) if m]
     if not blocks:
         raise CheckpointError(f"{source}: no encoder blocks (no blocks.0.* tensors)")

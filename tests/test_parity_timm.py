@@ -1,0 +1,117 @@
+"""Same random weights, same logits in vitkit and timm's VisionTransformer, both directions (float32, 1e-5).
+
+timm is not in the main environment: these tests skip there. `bash benchmarks/parity.sh` runs them.
+"""
+
+import pytest
+import torch
+
+from vitkit import ViTConfig, VisionTransformer
+from vitkit.errors import CheckpointError
+from vitkit.io.convert import from_timm, to_timm
+from vitkit.io.timm import save_timm, timm_model_kwargs
+
+timm_vit = pytest.importorskip("timm.models.vision_transformer")
+
+TOL = 1e-5
+
+CONFIGS = {
+    "token": dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10),
+    "avg_no_cls": dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=7,
+                       class_token=False, global_pool="avg", fc_norm=False),
+    "avg_fc_norm": dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=5,
+                        global_pool="avg"),
+    "nonsquare_layer_scale": dict(img_size=(24, 40), patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                                  num_classes=3, layer_scale=1e-5, qkv_bias=False),
+    "eps_grey_mlp2": dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=4,
+                          num_classes=4, norm_eps=1e-12, mlp_ratio=2.0),
+}
+
+
+def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter random (norm scales and LayerScale around 1), so a wrong key or transpose shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.1 * r if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "gamma")) else 0.2 * r)
+    return model.eval()
+
+
+def images(cfg: ViTConfig, n: int = 2) -> torch.Tensor:
+    return torch.randn(n, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(1))
+
+
+def max_diff(a, b, x) -> float:
+    with torch.no_grad():
+        return (a(x) - b(x)).abs().max().item()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_vitkit_to_timm(name):
+    cfg = ViTConfig(**CONFIGS[name])
+    model = randomize(VisionTransformer(cfg))
+    ref = timm_vit.VisionTransformer(**timm_model_kwargs(cfg)).eval()
+    ref.load_state_dict(to_timm(model), strict=True)
+    assert max_diff(model, ref, images(cfg)) <= TOL
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_timm_to_vitkit(name, tmp_path):
+    cfg = ViTConfig(**CONFIGS[name])
+    ref = randomize(timm_vit.VisionTransformer(**timm_model_kwargs(cfg)), seed=2)
+    torch.save(ref.state_dict(), tmp_path / "w.pth")
+    sets = {"num_heads": cfg.num_heads, "norm_eps": cfg.norm_eps}
+    if cfg.img_size[0] != cfg.img_size[1]:
+        sets["img_size"] = list(cfg.img_size)
+    model = from_timm(tmp_path / "w.pth", overrides=sets)
+    for field in ("embed_dim", "depth", "patch_size", "in_chans", "class_token", "global_pool", "use_fc_norm",
+                  "qkv_bias", "num_classes", "img_size", "mlp_hidden"):
+        assert getattr(model.cfg, field) == getattr(cfg, field), field
+    assert (model.cfg.layer_scale is None) == (cfg.layer_scale is None)
+    assert max_diff(model, ref, images(cfg)) <= TOL
+
+
+@pytest.mark.parametrize("pos", ["sincos2d", "sincos1d", "none", "no_embed_class"])
+def test_fixed_and_patch_only_position_tables_become_learned(pos):
+    extra = {"no_embed_class": True} if pos == "no_embed_class" else {"pos_embed": pos}
+    cfg = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3, **extra)
+    model = randomize(VisionTransformer(cfg))
+    ref = timm_vit.VisionTransformer(**timm_model_kwargs(cfg)).eval()
+    ref.load_state_dict(to_timm(model), strict=True)
+    assert max_diff(model, ref, images(cfg)) <= TOL
+
+
+def test_resampled_position_table_matches_timm_with_antialias(tmp_path):
+    """--img-size with antialias reproduces timm's own resampling (timm resamples with antialias)."""
+    from timm.layers import resample_abs_pos_embed
+
+    cfg = ViTConfig(**CONFIGS["token"])
+    model = randomize(VisionTransformer(cfg))
+    model.resample_to(48, antialias=True)
+    ref_pe = resample_abs_pos_embed(to_timm(randomize(VisionTransformer(cfg)))["pos_embed"], (6, 6),
+                                    num_prefix_tokens=1)
+    assert (model.pos_embed - ref_pe).abs().max().item() <= 1e-6
+
+
+def test_save_timm_files_load_in_timm(tmp_path):
+    cfg = ViTConfig(**CONFIGS["avg_fc_norm"])
+    model = randomize(VisionTransformer(cfg))
+    x = images(cfg)
+    for name in ("w.safetensors", "w.pth"):
+        save_timm(model, tmp_path / name)
+        ref = timm_vit.VisionTransformer(**timm_model_kwargs(cfg)).eval()
+        from vitkit.io.checkpoint import load_state_dict_file
+
+        ref.load_state_dict(load_state_dict_file(tmp_path / name), strict=True)
+        assert max_diff(model, ref, x) <= TOL
+
+
+def test_timm_features_vitkit_lacks_are_named():
+    kw = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    ref = timm_vit.VisionTransformer(**kw, reg_tokens=2)
+    with pytest.raises(CheckpointError, match=r"^timm state dict: holds register tokens \(reg_token \(1, 2, 32\)\)"):
+        from_timm(ref.state_dict(), overrides={"num_heads": 2})
+    ref = timm_vit.VisionTransformer(**kw, qk_norm=True)
+    with pytest.raises(CheckpointError, match=r"unexpected: blocks\.0\.attn\.q_norm\.weight, blocks\.0\.attn\.q_norm"):
+        from_timm(ref.state_dict(), overrides={"num_heads": 2})
