@@ -14,7 +14,6 @@ import gzip
 import os
 import pickle
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -353,17 +352,24 @@ def _open_split_folder(root: Path, fmt: str, o: _Opts):
 
 
 # --------------------------------------------------------------------------------------------------
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 def _workers(n: int | None, count: int) -> int:
     if n is not None:
         return max(1, int(n))
-    return max(1, min(8, os.cpu_count() or 1, count // 256 or 1))
+    return max(1, min(8, _cpus(), count // 512 or 1))
 
 
 def _header(path: Path, max_pixels):
     """(H, W) of an image file after EXIF rotation, reading the header only; raises DataError."""
     from PIL import Image, UnidentifiedImageError
 
-    from .images import _check_path, _sniff
+    from .images import _BOMB, _check_path, _sniff, bomb_message
 
     shown = show_path(path)
     _check_path(path)
@@ -379,33 +385,50 @@ def _header(path: Path, max_pixels):
                 raise DataError(f"{shown}: {_sniff(head)}") from None
             w, h = im.size
             if max_pixels is not None and w * h > max_pixels:
-                raise DataError(f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} "
-                                f"(possible decompression bomb; raise max_pixels if the file is trusted)")
+                raise DataError(f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} {_BOMB}")
             if im.format in ("JPEG", "TIFF", "WEBP", "PNG") and im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
                 w, h = h, w
             return h, w
     except DataError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise DataError(f"{shown}: refused as a possible decompression bomb ({e}); raise max_pixels if trusted") from None
+        raise DataError(bomb_message(shown, e, max_pixels)) from None
     except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file
         raise DataError(f"{shown}: cannot read image header ({type(e).__name__}: {e})") from None
 
 
-def _pmap(fn, items, workers: int):
-    """Map ``fn`` over ``items`` with a thread pool (Pillow releases the GIL while decoding); each result is
-    (value, None) or (None, DataError)."""
+def _work_chunk(args) -> list:
+    """Decode (kind 'decode') or read the header of (kind 'header') each path of a chunk; runs in a worker
+    process. Returns [(value, None) | (None, error message)]."""
+    kind, paths, channels, max_pixels, size = args
+    out = []
+    with pil_limits(max_pixels):
+        for p in paths:
+            try:
+                v = _decode(p, channels, max_pixels, size) if kind == "decode" else _header(p, max_pixels)
+                out.append((v, None))
+            except DataError as e:
+                out.append((None, str(e)))
+    return out
 
-    def safe(x):
-        try:
-            return fn(x), None
-        except DataError as e:
-            return None, e
 
-    if workers <= 1 or len(items) < 64:
-        return [safe(x) for x in items]
-    with ThreadPoolExecutor(workers) as ex:
-        return list(ex.map(safe, items, chunksize=max(1, min(256, len(items) // (workers * 8)))))
+def _pmap(kind: str, paths: list[Path], channels: int, max_pixels, size, workers: int) -> list:
+    """_work_chunk over all ``paths``: in this process for small jobs, else in a pool of ``workers``
+    processes (Pillow's per-file Python overhead holds the GIL, so threads would not scale)."""
+    import multiprocessing as mp
+
+    if workers <= 1 or len(paths) < 1024 or "fork" not in mp.get_all_start_methods():
+        return _work_chunk((kind, paths, channels, max_pixels, size))
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    step = max(64, min(1024, len(paths) // (workers * 4)))
+    jobs = [(kind, paths[i : i + step], channels, max_pixels, size) for i in range(0, len(paths), step)]
+    try:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
+            return [r for chunk in ex.map(_work_chunk, jobs) for r in chunk]
+    except (BrokenProcessPool, OSError):  # pragma: no cover - no processes available: decode here
+        return _work_chunk((kind, paths, channels, max_pixels, size))
 
 
 def _materialize(items: list[tuple[Path, int]], classes: list[str], o: _Opts, skipped: list, where: Path) -> ImageSet:
@@ -426,16 +449,14 @@ def _materialize(items: list[tuple[Path, int]], classes: list[str], o: _Opts, sk
                     continue
             probe = probe or (32, 32)
             in_memory = len(items) * channels * probe[0] * probe[1] <= MEMORY_BUDGET
-        if in_memory:
-            res = _pmap(lambda it: _decode(it[0], channels, o.max_pixels, size), items, workers)
-        else:
-            res = _pmap(lambda it: _header(it[0], o.max_pixels), items, workers)
+    res = _pmap("decode" if in_memory else "header", [p for p, _ in items], channels, o.max_pixels, size, workers)
     keep, vals = [], []
     for (p, lab), (v, err) in zip(items, res):
         if err is not None:
             if o.strict:
-                raise err
-            skipped.append((show_path(p), str(err).split(": ", 1)[-1] if str(err).startswith(show_path(p)) else str(err)))
+                raise DataError(err)
+            shown = show_path(p)
+            skipped.append((shown, err[len(shown) + 2:] if err.startswith(shown + ": ") else err))
             continue
         keep.append((p, lab))
         vals.append(v)

@@ -87,6 +87,18 @@ def _sniff(head: bytes) -> str:
         return "not a recognised image format"
 
 
+_BOMB = "(possible decompression bomb; raise max_pixels if the file is trusted)"
+
+
+def bomb_message(shown: str, err: Exception, max_pixels) -> str:
+    """One line for Pillow's DecompressionBombError/Warning, worded as vitkit's own size check."""
+    import re
+
+    m = re.search(r"\((\d+) pixels\)", str(err))
+    size = f"{m.group(1)} pixels" if m else "image size"
+    return f"{shown}: {size} exceeds max_pixels={max_pixels} {_BOMB}"
+
+
 def _check_path(path: Path) -> None:
     if path.is_symlink() and not path.exists():
         raise DataError(f"{show_path(path)}: broken symbolic link (points to {show_path(os.readlink(path))})")
@@ -166,9 +178,13 @@ def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] |
     shown = show_path(path)
     if channels not in (1, 3):
         raise DataError(f"{shown}: channels must be 1 (grey) or 3 (RGB), got {channels!r}")
-    _check_path(path)
     try:
-        with open(path, "rb") as f:
+        f = open(path, "rb")
+    except OSError as e:
+        _check_path(path)  # names the cause (missing, broken link, directory, ...)
+        raise DataError(f"{shown}: cannot open ({e.strerror or e})") from None
+    try:
+        with f:
             head = f.read(512)
             if not head:
                 raise DataError(f"{shown}: empty file (0 bytes)")
@@ -181,10 +197,7 @@ def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] |
             if w < 1 or h < 1:
                 raise DataError(f"{shown}: image has no pixels ({w}x{h})")
             if max_pixels is not None and w * h > max_pixels:
-                raise DataError(
-                    f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} "
-                    f"(possible decompression bomb; raise max_pixels if the file is trusted)"
-                )
+                raise DataError(f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} {_BOMB}")
             if getattr(im, "n_frames", 1) > 1:
                 im.seek(0)  # animations: the first frame
             if size is not None and im.format == "JPEG":
@@ -193,16 +206,17 @@ def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] |
                 th, tw = (size[1], size[0]) if rot else size
                 im.draft("L" if channels == 1 else "RGB", (tw, th))
             im.load()
-            im = ImageOps.exif_transpose(im)
+            if "exif" in im.info or im.format not in ("JPEG", "BMP", "GIF"):
+                im = ImageOps.exif_transpose(im)  # rotation from the EXIF orientation tag
             im = _convert(im, channels, path)
             if size is not None and (im.height, im.width) != tuple(size):
                 box = _fit_box(im.width, im.height, size[0], size[1])
                 im = im.resize((size[1], size[0]), Image.BICUBIC, box=box)
-            a = np.asarray(im, dtype=np.uint8)
+            a = np.array(im, dtype=np.uint8)  # a writable copy
     except DataError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise DataError(f"{shown}: refused as a possible decompression bomb ({e}); raise max_pixels if trusted") from None
+        raise DataError(bomb_message(shown, e, max_pixels)) from None
     except OSError as e:
         msg = str(e).strip() or type(e).__name__
         if "truncated" in msg.lower() or "broken data stream" in msg.lower() or "image file is" in msg.lower():

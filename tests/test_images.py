@@ -1,0 +1,253 @@
+"""decode_image / list_images / to_model_input, and the bad-input corpus (built in tmp_path)."""
+
+import io
+import os
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, features
+
+import vitkit
+from vitkit.errors import DataError, ShapeError
+from vitkit.data import decode_image, list_images, to_model_input
+from vitkit.data.images import DEFAULT_MAX_PIXELS, show_path
+
+
+def _save(path, im, **kw):
+    im.save(path, **kw)
+    return path
+
+
+def _noise(h, w, mode="RGB", seed=0):
+    rng = np.random.default_rng(seed)
+    c = {"RGB": 3, "L": 1}[mode]
+    a = rng.integers(0, 256, (h, w, c), dtype=np.uint8)
+    return Image.fromarray(a[:, :, 0] if c == 1 else a, mode)
+
+
+def _png_header_only(path, w, h):
+    """A PNG whose header claims w x h pixels, with almost no data (a cheap decompression-bomb stand-in)."""
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
+    idat = zlib.compress(b"\x00" * 64)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# good images in every mode
+def test_rgb_and_grey_png_exact(tmp_path):
+    im = _noise(5, 7)
+    p = _save(tmp_path / "a.png", im)
+    x = decode_image(p, 3)
+    assert x.dtype == torch.uint8 and x.shape == (3, 5, 7)
+    assert torch.equal(x, torch.from_numpy(np.array(im)).permute(2, 0, 1))
+    g = decode_image(p, 1)
+    assert g.shape == (1, 5, 7)
+    assert torch.equal(g[0], torch.from_numpy(np.array(im.convert("L"))))
+    # grey file to 3 channels: the value repeated
+    q = _save(tmp_path / "g.png", _noise(4, 4, "L"))
+    x3 = decode_image(q, 3)
+    assert torch.equal(x3[0], x3[1]) and torch.equal(x3[1], x3[2])
+
+
+@pytest.mark.parametrize("ext,kw", [(".jpg", {"quality": 95}), (".bmp", {}), (".gif", {}), (".webp", {"lossless": True}),
+                                    (".tif", {})])
+def test_formats(tmp_path, ext, kw):
+    if ext == ".webp" and not features.check("webp"):
+        pytest.skip("Pillow built without WebP")
+    im = Image.new("RGB", (6, 4), (200, 30, 60))
+    x = decode_image(_save(tmp_path / f"a{ext}", im, **kw), 3)
+    assert x.shape == (3, 4, 6)
+    assert (x.float().mean((1, 2)) - torch.tensor([200.0, 30, 60])).abs().max() <= 6  # jpeg / gif palette: close
+
+
+def test_rgba_and_palette_transparency_composite_on_white(tmp_path):
+    a = np.zeros((2, 2, 4), np.uint8)
+    a[0, 0] = (255, 0, 0, 0)  # fully transparent red -> white
+    a[0, 1] = (255, 0, 0, 255)  # opaque red
+    a[1, 0] = (0, 0, 0, 128)  # half-transparent black -> mid grey
+    p = _save(tmp_path / "rgba.png", Image.fromarray(a, "RGBA"))
+    x = decode_image(p, 3)
+    assert x[:, 0, 0].tolist() == [255, 255, 255]
+    assert x[:, 0, 1].tolist() == [255, 0, 0]
+    assert all(abs(v - 127) <= 1 for v in x[:, 1, 0].tolist())
+    # palette with a transparent index
+    pal = Image.new("P", (2, 1))
+    pal.putpalette([0, 0, 255, 0, 255, 0] + [0] * 762)
+    pal.putpixel((0, 0), 0)
+    pal.putpixel((1, 0), 1)
+    q = _save(tmp_path / "pal.png", pal, transparency=0)
+    y = decode_image(q, 3)
+    assert y[:, 0, 0].tolist() == [255, 255, 255] and y[:, 0, 1].tolist() == [0, 255, 0]
+    assert decode_image(q, 1)[0, 0, 0].item() == 255
+
+
+def test_cmyk_jpeg(tmp_path):
+    p = _save(tmp_path / "cmyk.jpg", Image.new("CMYK", (8, 8), (0, 255, 255, 0)), quality=95)
+    x = decode_image(p, 3)
+    assert x.shape == (3, 8, 8)
+    assert (x.float().mean((1, 2)) - torch.tensor([255.0, 0, 0])).abs().max() <= 8
+
+
+def test_16bit_png_scaled_to_8bit(tmp_path):
+    a = np.array([[0, 65535, 128 * 257, 257]], dtype=np.uint16)
+    p = _save(tmp_path / "deep.png", Image.fromarray(a))
+    assert Image.open(p).mode.startswith("I")
+    x = decode_image(p, 1)
+    assert x[0, 0].tolist() == [0, 255, 128, 1]
+    assert decode_image(p, 3).shape == (3, 1, 4)
+
+
+def test_exif_rotation_applied(tmp_path):
+    a = np.zeros((8, 16), np.uint8)
+    a[:, :8] = 255  # left half white
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
+    p = _save(tmp_path / "rot.jpg", Image.fromarray(a, "L"), exif=exif.tobytes(), quality=95)
+    x = decode_image(p, 1)
+    assert x.shape == (1, 16, 8)  # height and width swapped
+    assert x[0, :8].float().mean() > 200 and x[0, 8:].float().mean() < 50  # the left side is now on top
+
+
+def test_one_pixel_and_animated_gif_first_frame(tmp_path):
+    assert decode_image(_save(tmp_path / "one.png", Image.new("L", (1, 1), 9)), 1).tolist() == [[[9]]]
+    frames = [Image.new("RGB", (4, 4), (255, 0, 0)), Image.new("RGB", (4, 4), (0, 0, 255))]
+    p = tmp_path / "anim.gif"
+    frames[0].save(p, save_all=True, append_images=frames[1:], duration=50)
+    assert Image.open(p).n_frames == 2
+    x = decode_image(p, 3)
+    assert x[:, 0, 0].tolist() == [255, 0, 0]
+
+
+def test_non_utf8_file_name(tmp_path):
+    name = os.fsencode(str(tmp_path)) + b"/caf\xe9.png"
+    buf = io.BytesIO()
+    Image.new("L", (3, 2), 7).save(buf, format="PNG")
+    with open(name, "wb") as f:
+        f.write(buf.getvalue())
+    assert decode_image(name, 1).shape == (1, 2, 3)
+    assert decode_image(os.fsdecode(name), 1).shape == (1, 2, 3)
+    with open(name, "wb") as f:
+        f.write(b"not an image at all")
+    with pytest.raises(DataError, match=r"caf\\xe9\.png: a text file, not an image") as e:
+        decode_image(name, 1)
+    str(e.value).encode("utf-8")  # printable: no lone surrogates
+    assert list_images([os.fsdecode(name)])[0].name == os.fsdecode(b"caf\xe9.png")
+
+
+# ------------------------------------------------------------------------------------------------
+# the bad-input corpus
+def test_zero_byte_file(tmp_path):
+    p = tmp_path / "empty.jpg"
+    p.write_bytes(b"")
+    with pytest.raises(DataError, match=r"empty\.jpg: empty file \(0 bytes\)$"):
+        decode_image(p, 3)
+
+
+def test_truncated_jpeg_and_png(tmp_path):
+    for ext in ("jpg", "png"):
+        buf = io.BytesIO()
+        _noise(64, 64).save(buf, format="JPEG" if ext == "jpg" else "PNG")
+        p = tmp_path / f"cut.{ext}"
+        p.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+        with pytest.raises(DataError, match=rf"cut\.{ext}: truncated or corrupt image data"):
+            decode_image(p, 3)
+
+
+def test_html_and_text_named_jpg(tmp_path):
+    p = tmp_path / "page.jpg"
+    p.write_text("<!DOCTYPE html><html><body>404 Not Found</body></html>")
+    with pytest.raises(DataError, match=r"page\.jpg: an HTML page, not an image$"):
+        decode_image(p, 3)
+    q = tmp_path / "notes.png"
+    q.write_text("hello")
+    with pytest.raises(DataError, match=r"notes\.png: a text file, not an image$"):
+        decode_image(q, 3)
+    r = tmp_path / "noise.png"
+    r.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(DataError, match=r"noise\.png: not a recognised image format$"):
+        decode_image(r, 3)
+
+
+def test_directory_missing_and_broken_symlink(tmp_path):
+    (tmp_path / "folder.png").mkdir()
+    with pytest.raises(DataError, match=r"folder\.png: is a directory, not an image file$"):
+        decode_image(tmp_path / "folder.png", 3)
+    with pytest.raises(DataError, match=r"nothere\.png: no such file$"):
+        decode_image(tmp_path / "nothere.png", 3)
+    os.symlink(tmp_path / "gone.png", tmp_path / "link.png")
+    with pytest.raises(DataError, match=r"link\.png: broken symbolic link \(points to .*gone\.png\)$"):
+        decode_image(tmp_path / "link.png", 3)
+
+
+def test_decompression_bomb_refused_unless_allowed(tmp_path):
+    p = _png_header_only(tmp_path / "bomb.png", 20000, 20000)
+    with pytest.raises(DataError, match=r"bomb\.png: 400000000 pixels exceeds max_pixels=89478485 \(possible decompression bomb; raise max_pixels if the file is trusted\)$"):
+        decode_image(p, 1)
+    # between Pillow's warning and error thresholds: the warning is an error too
+    q = _png_header_only(tmp_path / "big.png", 10000, 10000)
+    with pytest.raises(DataError, match=r"big\.png: 100000000 pixels exceeds max_pixels=89478485 \(possible decompression bomb"):
+        decode_image(q, 1)
+    with pytest.raises(DataError, match=r"big\.png: 100000000 pixels exceeds max_pixels=1000 \(possible decompression bomb"):
+        decode_image(q, 1, max_pixels=1000)
+    # a raised limit lets the header through; this file then fails on its (missing) data, not as a bomb
+    with pytest.raises(DataError, match=r"bomb\.png: (truncated|cannot read|corrupt)") as e:
+        decode_image(p, 1, max_pixels=None)
+    assert "bomb (" not in str(e.value)
+    assert Image.MAX_IMAGE_PIXELS == DEFAULT_MAX_PIXELS  # the global limit is restored
+
+
+def test_bad_channels_argument(tmp_path):
+    p = _save(tmp_path / "a.png", Image.new("L", (2, 2)))
+    with pytest.raises(DataError, match=r"a\.png: channels must be 1 \(grey\) or 3 \(RGB\), got 4"):
+        decode_image(p, 4)
+
+
+# ------------------------------------------------------------------------------------------------
+def test_list_images(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    for n in ("d/b.png", "d/a.JPG", "d/sub/c.webp", "d/readme.txt", "d/.hidden.png"):
+        (tmp_path / n).write_bytes(b"x")
+    got = [p.relative_to(tmp_path).as_posix() for p in list_images([str(tmp_path / "d")])]
+    assert got == ["d/a.JPG", "d/b.png", "d/sub/c.webp"]
+    assert [p.name for p in list_images([str(tmp_path / "d")], recursive=False)] == ["a.JPG", "b.png"]
+    assert [p.name for p in list_images([str(tmp_path / "d" / "*.png"), str(tmp_path / "d" / "b.png")])] == ["b.png"]
+    with pytest.raises(DataError, match=r"nope: no such file or folder$"):
+        list_images([str(tmp_path / "nope")])
+    with pytest.raises(DataError, match=r"\*\.gif: pattern matches no image files$"):
+        list_images([str(tmp_path / "d" / "*.gif")])
+    (tmp_path / "e").mkdir()
+    with pytest.raises(DataError, match=r"e: folder has no image files"):
+        list_images([str(tmp_path / "e")])
+
+
+def test_to_model_input_resize_crop_normalise():
+    pre = vitkit.Preprocess(mean=(0.5,), std=(0.25,), crop_pct=1.0, interpolation="bilinear")
+    img = torch.full((1, 10, 20), 153, dtype=torch.uint8)
+    x = to_model_input(img, (8, 8), pre)
+    assert x.shape == (1, 8, 8) and x.dtype == torch.float32
+    torch.testing.assert_close(x, torch.full((1, 8, 8), (153 / 255 - 0.5) / 0.25), atol=1e-5, rtol=0)
+    # same size: only the normalisation
+    img = torch.randint(0, 256, (3, 4, 4), dtype=torch.uint8)
+    pre3 = vitkit.Preprocess()
+    torch.testing.assert_close(to_model_input(img, (4, 4), pre3), (img.float() / 255 - 0.5) / 0.5, atol=1e-6, rtol=0)
+    # crop_pct: resize the short side to 4 / 0.5 = 8, keep the centre 4x4 -> a 2x upscale of the centre 2x2
+    img = torch.zeros((1, 4, 4), dtype=torch.uint8)
+    img[:, 1:3, 1:3] = 255
+    out = to_model_input(img, (4, 4), vitkit.Preprocess(mean=(0.0,), std=(1.0,), crop_pct=0.5, interpolation="nearest"))
+    torch.testing.assert_close(out, torch.ones(1, 4, 4))
+    with pytest.raises(ShapeError, match=r"to_model_input: expected dtype uint8"):
+        to_model_input(img.float(), (4, 4), pre)
+    with pytest.raises(ShapeError, match=r"to_model_input: expected a uint8 tensor \(C, H, W\), got shape \(4, 4\)"):
+        to_model_input(img[0], (4, 4), pre)
+
+
+def test_show_path_escapes_undecodable_bytes():
+    assert show_path(b"/x/caf\xe9.png") == "/x/caf\\xe9.png"
