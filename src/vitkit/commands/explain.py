@@ -1,0 +1,59 @@
+"""`vitkit explain CKPT IMAGE --out FILE.png`: attention rollout and class-token attention over the image."""
+
+from __future__ import annotations
+
+
+def _size(s: str):
+    import argparse
+
+    try:
+        parts = [int(v) for v in s.lower().replace("x", ",").split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"expected N or HxW, got {s!r}")
+    return (parts[0], parts[-1])
+
+
+def register(p):
+    p.add_argument("checkpoint", help="a vitkit checkpoint directory or a training run directory")
+    p.add_argument("image", help="an image file")
+    p.add_argument("--out", required=True, help="the PNG to write (input | overlays side by side)")
+    p.add_argument("--method", choices=("rollout", "cls", "both"), default="both",
+                   help="attention rollout, last-block class-token attention, or both (default)")
+    p.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean", help="how heads are combined")
+    p.add_argument("--discard-ratio", type=float, default=0.0,
+                   help="rollout: zero this fraction of the weakest attention weights per block (default 0)")
+    p.add_argument("--img-size", type=_size, default=None,
+                   help="N or HxW to run at (default: the model's size; a dynamic-size model keeps the image's aspect)")
+    p.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity (default 0.5)")
+    p.add_argument("--json", action="store_true", help="print a JSON object (maps as nested lists) as the last line")
+
+
+def run(args) -> int:
+    import json
+
+    from ..explain import explain
+
+    res = explain(args.checkpoint, args.image, out=args.out, method=args.method, head_fusion=args.head_fusion,
+                  discard_ratio=args.discard_ratio, img_size=args.img_size, alpha=args.alpha)
+    if args.json:
+        out = dict(res)
+        for k in ("rollout", "cls"):
+            out[k] = None if res[k] is None else [[round(float(v), 6) for v in row] for row in res[k]]
+        print(json.dumps(out))
+        return 0
+    h, w = res["input_size"]
+    gh, gw = res["grid"]
+    pred = res["pred"]
+    print(f"{res['source']}: ran at {h}x{w}, attention grid {gh}x{gw}"
+          + (f", predicted {pred['label']} ({pred['prob']:.3f})" if pred else ""))
+    for k in ("rollout", "cls"):
+        m = res[k]
+        if m is not None:
+            r, c = divmod(int(m.argmax()), m.shape[1])
+            print(f"  {k:<7}: strongest patch at row {r}, column {c} (weight {float(m.max()):.4f}, mean {float(m.mean()):.4f})")
+    if res["note"]:
+        print(f"  note: {res['note']}")
+    print(f"wrote {res['out']}")
+    return 0

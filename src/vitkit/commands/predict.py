@@ -1,0 +1,47 @@
+"""`vitkit predict CKPT PATH...`: top-k labels with probabilities for images, folders or globs."""
+
+from __future__ import annotations
+
+
+def register(p):
+    p.add_argument("checkpoint", help="a vitkit checkpoint directory or a training run directory")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="image files, folders (searched recursively) or globs")
+    p.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
+    p.add_argument("--strict", action="store_true", help="stop at the first unreadable file (exit 1)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+    out.add_argument("--csv", action="store_true", help="print CSV: path,rank,index,label,prob")
+
+
+def run(args) -> int:
+    import csv
+    import json
+    import sys
+
+    from ..predict import predict
+
+    res = predict(args.checkpoint, args.paths, top_k=args.top_k, batch_size=args.batch_size, strict=args.strict,
+                  device=args.device)
+    for e in res["errors"]:
+        print(f"vitkit: warning: skipped {e['error']}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(res))
+    elif args.csv:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(["path", "rank", "index", "label", "prob"])
+        for p in res["predictions"]:
+            for rank, t in enumerate(p["top"], 1):
+                w.writerow([p["path"], rank, t["index"], t["label"], f"{t['prob']:.6f}"])
+    else:
+        rows = res["predictions"]
+        cells = [[f"{t['label']} {t['prob']:.3f}" for t in p["top"]] for p in rows]
+        width = max([len(p["path"]) for p in rows] + [4])
+        cw = [max([len(c[i]) for c in cells if i < len(c)] + [5]) for i in range(res["top_k"])]
+        print("  ".join([f"{'path':<{width}}"] + [f"{f'top-{i + 1}':<{cw[i]}}" for i in range(res["top_k"])]).rstrip())
+        for p, c in zip(rows, cells):
+            print("  ".join([f"{p['path']:<{width}}"] + [f"{x:<{cw[i]}}" for i, x in enumerate(c)]).rstrip())
+        n_err = len(res["errors"])
+        print(f"{len(rows)} image(s) classified" + (f", {n_err} skipped (see above)" if n_err else ""))
+    return 0 if res["predictions"] or not res["errors"] else 1
