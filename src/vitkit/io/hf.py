@@ -196,7 +196,8 @@ def read_hf(path, cfg: ViTConfig | None = None, model=None, *, model_name=None, 
     if model is not None:
         cfg = model.cfg
     elif cfg is None:
-        cfg, _ = resolve_config(seen, {}, source, model_name=model_name, overrides=overrides)
+        cfg, _ = resolve_config(seen, {}, str(Path(path) / "config.json"), model_name=model_name,
+                                overrides=overrides)
     expected = expected_state(cfg)
     state = assemble(expected, hf_table(cfg, notes["prefix"]), sd, source)
     model = build(cfg, state, source, model)

@@ -1,0 +1,201 @@
+"""timm state dicts: architecture inference, key and shape checks, refusals and the convert CLI (no timm needed)."""
+
+import json
+import pickle
+
+import pytest
+import torch
+
+import vitkit
+from vitkit import ViTConfig, VisionTransformer
+from vitkit.cli import main
+from vitkit.errors import CheckpointError, ConfigError
+from vitkit.io.convert import from_timm, to_timm
+from vitkit.io.timm import save_timm
+
+
+def rand_model(seed=0, **kw) -> VisionTransformer:
+    base = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10, mlp_ratio=2.0)
+    model = VisionTransformer(ViTConfig(**{**base, **kw}))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def same_logits(a, b):
+    x = torch.randn(2, a.cfg.in_chans, *a.cfg.img_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return torch.equal(a(x), b(x))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(class_token=False, global_pool="avg", fc_norm=False, patch_size=4),
+    dict(global_pool="avg", qkv_bias=False, layer_scale=1e-4, num_classes=0),
+    dict(no_embed_class=True, in_chans=1, mlp_ratio=3.0),
+])
+def test_round_trip_infers_the_architecture(kw):
+    model = rand_model(**kw)
+    back = from_timm(to_timm(model), overrides={"num_heads": 2})
+    c, b = model.cfg, back.cfg
+    for f in ("embed_dim", "depth", "patch_size", "in_chans", "img_size", "class_token", "global_pool", "use_fc_norm",
+              "qkv_bias", "num_classes", "mlp_hidden"):
+        assert getattr(b, f) == getattr(c, f), f
+    assert (b.layer_scale is None) == (c.layer_scale is None)
+    assert b.no_embed_class is False  # written with a class slot (zeros when vitkit adds none)
+    assert same_logits(model, back)
+
+
+@pytest.mark.parametrize("width, heads", [(192, 3), (384, 6), (1024, 16), (128, 2)])
+def test_heads_from_the_width_table_else_width_over_64(width, heads):
+    sd = to_timm(VisionTransformer(ViTConfig(img_size=16, patch_size=8, embed_dim=width, depth=1, num_heads=1,
+                                             num_classes=0)))
+    from vitkit.io.timm import infer
+
+    seen, guessed, pos_len = infer(sd, "x")
+    assert guessed["num_heads"] == heads and pos_len == 5
+
+
+def test_what_the_weights_do_not_show_is_reported(tmp_path):
+    save_timm(rand_model(embed_dim=64, num_heads=4, depth=4), tmp_path / "w.safetensors")
+    from vitkit.io.timm import read_timm
+
+    model, info = read_timm(tmp_path / "w.safetensors")
+    assert model.cfg.num_heads == 1  # 64 / 64: the weights cannot tell 4 heads from 1
+    assert info["assumed"] == {"num_heads": 1, "norm_eps": 1e-6, "act": "gelu", "global_pool": "token"}
+    model, info = read_timm(tmp_path / "w.safetensors", model_name="vit_mini_patch4_32",
+                            overrides={"patch_size": 8, "norm_eps": 1e-12})
+    assert model.cfg.num_heads == 4 and model.cfg.norm_eps == 1e-12 and info["assumed"] == {}
+
+
+def test_named_model_must_agree_on_structure():
+    sd = to_timm(rand_model())
+    with pytest.raises(CheckpointError, match=r"^timm state dict: the weights have embed_dim 32 but model "
+                                              r"'vit_base_patch16_224' has 768$"):
+        from_timm(sd, model_name="vit_base_patch16_224")
+    with pytest.raises(ConfigError, match=r"model 'vit_nope' is not a known name"):
+        from_timm(sd, model_name="vit_nope")
+
+
+def test_non_square_grid_needs_the_image_size():
+    model = rand_model(img_size=(16, 40))
+    sd = to_timm(model)
+    with pytest.raises(CheckpointError, match=r"position table's 11 positions are no square grid; pass the image "
+                                              r"size \(--set img_size=\[H,W\]\)"):
+        from_timm(sd, overrides={"num_heads": 2})
+    with pytest.raises(CheckpointError, match=r"the position table has 11 positions but img_size 32x32 with patch 8 "
+                                              r"makes 16 patches \(\+1 class slot\)"):
+        from_timm(sd, overrides={"num_heads": 2, "img_size": 32})
+    back = from_timm(sd, overrides={"num_heads": 2, "img_size": [16, 40]})
+    assert same_logits(model, back)
+
+
+def test_bad_state_dict_is_one_line_listing_the_problems():
+    sd = to_timm(rand_model())
+    del sd["blocks.1.norm2.bias"]
+    sd["blocks.0.attn.q_norm.weight"] = torch.ones(16)
+    sd["head.bias"] = torch.zeros(11)
+    with pytest.raises(CheckpointError) as e:
+        from_timm(sd, overrides={"num_heads": 2})
+    assert str(e.value) == (
+        "timm state dict: weights do not fit the model; missing: blocks.1.norm2.bias; "
+        "unexpected: blocks.0.attn.q_norm.weight; mis-shaped: head.bias (11,) -> head.bias (10,)")
+    with pytest.raises(CheckpointError, match=r"not a timm ViT state dict \(no patch_embed\.proj\.weight"):
+        from_timm({"conv1.weight": torch.zeros(8, 3, 3, 3)})
+
+
+def test_many_problems_are_truncated():
+    sd = {k: v for k, v in to_timm(rand_model(depth=3)).items() if not k.startswith("blocks.1.")}
+    sd["blocks.2.extra"] = torch.zeros(1)
+    with pytest.raises(CheckpointError, match=r"missing: blocks\.1\.norm1\.weight, .* \(\+6 more\); unexpected: "
+                                              r"blocks\.2\.extra$"):
+        from_timm(sd, overrides={"num_heads": 2})
+
+
+@pytest.mark.parametrize("kw, what", [
+    (dict(norm="post"), "post-LN blocks"),
+    (dict(stem="conv"), "the convolutional stem"),
+    (dict(act="relu"), "activation 'relu'"),
+    (dict(representation_size=16), "a pre-logits layer"),
+])
+def test_what_timm_cannot_hold_is_refused(kw, what, tmp_path):
+    with pytest.raises(CheckpointError, match=f"^timm's VisionTransformer cannot hold this model: {what}"):
+        save_timm(rand_model(**kw), tmp_path / "w.pth")
+    assert not (tmp_path / "w.pth").exists()
+
+
+def test_pickles_that_run_code_are_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    torch.save({"patch_embed.proj.weight": torch.zeros(1), "x": Evil()}, tmp_path / "evil.pth", pickle_module=pickle)
+    with pytest.raises(CheckpointError, match=r"evil\.pth: refused to load"):
+        from_timm(tmp_path / "evil.pth")
+
+
+def test_load_into_a_given_model():
+    model = rand_model()
+    target = VisionTransformer(model.cfg)
+    assert from_timm(to_timm(model), model=target) is target
+    assert same_logits(model, target)
+
+
+# -------------------------------------------------------------------------------------------- CLI
+def test_cli_timm_to_vitkit_and_back(tmp_path, capsys):
+    model = rand_model(num_heads=4)
+    model.pos_embed.data.normal_()
+    save_timm(model, tmp_path / "w.pth")
+    rc = main(["convert", str(tmp_path / "w.pth"), str(tmp_path / "ckpt"), "--from", "timm", "--set", "num_heads=4",
+               "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    report = json.loads(out[-1])
+    assert report["config"]["num_heads"] == 4 and report["assumed"] == {
+        "norm_eps": 1e-6, "act": "gelu", "global_pool": "token"}
+    assert out[1].startswith("model: width 32, depth 2, heads 4, patch 8, image 32x32, classes 10, pool token")
+    assert same_logits(model, vitkit.load(tmp_path / "ckpt"))
+
+    rc = main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "back.safetensors"), "--to", "timm"])
+    assert rc == 0
+    from vitkit.io.checkpoint import load_state_dict_file
+
+    back = load_state_dict_file(tmp_path / "back.safetensors")
+    assert back.keys() == to_timm(model).keys()
+    assert all(torch.equal(back[k], v) for k, v in to_timm(model).items())
+
+
+def test_cli_resamples_to_a_new_size(tmp_path, capsys):
+    from vitkit.layers import resample_pos_embed
+
+    model = rand_model()
+    vitkit.save(model, tmp_path / "ckpt")
+    rc = main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "w.safetensors"), "--to", "timm",
+               "--img-size", "48x64", "--antialias"])
+    assert rc == 0
+    assert "resampled position embeddings 32x32 -> 48x64 (bicubic, antialias)" in capsys.readouterr().out
+    from vitkit.io.checkpoint import load_state_dict_file
+
+    pe = load_state_dict_file(tmp_path / "w.safetensors")["pos_embed"]
+    assert torch.equal(pe, resample_pos_embed(model.pos_embed.data, (6, 8), (4, 4), 1, antialias=True))
+
+
+def test_cli_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["convert", "a", "b"])
+    assert e.value.code == 2
+    assert "give --from FORMAT" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["convert", "a", "b", "--from", "onnx"])
+    assert e.value.code == 2
+    assert "invalid choice: 'onnx'" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "none.pth"), str(tmp_path / "out"), "--from", "timm"]) == 1
+    assert capsys.readouterr().err.strip() == f"vitkit: error: {tmp_path / 'none.pth'}: no such file"
+    torch.save(to_timm(rand_model()), tmp_path / "w.pth")
+    assert main(["convert", str(tmp_path / "w.pth"), str(tmp_path / "out"), "--from", "timm", "--set", "heads=2"]) == 1
+    assert capsys.readouterr().err.startswith("vitkit: error: --set heads: not a ViTConfig field")
+    vitkit.save(rand_model(), tmp_path / "ckpt")
+    assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "w.txt"), "--to", "timm"]) == 1
+    assert "a timm state dict is written as .safetensors or .pth (got '.txt')" in capsys.readouterr().err
