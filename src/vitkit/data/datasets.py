@@ -14,6 +14,7 @@ import gzip
 import os
 import pickle
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -516,7 +517,7 @@ def _read_bytes(path: Path) -> bytes:
             raw = f.read()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, zlib.error) as e:
         raise DataError(f"{show_path(path)}: cannot read ({type(e).__name__}: {e})") from None
     return raw
 
@@ -591,16 +592,21 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
         ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
         ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),  # protocol 5 arrays
         ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
     }
 
     def find_class(self, module, name):
         if (module, name) in self.ALLOWED:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing global {module}.{name}")
+        raise _Refused(f"refusing global {module}.{name}")
 
     def persistent_load(self, pid):
-        raise pickle.UnpicklingError("refusing persistent ids")
+        raise _Refused("refusing persistent ids")
+
+
+class _Refused(pickle.UnpicklingError):
+    pass
 
 
 def safe_unpickle(path: Path) -> dict:
@@ -610,7 +616,7 @@ def safe_unpickle(path: Path) -> dict:
 
     try:
         obj = _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
-    except pickle.UnpicklingError as e:
+    except _Refused as e:
         raise DataError(f"{show_path(path)}: not a plain-data pickle ({e}); refusing to load it") from None
     except Exception as e:  # noqa: BLE001 - truncated or garbage data
         raise DataError(f"{show_path(path)}: not a readable CIFAR batch ({type(e).__name__}: {e})") from None
