@@ -1,0 +1,47 @@
+"""`vitkit eval CKPT --data DIR`: loss, top-1/top-5, per-class metrics, confusion matrix, worst mistakes."""
+
+from __future__ import annotations
+
+
+def register(p):
+    p.add_argument("checkpoint", help="a vitkit checkpoint directory or a training run directory")
+    p.add_argument("--data", default=None, help="dataset folder (default: the built-in demo set)")
+    p.add_argument("--data-format", default=None,
+                   choices=("folder", "split-folder", "mnist", "cifar10", "cifar100"),
+                   help="dataset layout (default: detected)")
+    p.add_argument("--split", choices=("test", "val", "train"), default=None,
+                   help="which part (default: test if the data has one, else val)")
+    p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default 256)")
+    p.add_argument("--out", default=None, help="folder for metrics.json, confusion.json/.png and worst.png")
+    p.add_argument("--worst", type=int, default=16, help="how many confidently wrong images to list (default 16)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+
+
+def run(args) -> int:
+    import json
+
+    from ..evaluate import evaluate
+
+    res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
+                   batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"{res['data']} ({res['format']}), {res['split']} split: {res['num_images']} images"
+          + (f" ({res['skipped_files']} unreadable files skipped)" if res["skipped_files"] else ""))
+    print(f"loss {res['loss']:.4f}   top-1 {100 * res['top1']:.2f}%   top-{res['top5_k']} {100 * res['top5']:.2f}%   "
+          f"macro F1 {res['macro_f1']:.4f}")
+    w = max(len(c["name"]) for c in res["per_class"])
+    w = max(w, 5)
+    print(f"{'class':<{w}}  precision  recall      F1  support")
+    for c in res["per_class"]:
+        print(f"{c['name']:<{w}}  {c['precision']:>9.4f}  {c['recall']:>6.4f}  {c['f1']:>6.4f}  {c['support']:>7}")
+    if res["worst"]:
+        print("most confidently wrong:")
+        for item in res["worst"][:5]:
+            where = item.get("path", f"#{item['index']}")
+            print(f"  {where}: true {item['true']}, predicted {item['pred']} ({item['prob']:.3f})")
+    for name, path in res["files"].items():
+        print(f"wrote {path}")
+    return 0

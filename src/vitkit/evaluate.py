@@ -1,0 +1,288 @@
+"""Evaluate a checkpoint on a dataset: loss, top-1 / top-5, per-class precision / recall / F1, the
+confusion matrix and the most confidently wrong images.
+
+    from vitkit.evaluate import evaluate
+    res = evaluate("runs/mnist", data="data/mnist", out="eval/")     # split: test if any, else val
+    res["top1"], res["per_class"][3]["recall"], res["worst"][0]
+
+Images go through the checkpoint's own preprocessing (``eval_batch`` with ``model.preprocess`` at
+``model.cfg.img_size``). The dataset's classes must be the model's: the same names (in any order: the
+labels are mapped by name) when the checkpoint has labels, else the same number of classes.
+
+With ``out``, these files are written (atomically): metrics.json (everything returned), confusion.json,
+confusion.png (needs matplotlib) and worst.png (a grid of the most confidently wrong images).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import ConfigError, DataError
+
+SPLITS = ("test", "val", "train")
+
+
+def _preview(names: list[str], n: int = 4) -> str:
+    shown = ", ".join(names[:n])
+    return shown + (", ..." if len(names) > n else "")
+
+
+def match_classes(model, classes: list[str], where: str) -> torch.Tensor | None:
+    """Map dataset label i to the model's class index; None when they are the same. Raises DataError
+    (naming both sides) when the dataset's classes are not the model's."""
+    n = model.cfg.num_classes
+    if model.labels is not None:
+        labels = list(model.labels)
+        if labels == list(classes):
+            return None
+        if sorted(labels) == sorted(classes):
+            index = {name: i for i, name in enumerate(labels)}
+            return torch.tensor([index[c] for c in classes], dtype=torch.long)
+        raise DataError(
+            f"{where}: the dataset's {len(classes)} classes ({_preview(list(classes))}) do not match the "
+            f"model's {len(labels)} labels ({_preview(labels)})")
+    if n != len(classes):
+        raise DataError(
+            f"{where}: the dataset has {len(classes)} classes ({_preview(list(classes))}) but the model's head "
+            f"has {n} outputs (no labels saved)")
+    return None
+
+
+def _open(data, data_format, model, val_fraction, seed):
+    from .data import open_dataset
+
+    cfg, pre = model.cfg, model.preprocess
+    # in_memory=False: image folders are streamed (only headers are read up front; the one split we
+    # evaluate is decoded batch by batch) and keep their file paths for the report
+    kw = dict(channels=cfg.in_chans, val_fraction=val_fraction, seed=seed, in_memory=False)
+    try:
+        return open_dataset(data, data_format, **kw)
+    except DataError as e:
+        if "different sizes" not in str(e):
+            raise
+    # images of mixed sizes: decode each at the size the model's preprocessing resizes to (short side
+    # to size / crop_pct, centre crop); eval_batch then takes the centre crop at the model's size.
+    h, w = cfg.img_size
+    size = (round(h / pre.crop_pct), round(w / pre.crop_pct))
+    return open_dataset(data, data_format, img_size=size, **kw)
+
+
+def evaluate(
+    model_or_path,
+    data: str | os.PathLike | None = None,
+    data_format: str | None = None,
+    split: str | None = None,
+    batch_size: int = 256,
+    out: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+    num_worst: int = 16,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+) -> dict:
+    """Evaluate on ``split`` of ``data`` (a dataset folder; None = the built-in demo set).
+
+    split None: 'test' when the data has one, else 'val' (split off train with ``val_fraction`` and
+    ``seed``, as training does by default). Returns a dict (see the module docstring).
+    """
+    from .data import eval_batch
+    from .predict import label_names, load_model
+
+    if split is not None and split not in SPLITS:
+        raise ConfigError(f"--split: {split!r} is not one of {', '.join(SPLITS)}")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size: must be >= 1, got {batch_size}")
+    model = load_model(model_or_path, device)
+    cfg = model.cfg
+    if not cfg.num_classes:
+        raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
+    where = "built-in demo set" if data is None else str(data)
+    splits = _open(data, data_format, model, val_fraction, seed)
+    if split is None:
+        split = "test" if splits.test is not None else "val"
+    ds = getattr(splits, split)
+    if ds is None or len(ds) == 0:
+        have = [s for s in SPLITS if getattr(splits, s) is not None]
+        raise DataError(f"{where}: has no {split!r} split (it has: {', '.join(have)})")
+    remap = match_classes(model, splits.classes, where)
+    names = label_names(model)
+    K = cfg.num_classes
+    k5 = min(5, K)
+    dev = next(model.parameters()).device
+
+    conf = torch.zeros(K, K, dtype=torch.long)
+    loss_sum, top1, top5 = 0.0, 0, 0
+    wrong_prob, wrong_idx, wrong_pred = [], [], []
+    targets_all = []
+    pool = ThreadPoolExecutor(4) if ds.paths is not None else None  # decode streamed files in parallel
+    with torch.no_grad():
+        for start in range(0, len(ds), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(ds)))
+            if pool is not None:
+                imgs = torch.stack(list(pool.map(lambda i: ds.get(i)[0], idx.tolist())))
+                y = ds.labels[idx]
+            else:
+                imgs, y = ds.get_batch(idx)
+            if remap is not None:
+                y = remap[y]
+            x = eval_batch(imgs.to(dev), cfg.img_size, model.preprocess)
+            logits = model(x).float()
+            y_dev = y.to(dev)
+            loss_sum += float(F.cross_entropy(logits, y_dev, reduction="sum"))
+            probs = logits.softmax(-1).cpu()
+            top = probs.topk(k5, dim=-1).indices
+            pred = top[:, 0]
+            top1 += int((pred == y).sum())
+            top5 += int((top == y[:, None]).any(1).sum())
+            conf += torch.bincount(y * K + pred, minlength=K * K).reshape(K, K)
+            bad = pred != y
+            wrong_prob.append(probs[bad].gather(1, pred[bad][:, None])[:, 0])
+            wrong_idx.append(idx[bad])
+            wrong_pred.append(pred[bad])
+            targets_all.append(y)
+    if pool is not None:
+        pool.shutdown()
+    n = len(ds)
+    y_all = torch.cat(targets_all)
+    per_class, precisions, recalls, f1s = [], [], [], []
+    for j in range(K):
+        tp = int(conf[j, j])
+        predicted, actual = int(conf[:, j].sum()), int(conf[j, :].sum())
+        p = tp / predicted if predicted else 0.0
+        r = tp / actual if actual else 0.0
+        f = 2 * p * r / (p + r) if p + r else 0.0
+        per_class.append(dict(index=j, name=names[j], precision=p, recall=r, f1=f, support=actual))
+        if actual:  # macro averages over the classes present in the split
+            precisions.append(p)
+            recalls.append(r)
+            f1s.append(f)
+
+    wp, wi, wpred = torch.cat(wrong_prob), torch.cat(wrong_idx), torch.cat(wrong_pred)
+    order = wp.argsort(descending=True)[:num_worst]
+    worst = []
+    for o in order.tolist():
+        i = int(wi[o])
+        item = dict(index=i, true=names[int(y_all[i])], pred=names[int(wpred[o])], prob=float(wp[o]))
+        if ds.paths is not None:
+            item["path"] = str(ds.paths[i])
+        worst.append(item)
+
+    res = dict(
+        checkpoint=None if isinstance(model_or_path, torch.nn.Module) else str(model_or_path),
+        data=where,
+        format=splits.format,
+        split=split,
+        num_images=n,
+        skipped_files=len(splits.skipped),
+        loss=loss_sum / n,
+        top1=top1 / n,
+        top5=top5 / n,
+        top5_k=k5,
+        macro_precision=float(np.mean(precisions)) if precisions else 0.0,
+        macro_recall=float(np.mean(recalls)) if recalls else 0.0,
+        macro_f1=float(np.mean(f1s)) if f1s else 0.0,
+        per_class=per_class,
+        classes=names,
+        confusion=conf.tolist(),
+        worst=worst,
+        files={},
+    )
+    if out is not None:
+        res["files"] = _write_outputs(Path(out), res, ds, remap)
+    return res
+
+
+# ---------------------------------------------------------------------------------------- outputs
+def _write_outputs(out: Path, res: dict, ds, remap) -> dict:
+    from .io.atomic import atomic_write_bytes, atomic_write_text
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"metrics": str(out / "metrics.json"), "confusion_json": str(out / "confusion.json")}
+    atomic_write_text(out / "confusion.json",
+                      json.dumps({"classes": res["classes"], "rows": "true", "cols": "predicted",
+                                  "matrix": res["confusion"]}) + "\n")
+    png = confusion_png(res["confusion"], res["classes"],
+                        title=f"{res['split']} split: top-1 {100 * res['top1']:.2f}% of {res['num_images']}")
+    if png is not None:
+        atomic_write_bytes(out / "confusion.png", png)
+        files["confusion_png"] = str(out / "confusion.png")
+    if res["worst"]:
+        atomic_write_bytes(out / "worst.png", worst_grid(ds, res["worst"]))
+        files["worst_png"] = str(out / "worst.png")
+    res = dict(res, files=files)
+    atomic_write_text(out / "metrics.json", json.dumps(res, indent=1) + "\n")
+    return files
+
+
+def confusion_png(matrix, classes: list[str], title: str = "") -> bytes | None:
+    """The confusion matrix as PNG bytes (rows: true class, columns: predicted; colour: share of the row),
+    or None when matplotlib is not installed."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    m = np.asarray(matrix, dtype=np.float64)
+    K = len(classes)
+    share = m / np.maximum(m.sum(1, keepdims=True), 1)
+    side = min(12.0, 2.5 + 0.45 * K)
+    fig = Figure(figsize=(side + 1.2, side), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    if K <= 30:
+        ax.set_xticks(range(K), labels=classes, rotation=90 if max(map(len, classes)) > 3 else 0)
+        ax.set_yticks(range(K), labels=classes)
+        if K <= 20:
+            for i in range(K):
+                for j in range(K):
+                    if m[i, j]:
+                        ax.text(j, i, f"{int(m[i, j])}", ha="center", va="center", fontsize=7,
+                                color="white" if share[i, j] > 0.5 else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def worst_grid(ds, worst: list[dict], cell: int = 96, cols: int = 8) -> bytes:
+    """A PNG grid of images with 'true -> pred (prob)' under each."""
+    from PIL import Image, ImageDraw
+
+    rows = (len(worst) + cols - 1) // cols
+    ncols = min(cols, len(worst))
+    cap = 14
+    canvas = Image.new("RGB", (ncols * (cell + 4) + 4, rows * (cell + cap + 6) + 4), (255, 255, 255))
+    draw = ImageDraw.Draw(canvas)
+    for k, w in enumerate(worst):
+        img, _ = ds.get(w["index"])
+        a = img.permute(1, 2, 0).numpy()
+        a = np.repeat(a, 3, axis=-1) if a.shape[-1] == 1 else a
+        h, wd = a.shape[:2]
+        s = cell / max(h, wd)
+        thumb = Image.fromarray(a).resize((max(1, round(wd * s)), max(1, round(h * s))),
+                                          Image.NEAREST if s >= 2 else Image.BICUBIC)
+        r, c = divmod(k, cols)
+        x0, y0 = 4 + c * (cell + 4), 4 + r * (cell + cap + 6)
+        canvas.paste(thumb, (x0 + (cell - thumb.width) // 2, y0 + (cell - thumb.height) // 2))
+        draw.text((x0, y0 + cell + 2), f"{w['true'][:6]}>{w['pred'][:6]} {w['prob']:.2f}", fill=(160, 0, 0))
+    buf = io.BytesIO()
+    canvas.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+__all__ = ["evaluate", "match_classes", "confusion_png", "worst_grid", "SPLITS"]

@@ -1,0 +1,139 @@
+"""evaluate: metrics against an independent computation, class matching, outputs, error paths."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.cli import main
+from vitkit.data import decode_image, eval_batch
+from vitkit.evaluate import evaluate
+
+CLASSES = ["cat", "dog", "fox"]
+
+
+def _model(seed=0):
+    m = vitkit.create_model("vit_test", seed=seed, num_classes=3)
+    with torch.no_grad():
+        m.head.weight.normal_(0, 3.0, generator=torch.Generator().manual_seed(seed))
+    m.labels = list(CLASSES)
+    return m
+
+
+@pytest.fixture()
+def data(tmp_path):
+    """split-folder data: train/ and test/, 3 classes, 32x32 RGB images."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "data"
+    for part, n in (("train", 4), ("test", 6)):
+        for c in CLASSES:
+            d = root / part / c
+            d.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    return root
+
+
+def _reference(model, root):
+    """top-1, loss and confusion computed image by image, independently of evaluate()."""
+    conf = np.zeros((3, 3), int)
+    losses, probs_true = [], []
+    for t, c in enumerate(CLASSES):
+        for f in sorted((root / "test" / c).iterdir()):
+            x = eval_batch(decode_image(f, 3)[None], (32, 32), model.preprocess)
+            with torch.no_grad():
+                logits = model(x)[0]
+            conf[t, int(logits.argmax())] += 1
+            losses.append(float(torch.nn.functional.cross_entropy(logits[None], torch.tensor([t]))))
+    return conf, float(np.mean(losses))
+
+
+def test_metrics_match_an_independent_computation(tmp_path, data):
+    model = _model()
+    ckpt = vitkit.save(model, tmp_path / "ckpt")
+    res = evaluate(ckpt, data, batch_size=4)
+    assert res["split"] == "test" and res["num_images"] == 18 and res["format"] == "split-folder"
+    conf, loss = _reference(vitkit.load(ckpt), data)
+    assert res["confusion"] == conf.tolist()
+    assert res["top1"] == pytest.approx(np.trace(conf) / 18)
+    assert res["loss"] == pytest.approx(loss, abs=2e-3)
+    assert res["top5_k"] == 3 and res["top5"] == 1.0
+    for j, c in enumerate(res["per_class"]):
+        tp = conf[j, j]
+        p = tp / conf[:, j].sum() if conf[:, j].sum() else 0.0
+        r = tp / conf[j].sum()
+        assert c["name"] == CLASSES[j] and c["support"] == 6
+        assert c["precision"] == pytest.approx(p) and c["recall"] == pytest.approx(r)
+        assert c["f1"] == pytest.approx(2 * p * r / (p + r) if p + r else 0.0)
+    wrong = 18 - np.trace(conf)
+    assert len(res["worst"]) == min(16, wrong)
+    assert all(w["true"] != w["pred"] and w["path"].endswith(".png") for w in res["worst"])
+    assert [w["prob"] for w in res["worst"]] == sorted((w["prob"] for w in res["worst"]), reverse=True)
+
+
+def test_labels_in_another_order_are_matched_by_name(tmp_path, data):
+    a = _model()
+    b = _model()
+    with torch.no_grad():  # same classifier, classes listed in reverse
+        b.head.weight.copy_(a.head.weight.flip(0))
+        b.head.bias.copy_(a.head.bias.flip(0))
+    b.labels = CLASSES[::-1]
+    ra = evaluate(a, data, batch_size=64)
+    rb = evaluate(b, data, batch_size=64)
+    assert ra["top1"] == rb["top1"] and ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
+    assert np.array(ra["confusion"]).tolist() == np.array(rb["confusion"])[::-1, ::-1].tolist()
+
+
+def test_class_mismatch_names_both(tmp_path, data):
+    m = _model()
+    m.labels = ["ant", "bee", "cow"]
+    with pytest.raises(vitkit.DataError, match=r"data: the dataset's 3 classes \(cat, dog, fox\) do not match the "
+                                               r"model's 3 labels \(ant, bee, cow\)"):
+        evaluate(m, data)
+    m = vitkit.create_model("vit_test", seed=0)  # 10 outputs, no labels
+    with pytest.raises(vitkit.DataError, match=r"the dataset has 3 classes \(cat, dog, fox\) but the model's head "
+                                               r"has 10 outputs \(no labels saved\)"):
+        evaluate(m, data)
+
+
+def test_default_split_is_val_without_test_and_missing_split_is_an_error(tmp_path, data):
+    import shutil
+
+    shutil.rmtree(data / "test")
+    (data / "train").rename(tmp_path / "flat")
+    res = evaluate(_model(), tmp_path / "flat", val_fraction=0.25)
+    assert res["split"] == "val" and res["format"] == "folder" and res["num_images"] == 3
+    with pytest.raises(vitkit.DataError, match=r"flat: has no 'test' split \(it has: val, train\)"):
+        evaluate(_model(), tmp_path / "flat", split="test")
+
+
+def test_out_folder_and_cli(tmp_path, data, capsys):
+    ckpt = vitkit.save(_model(), tmp_path / "ckpt")
+    out = tmp_path / "eval"
+    assert main(["eval", str(ckpt), "--data", str(data), "--out", str(out), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert on_disk["top1"] == res["top1"] and on_disk["confusion"] == res["confusion"]
+    assert json.loads((out / "confusion.json").read_text())["matrix"] == res["confusion"]
+    if res["worst"]:
+        with Image.open(out / "worst.png") as im:
+            assert im.format == "PNG"
+    pytest.importorskip("matplotlib")
+    with Image.open(out / "confusion.png") as im:
+        assert im.format == "PNG" and im.width > 200
+
+    assert main(["eval", str(ckpt), "--data", str(data)]) == 0
+    text = capsys.readouterr().out
+    assert "split-folder), test split: 18 images" in text and "cat " in text
+
+    # images of other sizes are brought to the model's size
+    Image.fromarray(np.zeros((40, 56, 3), np.uint8)).save(data / "test" / "dog" / "wide.png")
+    assert evaluate(ckpt, data)["num_images"] == 19
+
+    assert main(["eval", str(tmp_path / "missing"), "--data", str(data)]) == 1
+    assert "missing: no such file or directory" in capsys.readouterr().err
+    assert main(["eval", str(ckpt), "--data", str(tmp_path / "nodata")]) == 1
+    assert "nodata" in capsys.readouterr().err
