@@ -71,6 +71,10 @@ SMALL: dict[str, dict] = {
                                depth=4, num_heads=4, mlp_ratio=2.0),
     "vit_mini_patch4_32": dict(img_size=32, patch_size=4, in_chans=3, num_classes=10, embed_dim=64,
                                depth=4, num_heads=4, mlp_ratio=2.0),
+    # the demo recipe's model (`vitkit train`): conv stem to a 7x7 grid, 2D sin-cos positions, average pooling
+    "vit_hybrid_mini_patch4_28": dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64,
+                                      depth=4, num_heads=4, mlp_ratio=2.0, stem="conv", stem_width=16,
+                                      pos_embed="sincos2d", class_token=False, global_pool="avg"),
     # a tiny model for tests: builds and runs in milliseconds
     "vit_test": dict(img_size=32, patch_size=8, in_chans=3, num_classes=10, embed_dim=32, depth=2,
                      num_heads=2, mlp_ratio=2.0),

@@ -1,0 +1,171 @@
+"""`vitkit train`: train a ViT. With no arguments: the built-in digits, the demo recipe.
+
+Values come from the recipe's defaults, then --config FILE (TOML), then the flags, then --set /
+trailing KEY=VALUE overrides. The distributed environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK)
+is read here, once, and handed to the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _h(text: str, key: str) -> str:
+    """Help text with the recipe's default value of config field ``key`` (dotted)."""
+    from ..train.config import RunConfig
+
+    node = RunConfig().to_dict()
+    for part in key.split("."):
+        node = node[part]
+    return f"{text} (default: {node})"
+
+
+def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
+    g = p.add_argument_group("data and model")
+    g.add_argument("--data", metavar="PATH", help="image folder, split folder, MNIST IDX or CIFAR folder "
+                   "(default: the built-in demo digits)" if not finetune else "the data to fine-tune on")
+    g.add_argument("--data-format", metavar="FMT", help="force the dataset format: folder, split-folder, mnist, "
+                   "cifar10, cifar100 (default: detected)")
+    if not finetune:
+        g.add_argument("--model", metavar="NAME", help=_h("a named model (`vitkit list`)", "model"))
+    g.add_argument("--config", metavar="FILE", help="a TOML run config (see configs/); flags override it")
+    g = p.add_argument_group("schedule")
+    g.add_argument("--epochs", type=int, metavar="N", help=_h("training epochs", "epochs"))
+    g.add_argument("--max-minutes", type=float, metavar="M",
+                   help="wall-clock budget: the schedule is fitted to it and training stops when it is spent")
+    g.add_argument("--batch-size", type=int, metavar="B", help=_h("images per optimizer step (all processes)", "batch_size"))
+    g.add_argument("--accum-steps", type=int, metavar="N", help=_h("gradient accumulation steps", "accum_steps"))
+    g.add_argument("--lr", type=float, help=_h("peak learning rate", "optim.lr"))
+    g.add_argument("--seed", type=int, help=_h("random seed", "seed"))
+    g.add_argument("--ema", type=float, metavar="DECAY", help="keep and evaluate an EMA of the weights (e.g. 0.999)")
+    g = p.add_argument_group("hardware")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help=_h("device", "device"))
+    g.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"],
+                   help=_h("autocast precision; fp16 (with a gradient scaler) on CUDA only", "precision"))
+    g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: all cores, "
+                   "divided among the processes of a distributed run)")
+    g = p.add_argument_group("run")
+    g.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<model>-<date-time>)")
+    g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    g.add_argument("--ckpt-every", type=int, metavar="N", help="also save last/ every N steps (default: each epoch)")
+    g.add_argument("--eval-every", type=int, metavar="N", help=_h("validate every N epochs (0: at the end)", "eval_every"))
+    g.add_argument("--skip-nonfinite", type=int, metavar="N", help="skip up to N steps with a NaN/inf loss "
+                   "instead of stopping (default: 0)")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config field, e.g. --set optim.weight_decay=0.05 (repeatable)")
+    g.add_argument("rest", nargs="*", metavar="KEY=VALUE", help="more overrides, as --set")
+    g.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+    g.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+
+
+def flags_from_args(args) -> dict:
+    f = {
+        "data.path": args.data,
+        "data.format": args.data_format,
+        "model": getattr(args, "model", None),
+        "epochs": args.epochs,
+        "max_minutes": args.max_minutes,
+        "batch_size": args.batch_size,
+        "accum_steps": args.accum_steps,
+        "optim.lr": args.lr,
+        "seed": args.seed,
+        "ema": args.ema,
+        "device": args.device,
+        "precision": args.precision,
+        "compile": args.compile,
+        "ckpt_every": args.ckpt_every,
+        "eval_every": args.eval_every,
+        "skip_nonfinite": args.skip_nonfinite,
+    }
+    return f
+
+
+def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> int:
+    """Resolve the config, set up threads/signals/distributed, run ``vitkit.train.train``."""
+    import json
+    import os
+    import signal
+    import sys
+    import time
+    from pathlib import Path
+
+    from ..errors import ConfigError
+    from ..train.config import RunConfig, merge, resolve_config
+    from ..train.distributed import DistInfo, destroy_process_group
+
+    dist = DistInfo.from_env(os.environ)
+    overrides = list(args.overrides or [])
+    for item in args.rest or []:
+        if "=" not in item:
+            raise ConfigError(f"unexpected argument {item!r}: overrides are KEY=VALUE (e.g. optim.lr=0.001)")
+        overrides.append(item)
+    flags = flags_from_args(args)
+    flags.update(extra_flags or {})
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        saved = run_dir / "config.json"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {run_dir}: no config.json there; not a vitkit run directory")
+        try:
+            base = json.loads(saved.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ConfigError(f"{saved}: not valid JSON ({e})") from None
+        if args.out and Path(args.out) != run_dir:
+            raise ConfigError("--out and --resume name different directories; --resume continues in place")
+    cfg = resolve_config(args.config, flags, overrides, base=base)
+    if not args.resume:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = Path(cfg.init_from).name if cfg.init_from else cfg.model
+        run_dir = Path(args.out) if args.out else Path("runs") / f"{name}-{stamp}"
+
+    import torch
+
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(local_procs, 1))
+    torch.set_num_threads(threads)
+
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        if stop["signal"] is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: give up at once
+        stop["signal"] = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    progress = not args.quiet and sys.stderr.isatty()
+    log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
+    from ..train.loop import train
+
+    try:
+        summary = train(cfg, run_dir, dist=dist, resume=bool(args.resume), progress=progress,
+                        stop=lambda: stop["signal"] is not None, log=log)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        destroy_process_group()
+    if not dist.is_main:
+        return 0 if summary.get("status") == "completed" else 130
+    if summary.get("status") == "interrupted":
+        if args.json:
+            print(json.dumps(summary))
+        return 130
+    parts = []
+    if "test_acc" in summary:
+        parts.append(f"test accuracy {summary['test_acc'] * 100:.2f}%")
+    if "val_acc" in summary:
+        parts.append(f"val accuracy {summary['val_acc'] * 100:.2f}%")
+    parts.append(f"train time {summary['train_seconds']:.1f} s (total {summary['total_seconds']:.1f} s)")
+    print(", ".join(parts) + f"; saved {run_dir}")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def run(args) -> int:
+    return execute(args)

@@ -1,0 +1,203 @@
+"""Resumable run state, written atomically, and the run directory's lock.
+
+A run directory holds ``last/`` and ``best/``, each a vitkit checkpoint (model.safetensors +
+config.json, loadable with ``vitkit.load``) plus ``trainer.pt``: optimizer, step, epoch, position in
+the epoch, EMA weights and every RNG state, saved with ``torch.save`` and read back with
+``torch.load(weights_only=True)``.
+
+A checkpoint is first written in full under a temporary name (every file fsynced), then swapped in
+with renames: ``last`` -> ``.last.old``, temporary -> ``last``, then ``.last.old`` is removed. A
+SIGKILL at any moment leaves either ``last`` or ``.last.old`` complete; ``find_checkpoint`` takes
+whichever exists, so the previous checkpoint is always loadable.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError, TrainingError
+from ..io import checkpoint as ckpt_io
+from ..io.atomic import _fsync_dir, atomic_path
+
+TRAINER_STATE = "trainer.pt"
+LOCK = ".lock"
+
+
+# ------------------------------------------------------------------------------------- RNG states
+def rng_state() -> dict[str, Any]:
+    """Every RNG a run draws from, as tensors and plain values (loadable with weights_only=True)."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (np_name, torch.from_numpy(np_keys.astype(np.int64)), int(np_pos), int(np_has_gauss), float(np_gauss)),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_tuples(state["python"]))
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# ---------------------------------------------------------------------------------- save / load
+def _write_trainer_state(state: dict, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def save_checkpoint(run_dir: Path, name: str, model, trainer_state: dict | None, extra: dict | None = None) -> Path:
+    """Write checkpoint ``run_dir/name`` atomically (see the module docstring); return its path.
+
+    A failure (full disk, permissions) raises CheckpointError and leaves the previous checkpoint intact.
+    """
+    run_dir = Path(run_dir)
+    final = run_dir / name
+    old = run_dir / f".{name}.old"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=run_dir))
+    try:
+        ckpt_io.save(model, tmp, extra=extra)  # each file atomic + fsynced
+        if trainer_state is not None:
+            _write_trainer_state(trainer_state, tmp / TRAINER_STATE)
+        _fsync_dir(tmp)
+    except (OSError, CheckpointError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = e
+        if isinstance(e, OSError):
+            cause = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        prev = f"; the previous checkpoint {final} is intact" if final.exists() else ""
+        raise CheckpointError(f"could not save checkpoint {final}: {_one_line(cause)}{prev}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # swap: two renames; between them only .old exists, which find_checkpoint accepts
+    if final.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _one_line(e) -> str:
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__
+
+
+def find_checkpoint(run_dir: Path, name: str = "last") -> Path | None:
+    """``run_dir/name``, or its previous version if a save was interrupted mid-swap; None if neither."""
+    for p in (Path(run_dir) / name, Path(run_dir) / f".{name}.old"):
+        if (p / ckpt_io.CONFIG).is_file() and (p / TRAINER_STATE).is_file():
+            return p
+    return None
+
+
+def load_trainer_state(ckpt_dir: Path) -> dict:
+    file = Path(ckpt_dir) / TRAINER_STATE
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{file}: missing; not a resumable checkpoint") from None
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
+        raise CheckpointError(f"{file}: not a readable trainer state ({_one_line(e)[:200]})") from None
+
+
+def cleanup_temp(run_dir: Path) -> None:
+    """Remove half-written temporary checkpoints left by a killed run."""
+    for p in Path(run_dir).glob(".*.tmp"):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def write_json(path: Path, obj) -> None:
+    from ..io.atomic import atomic_write_text
+
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------------------------------- lock
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunLock:
+    """An exclusive lock on a run directory: a ``.lock`` file holding the owner's host and pid.
+
+    A lock left by a process that no longer exists (same host) is stale and taken over.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self.held = False
+
+    def acquire(self) -> "RunLock":
+        host = socket.gethostname()
+        me = f"{host} {os.getpid()}\n"
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner_host, pid = self._owner()
+                if pid is not None and owner_host == host and not _pid_alive(pid):
+                    self.path.unlink(missing_ok=True)  # stale: its process is gone
+                    continue
+                who = f"process {pid} on {owner_host}" if pid is not None else "another process"
+                raise TrainingError(
+                    f"{self.path.parent}: run directory is in use by {who} (lock file {self.path}); "
+                    "use another --out, or delete the lock if that process is gone"
+                ) from None
+            with os.fdopen(fd, "w") as f:
+                f.write(me)
+            self.held = True
+            return self
+        raise TrainingError(f"{self.path}: could not take the run directory's lock")
+
+    def _owner(self) -> tuple[str | None, int | None]:
+        try:
+            host, pid = self.path.read_text().split()
+            return host, int(pid)
+        except (OSError, ValueError):
+            return None, None
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+__all__ = ["save_checkpoint", "find_checkpoint", "load_trainer_state", "rng_state", "set_rng_state", "RunLock"]

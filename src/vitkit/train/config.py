@@ -1,0 +1,214 @@
+"""The run configuration: strict dataclasses, one per concern, filled from defaults, a TOML file,
+command-line flags and dotted ``KEY=VALUE`` overrides, in that order. The resolved config is saved
+as the run's config.json.
+
+The defaults are the demo recipe (``vitkit train`` with no arguments): the built-in MNIST digits and
+a small hybrid ViT that reaches >= 98.5% test accuracy within a few minutes on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..errors import ConfigError
+from ..strict import apply_overrides, from_dict, to_dict
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None  # a folder, a split folder, MNIST IDX or CIFAR batches; None = built-in demo set
+    format: str | None = None  # force a format ('folder', 'split-folder', 'mnist', 'cifar10', ...); None = detect
+    img_size: int | None = None  # size images are decoded/stored at; None = native (or the model's size)
+    val_fraction: float = 0.0  # share of train carved out for validation when the data has no val part
+    strict: bool = False  # an unreadable image is an error (False: skipped and reported)
+    in_memory: bool | None = None  # hold decoded images in memory; None = auto (small datasets)
+    workers: int = 0  # decoding workers for streamed (not in-memory) datasets
+
+    def validate(self):
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction: must be in [0, 1), got {self.val_fraction!r}")
+        if self.img_size is not None and self.img_size < 1:
+            raise ConfigError(f"data.img_size: must be a positive integer or null, got {self.img_size!r}")
+        if self.workers < 0:
+            raise ConfigError(f"data.workers: must be >= 0, got {self.workers!r}")
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["adamw", "sgd"] = "adamw"  # AdamW (pre-training) or SGD with momentum (fine-tuning)
+    lr: float = 2e-3  # peak learning rate, reached at the end of warmup
+    weight_decay: float = 0.05  # decoupled weight decay; never applied to biases, norms, pos_embed, cls_token
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas (the paper: 0.9, 0.999)
+    eps: float = 1e-8  # AdamW epsilon
+    momentum: float = 0.9  # SGD momentum
+    nesterov: bool = False  # SGD Nesterov momentum
+    layer_decay: float | None = None  # layer-wise lr decay: block i gets lr * decay^(depth - i); None = off
+    clip_grad: float | None = 1.0  # clip the global gradient norm to this value; None = off
+
+    def validate(self):
+        if not self.lr > 0:
+            raise ConfigError(f"optim.lr: must be > 0, got {self.lr!r}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay: must be >= 0, got {self.weight_decay!r}")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise ConfigError(f"optim.layer_decay: must be in (0, 1] or null, got {self.layer_decay!r}")
+        if self.clip_grad is not None and not self.clip_grad > 0:
+            raise ConfigError(f"optim.clip_grad: must be > 0 or null, got {self.clip_grad!r}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"optim.betas: each must be in [0, 1), got {self.betas!r}")
+
+
+@dataclass
+class ScheduleConfig:
+    decay: Literal["cosine", "linear", "constant"] = "cosine"  # shape after warmup
+    warmup_steps: int = 0  # linear warmup from 0 over this many optimizer steps ...
+    warmup_fraction: float = 0.05  # ... or this share of the run (the larger of the two is used)
+    min_lr_ratio: float = 0.0  # the lr decays to lr * min_lr_ratio
+
+    def validate(self):
+        if self.warmup_steps < 0:
+            raise ConfigError(f"schedule.warmup_steps: must be >= 0, got {self.warmup_steps!r}")
+        if not 0 <= self.warmup_fraction < 1:
+            raise ConfigError(f"schedule.warmup_fraction: must be in [0, 1), got {self.warmup_fraction!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"schedule.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio!r}")
+
+
+@dataclass
+class RunConfig:
+    # --- what to train -------------------------------------------------------------------------------
+    model: str = "vit_hybrid_mini_patch4_28"  # a named model (`vitkit list`)
+    model_args: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields that override the named model
+    init_from: str | None = None  # start from this checkpoint (fine-tuning): weights, preprocess; new head
+    img_size: int | None = None  # train at this resolution (position embeddings resampled); None = model's
+    # --- how long ------------------------------------------------------------------------------------
+    epochs: int = 40  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
+    max_minutes: float | None = None  # wall-clock budget for training; the schedule is fitted to it
+    batch_size: int = 128  # images per optimizer step, across all processes and accumulation steps
+    accum_steps: int = 1  # gradient accumulation: micro-batch = batch_size / (accum_steps * processes)
+    # --- numerics and hardware ----------------------------------------------------------------------
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"  # auto: cuda, then mps, then cpu
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # autocast dtype; auto: bf16 where the
+    #   hardware has fast bf16 (CUDA with bf16, CPUs with AMX/AVX512-BF16), else fp32; fp16 needs CUDA
+    compile: bool = False  # torch.compile the model
+    ema: float | None = None  # keep an exponential moving average of the weights with this decay; evaluate it
+    seed: int = 0  # seeds initialisation, data order, augmentation and dropout
+    # --- bookkeeping ---------------------------------------------------------------------------------
+    eval_every: int = 0  # evaluate on the validation split every N epochs (0 = only at the end)
+    ckpt_every: int = 0  # also save last/ every N optimizer steps (0 = at the end of each epoch only)
+    log_every: int = 20  # write a metrics.jsonl line every N optimizer steps
+    skip_nonfinite: int = 0  # tolerate (skip) up to N steps whose loss or gradients are NaN/inf
+    # --- sections ------------------------------------------------------------------------------------
+    data: DataConfig = field(default_factory=DataConfig)
+    augment: dict[str, Any] = field(default_factory=lambda: dict(crop="pad", pad=2, hflip=0.0, label_smoothing=0.1))
+    #   fields of vitkit.data.augment.AugmentConfig (checked strictly when the run starts)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+    def validate(self) -> "RunConfig":
+        for name in ("epochs", "batch_size", "accum_steps", "log_every"):
+            v = getattr(self, name)
+            if v < 1:
+                raise ConfigError(f"{name}: must be a positive integer, got {v!r}")
+        for name in ("eval_every", "ckpt_every", "skip_nonfinite"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ConfigError(f"max_minutes: must be > 0, got {self.max_minutes!r}")
+        if self.ema is not None and not 0 < self.ema < 1:
+            raise ConfigError(f"ema: the decay must be in (0, 1), got {self.ema!r}")
+        if self.batch_size % self.accum_steps:
+            raise ConfigError(f"batch_size: {self.batch_size} is not divisible by accum_steps {self.accum_steps}")
+        if self.img_size is not None and self.img_size < 1:
+            raise ConfigError(f"img_size: must be a positive integer or null, got {self.img_size!r}")
+        self.data.validate()
+        self.optim.validate()
+        self.schedule.validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "config") -> "RunConfig":
+        return from_dict(cls, data, where).validate()
+
+
+def load_toml(path: str | Path) -> dict:
+    """A TOML file as a dict; a missing or malformed file is a ConfigError naming it."""
+    import tomllib
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+
+
+def merge(base: dict, update: dict) -> dict:
+    """``update`` laid over ``base``, tables merged key by key (model_args and augment included)."""
+    out = dict(base)
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def resolve_config(
+    file: str | Path | None = None,
+    flags: dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+    base: dict | None = None,
+) -> RunConfig:
+    """Defaults <- ``base`` <- TOML ``file`` <- ``flags`` (dotted keys, None = not given) <- ``overrides``.
+
+    Every layer is checked strictly: an unknown key or a wrong type is a ConfigError naming the key
+    (and the file it came from).
+    """
+    data = RunConfig().to_dict()
+    if base:
+        data = merge(data, base)
+    if file is not None:
+        loaded = load_toml(file)
+        try:
+            RunConfig.from_dict(merge(data, loaded))  # check the file alone first, to name it in errors
+        except ConfigError as e:
+            raise ConfigError(f"{file}: {e}") from None
+        data = merge(data, loaded)
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return RunConfig.from_dict(data)
+
+
+__all__ = ["RunConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml", "merge"]
+
+
+# The fine-tuning recipe's defaults (`vitkit finetune`), laid over RunConfig's: SGD with momentum 0.9, no
+# weight decay, warmup + cosine, gradient clipping at 1 (the paper's fine-tuning setup), light augmentation.
+FINETUNE_DEFAULTS: dict[str, Any] = {
+    "epochs": 10,
+    "batch_size": 64,
+    "eval_every": 1,
+    "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "clip_grad": 1.0},
+    "schedule": {"decay": "cosine", "warmup_fraction": 0.1, "warmup_steps": 0},
+    "data": {"val_fraction": 0.1},
+    "augment": {"crop": "rrc", "rrc_scale": [0.35, 1.0], "hflip": 0.5, "pad": 4, "label_smoothing": 0.0},
+}

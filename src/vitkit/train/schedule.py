@@ -1,0 +1,69 @@
+"""Learning-rate schedule: linear warmup, then cosine, linear or constant, over the run's progress.
+
+Progress is the larger of ``step / total_steps`` and ``seconds / budget_seconds``: with a wall-clock
+budget (``--max-minutes``) the schedule is fitted to the time actually available, so a run that is
+cut short by the budget still ends its decay (lr near the floor) when the time is spent. Without a
+budget the schedule depends on the step alone, so runs are exactly reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import ScheduleConfig
+
+
+class Schedule:
+    def __init__(self, cfg: ScheduleConfig, base_lr: float, total_steps: int, budget_seconds: float | None = None):
+        self.cfg = cfg
+        self.base_lr = base_lr
+        self.total_steps = max(int(total_steps), 1)
+        self.budget = budget_seconds
+        self.warmup_steps = max(cfg.warmup_steps, int(round(cfg.warmup_fraction * self.total_steps)))
+
+    def progress(self, step: int, seconds: float = 0.0) -> float:
+        p = step / self.total_steps
+        if self.budget:
+            p = max(p, seconds / self.budget)
+        return min(p, 1.0)
+
+    def lr(self, step: int, seconds: float = 0.0) -> float:
+        """The learning rate for optimizer step ``step`` (0-based) after ``seconds`` of training."""
+        c = self.cfg
+        warm = self.warmup_steps
+        if self.budget:
+            # with a budget the run may end long before total_steps: warm up over the fraction of the
+            # time instead, or warmup_steps, whichever ends first
+            pw = c.warmup_fraction
+            if warm and step < warm and (not pw or seconds / self.budget < pw):
+                frac_w = max((step + 1) / warm, seconds / self.budget / pw if pw else 0.0)
+                return self.base_lr * min(frac_w, 1.0)
+        elif step < warm:
+            return self.base_lr * (step + 1) / warm
+        p = self.progress(step, seconds)
+        if not self.budget:
+            # decay over the steps after warmup
+            p = (step - warm) / max(self.total_steps - warm, 1)
+        else:
+            p = (p - c.warmup_fraction) / max(1 - c.warmup_fraction, 1e-8)
+        p = min(max(p, 0.0), 1.0)
+        lo = c.min_lr_ratio
+        if c.decay == "cosine":
+            f = lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * p))
+        elif c.decay == "linear":
+            f = lo + (1 - lo) * (1 - p)
+        else:
+            f = 1.0
+        return self.base_lr * f
+
+    def apply(self, optimizer, step: int, seconds: float = 0.0) -> float:
+        lr = self.lr(step, seconds)
+        for g in optimizer.param_groups:
+            g["lr"] = lr * g.get("lr_scale", 1.0)
+        return lr
+
+    def done(self, step: int, seconds: float) -> bool:
+        return step >= self.total_steps or bool(self.budget and seconds >= self.budget)
+
+
+__all__ = ["Schedule"]
