@@ -75,11 +75,14 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if p.is_file() and p.name in (WEIGHTS, CONFIG):
         p = p.parent
     if p.is_dir():
-        if (p / CONFIG).is_file() or (p / WEIGHTS).is_file():
+        if (p / WEIGHTS).is_file():
             return p
+        # a run directory holds its own config.json (the run's settings) beside best/ and last/
         for sub in ("best", "last"):
             if (p / sub / CONFIG).is_file():
                 return p / sub
+        if (p / CONFIG).is_file():
+            return p
         raise CheckpointError(f"{p}: not a vitkit checkpoint (no {CONFIG} and {WEIGHTS}, nor a run directory)")
     raise CheckpointError(
         f"{p}: not a vitkit checkpoint directory; convert other formats with `vitkit convert {p} OUT --from ...`"
