@@ -10,6 +10,15 @@ from vitkit.bench import bench, count_flops, format_table, vit_flops
 from vitkit.cli import main
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from several threads; one avoids contention on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def test_flops_of_a_tiny_vit_match_the_formula_written_out():
     m = vitkit.create_model("vit_test", seed=0)  # 32 px, P 8, C 3, D 32, depth 2, MLP 64, 10 classes
     N, T, D, C, P, hid = 16, 17, 32, 3, 8, 64

@@ -10,6 +10,15 @@ from vitkit.cli import main
 from vitkit.export import ExportError, export
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from several threads; one avoids contention on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _tiny(tmp_path, name="ckpt", **over):
     m = vitkit.create_model("vit_test", seed=0, **over)
     with torch.no_grad():  # the paper's zero head gives all-zero logits: make the outputs informative

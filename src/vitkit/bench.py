@@ -318,6 +318,12 @@ def _bench_one(model, mode, dtype, batch, size, repeats, warmup, compile, dev, f
                 run_m(x)
 
     with _PeakMemory(dev) as mem:
+        if compile:  # compilation happens on the first call: make its failure one line
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001
+                msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                raise ConfigError(f"--compile: torch.compile failed ({type(e).__name__}: {msg})") from None
         for _ in range(warmup):
             step()
         _sync(dev)

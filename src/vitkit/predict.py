@@ -79,9 +79,13 @@ def predict(
 
     errors: list[dict] = []
     files: list[Path] = []
+    seen: set[Path] = set()
     for item in inputs:
         try:
-            files.extend(f for f in list_images([item]) if f not in files)
+            for f in list_images([item]):
+                if f not in seen:
+                    seen.add(f)
+                    files.append(f)
         except DataError as e:
             if strict:
                 raise
