@@ -27,7 +27,7 @@ import torch
 
 from ..config import ViTConfig
 from ..errors import CheckpointError
-from .convert import assemble, build, expected_state, mlp_ratio_for, resolve_config
+from .convert import assemble, build, expected_state, heads_from_width, mlp_ratio_for, resolve_config
 
 # sub-module names inside an encoder block
 NAMINGS = {
@@ -163,7 +163,7 @@ def infer(params: Mapping[str, torch.Tensor], naming: str, source: str) -> tuple
     elif naming == "big_vision":
         seen["pos_embed"] = "sincos2d"  # big_vision's fixed table (posemb='sincos2d') has no parameter
         seen["no_embed_class"] = False
-    guessed = dict(norm_eps=1e-6, act="gelu_tanh")
+    guessed = dict(norm_eps=1e-6, act="gelu_tanh", num_heads=heads_from_width(D))  # heads: only if q is absent
     return seen, guessed, pos_len
 
 
