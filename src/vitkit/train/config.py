@@ -101,6 +101,7 @@ class RunConfig:
     ckpt_every: int = 0  # also save last/ every N optimizer steps (0 = at the end of each epoch only)
     log_every: int = 20  # write a metrics.jsonl line every N optimizer steps
     skip_nonfinite: int = 0  # tolerate (skip) up to N steps whose loss or gradients are NaN/inf
+    plots: bool = True  # write loss.png, accuracy.png and lr.png at the end (needs matplotlib)
     # --- sections ------------------------------------------------------------------------------------
     data: DataConfig = field(default_factory=DataConfig)
     augment: dict[str, Any] = field(default_factory=lambda: dict(crop="pad", pad=2, hflip=0.0, label_smoothing=0.1))

@@ -531,7 +531,7 @@ def _train(cfg, run_dir, dist, resume, splits, progress, stop, say, device, prec
     if main:
         _append(metrics_file, {"type": "final", **summary})
         write_json(run_dir / "summary.json", summary)
-        note = write_plots(run_dir)
+        note = write_plots(run_dir) if cfg.plots else None
         if note:
             say(note)
     return summary

@@ -1,0 +1,228 @@
+"""End-to-end training on tiny in-memory data: run directory, exact resume after SIGKILL, stops, errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitkit
+from vitkit.data import DataSplits, ImageSet
+from vitkit.errors import CheckpointError, DataError, TrainingError
+from vitkit.train import RunConfig, train
+from vitkit.train import checkpoint as tck
+
+TINY = dict(model="vit_test", epochs=2, plots=False, batch_size=8, log_every=1, precision="fp32", device="cpu",
+            augment=dict(crop="pad", pad=2, hflip=0.5, label_smoothing=0.1),
+            optim=dict(lr=3e-3), schedule=dict(warmup_steps=2, warmup_fraction=0.0))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny models: one thread is fastest, and immune to other processes competing for the cores
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_set(n, classes=("a", "b"), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % len(classes)
+    base = (labels * 200 // max(len(classes) - 1, 1)).to(torch.uint8).view(n, 1, 1, 1)
+    noise = torch.randint(0, 40, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
+    images = (base.expand(n, 3, 32, 32) // 2 + noise).to(torch.uint8)
+    return ImageSet(labels=labels, classes=list(classes), images=images, paths=None, size=(32, 32), channels=3)
+
+
+def tiny_splits(classes=("a", "b")):
+    return DataSplits(train=tiny_set(32, classes), val=tiny_set(16, classes, 1), test=tiny_set(16, classes, 2),
+                      classes=list(classes), format="folder")
+
+
+def cfg(**kw):
+    d = dict(TINY)
+    d.update(kw)
+    return RunConfig.from_dict(d)
+
+
+def test_run_directory_contents(tmp_path):
+    out = tmp_path / "run"
+    s = train(cfg(eval_every=1, ema=0.9, plots=True), out, splits=tiny_splits(), log=lambda m: None)
+    assert s["status"] == "completed" and s["step"] == 8 and s["epochs"] == 2
+    assert 0 <= s["test_acc"] <= 1 and "val_acc" in s and s["train_seconds"] > 0
+    for f in ("config.json", "classes.json", "metrics.jsonl", "summary.json", "last/model.safetensors",
+              "last/config.json", "last/trainer.pt", "best/model.safetensors", "best/config.json"):
+        assert (out / f).is_file(), f
+    assert json.loads((out / "classes.json").read_text()) == ["a", "b"]
+    assert RunConfig.from_dict(json.loads((out / "config.json").read_text())).ema == 0.9
+    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["type"] == "step"] == list(range(1, 9))
+    assert sum(r["type"] == "eval" for r in recs) == 2 and recs[-1]["type"] == "final"
+    m = vitkit.load(out)  # a run directory loads as its best checkpoint
+    assert m.labels == ["a", "b"] and m.cfg.num_classes == 2 and len(m.preprocess.mean) == 3
+    state = tck.load_trainer_state(out / "last")
+    assert {"optimizer", "rng", "ema", "step", "epoch", "pos"} <= set(state)
+    if _has_matplotlib():
+        assert (out / "loss.png").is_file() and (out / "accuracy.png").is_file() and (out / "lr.png").is_file()
+    # a second run into the same directory is refused; a run holding the lock too
+    with pytest.raises(TrainingError, match="already holds a run .*--resume"):
+        train(cfg(), out, splits=tiny_splits(), log=lambda m: None)
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_learns_the_tiny_task(tmp_path):
+    s = train(cfg(epochs=8), tmp_path / "r", splits=tiny_splits(), log=lambda m: None)
+    assert s["test_acc"] == 1.0  # two colour classes: trivially separable
+
+
+def test_finetune_new_head_new_resolution(tmp_path):
+    src = tmp_path / "src"
+    train(cfg(epochs=1), src, splits=tiny_splits(), log=lambda m: None)
+    three = ("x", "y", "z")
+    s = train(cfg(init_from=str(src), img_size=48, epochs=1, optim=dict(name="sgd", lr=0.01, weight_decay=0.0)),
+              tmp_path / "ft", splits=tiny_splits(three), log=lambda m: None)
+    m = vitkit.load(tmp_path / "ft")
+    assert s["status"] == "completed" and m.cfg.num_classes == 3 and m.labels == list(three)
+    assert m.cfg.img_size == (48, 48) and m.pos_embed.shape == (1, 1 + 36, 32)
+    assert m(torch.zeros(1, 3, 48, 48)).shape == (1, 3)
+
+
+def test_resume_with_other_classes_is_an_error(tmp_path):
+    out = tmp_path / "r"
+    train(cfg(epochs=1), out, splits=tiny_splits(), log=lambda m: None)
+    with pytest.raises(TrainingError, match=r"the data's classes \(x, y\) differ from the run's \(a, b\)"):
+        train(cfg(epochs=2), out, resume=True, splits=tiny_splits(("x", "y")), log=lambda m: None)
+    with pytest.raises(TrainingError, match="nothing to resume"):
+        train(cfg(), tmp_path / "empty", resume=True, splits=tiny_splits(), log=lambda m: None)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    out = tmp_path / "r"
+    import vitkit.train.loop as loop
+
+    real = torch.nn.functional.log_softmax
+    calls = {"n": 0}
+
+    def poisoned(x, *a, **k):  # the 6th training step sees a NaN
+        calls["n"] += 1
+        y = real(x, *a, **k)
+        return y * float("nan") if calls["n"] == 6 else y
+
+    monkeypatch.setattr(loop.F, "log_softmax", poisoned)
+    with pytest.raises(TrainingError, match=r"loss is nan at step 6 \(epoch 2\); stopped; the last good checkpoint "
+                                            r".*last \(step 4\) is kept"):
+        train(cfg(epochs=3), out, splits=tiny_splits(), log=lambda m: None)
+    assert tck.load_trainer_state(out / "last")["step"] == 4
+    assert not (out / ".lock").exists()
+    # with --skip-nonfinite 1 the same run goes on
+    calls["n"] = 0
+    s = train(cfg(epochs=3, skip_nonfinite=1), tmp_path / "r2", splits=tiny_splits(), log=lambda m: None)
+    assert s["status"] == "completed"
+
+
+def test_stop_request_saves_and_resumes_exactly(tmp_path):
+    ref = tmp_path / "ref"
+    train(cfg(epochs=3, ckpt_every=0), ref, splits=tiny_splits(), log=lambda m: None)
+    out = tmp_path / "run"
+    n = {"k": 0}
+
+    def stop():  # Ctrl-C arrives during step 5 (mid-epoch)
+        n["k"] += 1
+        return n["k"] == 5
+
+    msgs = []
+    s = train(cfg(epochs=3), out, splits=tiny_splits(), stop=stop, log=msgs.append)
+    assert s["status"] == "interrupted" and s["step"] == 5
+    assert any(f"continue with: vitkit train --resume {out}" in m for m in msgs)
+    train(cfg(epochs=3), out, resume=True, splits=tiny_splits(), log=lambda m: None)
+    a, b = load_file(ref / "last" / "model.safetensors"), load_file(out / "last" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+DRIVER = textwrap.dedent('''
+    import os, signal, sys, torch
+    torch.set_num_threads(1)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))
+    from test_train_loop import tiny_splits, cfg
+    import vitkit.train.loop as loop
+    from vitkit.train import train
+    if sys.argv[3] == "kill":
+        real = loop.save_checkpoint
+        def save_then_die(run_dir, name, *a, **k):
+            out = real(run_dir, name, *a, **k)
+            if name == "last":
+                os.kill(os.getpid(), signal.SIGKILL)  # right after the first checkpoint
+            return out
+        loop.save_checkpoint = save_then_die
+    train(cfg(epochs=3, ckpt_every=3, model_args=dict(drop_rate=0.1, drop_path_rate=0.1)), sys.argv[2],
+          resume=sys.argv[3] == "resume", splits=tiny_splits(), log=lambda m: None)
+''')
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    here = os.path.abspath(__file__)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
+
+    def go(out, mode):
+        return subprocess.run([sys.executable, str(driver), here, str(out), mode], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    p = go(out, "kill")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert tck.load_trainer_state(out / "last")["step"] == 3 and (out / ".lock").exists()  # stale lock left
+    p = go(out, "resume")  # the stale lock of the dead process is taken over
+    assert p.returncode == 0, p.stderr
+    train(cfg(epochs=3, ckpt_every=3, model_args=dict(drop_rate=0.1, drop_path_rate=0.1)), ref,
+          splits=tiny_splits(), log=lambda m: None)  # uninterrupted, in this process (also one thread)
+    a, b = load_file(ref / "last" / "model.safetensors"), load_file(out / "last" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = tck.load_trainer_state(ref / "last"), tck.load_trainer_state(out / "last")
+    assert sa["step"] == sb["step"] == 12
+    steps = lambda d: [json.loads(l)["loss"] for l in (d / "metrics.jsonl").read_text().splitlines()  # noqa: E731
+                       if json.loads(l)["type"] == "step"]
+    assert steps(ref) == steps(out)  # the log has no gap or duplicate either
+
+
+def test_disk_full_while_saving_is_one_line_and_keeps_previous(tmp_path, monkeypatch):
+    import errno
+
+    out = tmp_path / "r"
+    real = tck._write_trainer_state
+    n = {"k": 0}
+
+    def flaky(state, path):
+        n["k"] += 1
+        if n["k"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(state, path)
+
+    monkeypatch.setattr(tck, "_write_trainer_state", flaky)
+    with pytest.raises(CheckpointError, match=r"could not save checkpoint .*last: no space left on device; the "
+                                              r"previous checkpoint .*last is intact"):
+        train(cfg(epochs=3), out, splits=tiny_splits(), log=lambda m: None)
+    assert tck.load_trainer_state(out / "last")["step"] == 4
+
+
+def test_bad_data_errors(tmp_path):
+    with pytest.raises(DataError, match="training set: 4 images is fewer than one batch of 8"):
+        sp = tiny_splits()
+        sp.train = tiny_set(4)
+        train(cfg(), tmp_path / "a", splits=sp, log=lambda m: None)
+    with pytest.raises(DataError, match="found 1 class; a classifier needs at least 2"):
+        train(cfg(), tmp_path / "b", splits=tiny_splits(("only",)), log=lambda m: None)

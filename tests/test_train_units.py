@@ -1,0 +1,205 @@
+"""Units of vitkit.train: config, parameter groups, schedule, loader, checkpoints, lock."""
+
+import errno
+import math
+import os
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.errors import CheckpointError, ConfigError, TrainingError
+from vitkit.train import checkpoint as tck
+from vitkit.train.config import OptimConfig, RunConfig, ScheduleConfig, resolve_config
+from vitkit.train.distributed import DistInfo
+from vitkit.train.loader import BatchLoader
+from vitkit.train.optim import build_optimizer, param_groups
+from vitkit.train.schedule import Schedule
+
+
+class _Set:  # the ImageSet surface the loader uses
+    def __init__(self, n):
+        self.images = torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1).expand(n, 1, 2, 2).contiguous()
+        self.labels = torch.arange(n) % 3
+
+    def __len__(self):
+        return len(self.labels)
+
+
+# ----------------------------------------------------------------------------------------- config
+def test_config_layers_and_strictness(tmp_path):
+    f = tmp_path / "r.toml"
+    f.write_text('epochs = 3\nmodel = "vit_test"\n[optim]\nlr = 0.01\n[augment]\npad = 1\n')
+    cfg = resolve_config(f, {"optim.lr": 0.5, "seed": None}, ["optim.weight_decay=0.2", "augment.crop=rrc"])
+    assert (cfg.epochs, cfg.model, cfg.optim.lr, cfg.optim.weight_decay, cfg.seed) == (3, "vit_test", 0.5, 0.2, 0)
+    assert cfg.augment["pad"] == 1 and cfg.augment["crop"] == "rrc" and cfg.augment["hflip"] == 0.0
+
+    f.write_text("[optim]\nlrr = 0.01\n")
+    with pytest.raises(ConfigError, match=r"r.toml: config.optim: unknown field\(s\) 'lrr'"):
+        resolve_config(f)
+    f.write_text('epochs = "ten"\n')
+    with pytest.raises(ConfigError, match=r"r.toml: config.epochs: expected an integer, got 'ten'"):
+        resolve_config(f)
+    f.write_text("epochs = [\n")
+    with pytest.raises(ConfigError, match="r.toml: not valid TOML"):
+        resolve_config(f)
+    with pytest.raises(ConfigError, match=r"config.optim.name: expected one of 'adamw', 'sgd', got 'lamb'"):
+        resolve_config(None, None, ["optim.name=lamb"])
+    with pytest.raises(ConfigError, match="batch_size: 10 is not divisible by accum_steps 3"):
+        resolve_config(None, {"batch_size": 10, "accum_steps": 3})
+    with pytest.raises(ConfigError, match="nope.toml: no such config file"):
+        resolve_config(tmp_path / "nope.toml")
+
+
+def test_shipped_recipes_parse():
+    root = os.path.join(os.path.dirname(__file__), "..", "configs")
+    names = sorted(n for n in os.listdir(root) if n.endswith(".toml"))
+    assert {"demo.toml", "pretrain.toml", "finetune.toml", "small-data.toml"} <= set(names)
+    for n in names:
+        text = open(os.path.join(root, n)).read()
+        assert text.startswith("#") and "vitkit " in text.splitlines()[0], n  # header: the command
+        cfg = resolve_config(os.path.join(root, n))
+        vitkit.get_config(cfg.model)
+
+
+def test_demo_defaults_are_the_demo_recipe():
+    cfg = resolve_config(os.path.join(os.path.dirname(__file__), "..", "configs", "demo.toml"))
+    assert cfg.to_dict() == RunConfig().to_dict()
+
+
+def test_distinfo_from_env():
+    assert DistInfo.from_env({}) == DistInfo(0, 1, 0)
+    d = DistInfo.from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert d.enabled and not d.is_main and d.rank == 1
+    with pytest.raises(ConfigError, match="WORLD_SIZE='x' is not an integer"):
+        DistInfo.from_env({"WORLD_SIZE": "x"})
+    with pytest.raises(ConfigError, match="RANK=2 / WORLD_SIZE=2"):
+        DistInfo.from_env({"RANK": "2", "WORLD_SIZE": "2"})
+
+
+# ------------------------------------------------------------------------------------------ optim
+def test_param_groups_exclude_biases_norms_and_embeddings():
+    m = vitkit.create_model("vit_test", seed=0)
+    groups = param_groups(m, 0.1)
+    no_decay = {n for g in groups if g["weight_decay"] == 0 for n in g["names"]}
+    decay = {n for g in groups if g["weight_decay"] > 0 for n in g["names"]}
+    assert {"pos_embed", "cls_token", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "head.bias"} <= no_decay
+    assert {"blocks.0.attn.qkv.weight", "patch_embed.proj.weight", "head.weight"} <= decay
+    assert not decay & no_decay and len(decay | no_decay) == len(list(m.parameters()))
+
+
+def test_layer_decay_scales():
+    m = vitkit.create_model("vit_test", seed=0)  # depth 2
+    opt = build_optimizer(m, OptimConfig(lr=1.0, layer_decay=0.5))
+    scale = {n: g["lr_scale"] for g in opt.param_groups for n in g["names"]}
+    assert scale["head.weight"] == 1.0 and scale["norm.weight"] == 1.0
+    assert scale["blocks.1.mlp.fc1.weight"] == 0.5 and scale["blocks.0.mlp.fc1.weight"] == 0.25
+    assert scale["patch_embed.proj.weight"] == 0.125 and scale["pos_embed"] == 0.125
+    sgd = build_optimizer(m, OptimConfig(name="sgd", lr=0.1, momentum=0.9))
+    assert isinstance(sgd, torch.optim.SGD) and sgd.param_groups[0]["momentum"] == 0.9
+
+
+# --------------------------------------------------------------------------------------- schedule
+def test_schedule_warmup_then_cosine_and_linear():
+    s = Schedule(ScheduleConfig(decay="cosine", warmup_steps=10, warmup_fraction=0.0), 1.0, 110)
+    assert s.lr(0) == pytest.approx(0.1) and s.lr(9) == pytest.approx(1.0)
+    assert s.lr(10) == pytest.approx(1.0) and s.lr(60) == pytest.approx(0.5) and s.lr(110) == pytest.approx(0.0)
+    lin = Schedule(ScheduleConfig(decay="linear", warmup_steps=0, warmup_fraction=0.0, min_lr_ratio=0.1), 2.0, 100)
+    assert lin.lr(0) == pytest.approx(2.0) and lin.lr(50) == pytest.approx(1.1) and lin.lr(100) == pytest.approx(0.2)
+    assert not s.done(109, 0.0) and s.done(110, 0.0)
+
+
+def test_schedule_fitted_to_budget():
+    # 1000 steps would take far longer than the 100 s budget: the decay follows the clock instead
+    s = Schedule(ScheduleConfig(decay="cosine", warmup_fraction=0.1), 1.0, 1000, budget_seconds=100.0)
+    assert s.lr(0, 0.0) == pytest.approx(1 / 100)  # warmup: max(step / warmup steps, time share)
+    assert s.lr(5, 5.0) == pytest.approx(0.5)
+    assert s.lr(20, 55.0) == pytest.approx(0.5)  # halfway through the decay part of the budget
+    assert s.lr(30, 100.0) == pytest.approx(0.0, abs=1e-12)
+    assert s.done(30, 100.0) and not s.done(30, 99.0)
+
+
+# ----------------------------------------------------------------------------------------- loader
+def test_loader_order_sharding_and_resume():
+    ds = _Set(40)
+    one = BatchLoader(ds, 8, seed=3)
+    assert len(one) == 5
+    ids = torch.cat([x[:, 0, 0, 0] for _, x, _ in one.epoch(0)]).long()
+    assert len(ids) == 40 and len(ids.unique()) == 40  # each image once
+    assert not torch.equal(ids, torch.cat([x[:, 0, 0, 0] for _, x, _ in one.epoch(1)]).long())  # reshuffled
+    assert torch.equal(torch.cat([x for _, x, _ in one.epoch(2)]), torch.cat([x for _, x, _ in BatchLoader(ds, 8, seed=3).epoch(2)]))
+    # resume mid-epoch: the remaining batches are the same
+    tail = [x for _, x, _ in one.epoch(0, start=3)]
+    assert all(torch.equal(a, b) for a, b in zip(tail, [x for _, x, _ in one.epoch(0)][3:]))
+    # two ranks: their slices make up the global batch
+    r0 = BatchLoader(ds, 8, seed=3, dist=DistInfo(0, 2, 0))
+    r1 = BatchLoader(ds, 8, seed=3, dist=DistInfo(1, 2, 1))
+    for (_, x, _), (_, a, _), (_, b, _) in zip(one.epoch(0), r0.epoch(0), r1.epoch(0)):
+        assert torch.equal(x, torch.cat([a, b]))
+    with pytest.raises(ConfigError, match="batch_size: 8 is not divisible by processes x accum_steps = 3 x 1"):
+        BatchLoader(ds, 8, dist=DistInfo(0, 3, 0))
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+def test_checkpoint_roundtrip_and_enospc(tmp_path, monkeypatch):
+    m = vitkit.create_model("vit_test", seed=0)
+    m.labels = [str(i) for i in range(10)]
+    torch.manual_seed(5)
+    state = {"step": 3, "rng": [tck.rng_state()]}
+    tck.save_checkpoint(tmp_path, "last", m, state)
+    assert tck.find_checkpoint(tmp_path) == tmp_path / "last"
+    back = tck.load_trainer_state(tmp_path / "last")  # weights_only=True
+    a = torch.rand(3)
+    tck.set_rng_state(back["rng"][0])
+    assert torch.equal(torch.rand(3), a) and back["step"] == 3
+    assert vitkit.load(tmp_path).labels == m.labels
+
+    # a full disk while writing: a clear error, the previous checkpoint intact, no temp left behind
+    def full(state, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tck, "_write_trainer_state", full)
+    with torch.no_grad():
+        m.head.bias.fill_(1.0)
+    with pytest.raises(CheckpointError, match=r"could not save checkpoint .*last: no space left on device; "
+                                              r"the previous checkpoint .*last is intact"):
+        tck.save_checkpoint(tmp_path, "last", m, {"step": 4})
+    assert tck.load_trainer_state(tmp_path / "last")["step"] == 3
+    assert float(vitkit.load(tmp_path / "last").head.bias.detach().abs().sum()) == 0.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+
+
+def test_interrupted_swap_leaves_previous_loadable(tmp_path, monkeypatch):
+    m = vitkit.create_model("vit_test", seed=0)
+    tck.save_checkpoint(tmp_path, "last", m, {"step": 1})
+    real = os.replace
+    calls = []
+
+    def crash_between_renames(a, b):
+        calls.append(b)
+        real(a, b)
+        if str(b).endswith(".last.old"):
+            raise KeyboardInterrupt  # as if killed right after moving the old checkpoint aside
+
+    monkeypatch.setattr(tck.os, "replace", crash_between_renames)
+    with pytest.raises(KeyboardInterrupt):
+        tck.save_checkpoint(tmp_path, "last", m, {"step": 2})
+    monkeypatch.setattr(tck.os, "replace", real)
+    found = tck.find_checkpoint(tmp_path)
+    assert found.name == ".last.old" and tck.load_trainer_state(found)["step"] == 1
+
+
+def test_run_lock(tmp_path):
+    lock = tck.RunLock(tmp_path).acquire()
+    with pytest.raises(TrainingError, match=rf"run directory is in use by process {os.getpid()} on .*lock file"):
+        tck.RunLock(tmp_path).acquire()
+    lock.release()
+    # a stale lock (its process is gone) is taken over
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".lock").write_text(f"{socket.gethostname()} {int(dead.stdout)}\n")
+    tck.RunLock(tmp_path).acquire().release()
+    assert not (tmp_path / ".lock").exists()
