@@ -168,6 +168,8 @@ def resolve_config(
                 label = "MLP width" if f == "mlp_ratio" else f
                 raise CheckpointError(f"{source}: the weights have {label} {a} but model {model_name!r} has {b}")
     data = {**guessed, **named, **seen, **overrides}
+    if seen.get("layer_scale") and named.get("layer_scale") and "layer_scale" not in overrides:
+        data["layer_scale"] = named["layer_scale"]  # the weights show LayerScale is on, not its initial value
     if "img_size" not in seen and "img_size" not in overrides:
         data.pop("img_size", None)  # a named model's size only fills in when the weights leave it open
 
