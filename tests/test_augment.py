@@ -85,6 +85,12 @@ def test_crop_resize_matches_interpolate_inside_the_box():
         torch.testing.assert_close(out[i, :, 1:-1, 1:-1], ref[0, :, 1:-1, 1:-1], atol=1e-3, rtol=0)
 
 
+def test_affine_grid_matches_torch():
+    theta = torch.randn(5, 2, 3)
+    torch.testing.assert_close(A.affine_grid(theta, 7, 9), F.affine_grid(theta, [5, 1, 7, 9], align_corners=False),
+                               atol=1e-6, rtol=0)
+
+
 def test_pad_crop_is_a_shifted_window_of_the_padded_image():
     x = torch.rand(16, 2, 6, 5) * 255
     out = A.pad_crop(x, 2, torch.Generator().manual_seed(0))

@@ -131,6 +131,18 @@ def rrc_boxes(b: int, h: int, w: int, scale, ratio, g, device, trials: int = 10)
     return torch.stack([x0, y0, cw, ch], 1)
 
 
+def affine_grid(theta: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """F.affine_grid(theta, (N, C, h, w), align_corners=False) by broadcasting (cheaper on CPU): the
+    sampling point of output pixel (i, j) is theta @ (u_j, v_i, 1) with u, v the pixel centres in [-1, 1]."""
+    dev, dt = theta.device, theta.dtype
+    u = ((torch.arange(w, device=dev, dtype=dt) * 2 + 1) / w - 1).view(1, 1, w)
+    v = ((torch.arange(h, device=dev, dtype=dt) * 2 + 1) / h - 1).view(1, h, 1)
+    t = theta.view(-1, 6, 1, 1)
+    gx = t[:, 0] * u + t[:, 1] * v + t[:, 2]  # (N, h, w)
+    gy = t[:, 3] * u + t[:, 4] * v + t[:, 5]
+    return torch.stack([gx, gy], -1)  # (N, h, w, 2)
+
+
 def crop_resize(x: torch.Tensor, boxes: torch.Tensor, out_size: tuple[int, int], flip: torch.Tensor | None = None,
                 mode: str = "bilinear") -> torch.Tensor:
     """Per-sample crops (x0, y0, cw, ch) of float (B, C, h, w), resized to ``out_size`` in one grid_sample
@@ -143,7 +155,7 @@ def crop_resize(x: torch.Tensor, boxes: torch.Tensor, out_size: tuple[int, int],
         sx = torch.where(flip, -sx, sx)
     zero = torch.zeros_like(sx)
     theta = torch.stack([torch.stack([sx, zero, cx], 1), torch.stack([zero, sy, cy], 1)], 1)  # (B, 2, 3)
-    grid = F.affine_grid(theta, [b, x.shape[1], *out_size], align_corners=False)
+    grid = affine_grid(theta, *out_size)
     return F.grid_sample(x, grid, mode=mode, padding_mode="border", align_corners=False)
 
 
@@ -239,40 +251,50 @@ def _affine(x, lin: torch.Tensor, shift: torch.Tensor):
     sampling, FILL outside."""
     n = x.shape[0]
     theta = torch.cat([lin, shift.view(n, 2, 1)], 2)
-    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    grid = affine_grid(theta, *x.shape[-2:])
     return F.grid_sample(x - FILL, grid, mode="nearest", padding_mode="zeros", align_corners=False) + FILL
 
 
+def geo_params(name: str, m: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lin (N, 2, 2), shift (N, 2)) of a geometric op in normalised output -> input coordinates.
+    rotate: m degrees; shear_x/y: m = shear factor; translate_x/y: m = fraction of the size."""
+    one, zero = torch.ones_like(m), torch.zeros_like(m)
+    shift = torch.zeros(len(m), 2, device=m.device)
+    if name == "rotate":
+        a = m * (math.pi / 180)
+        cos, sin = torch.cos(a), torch.sin(a)
+        lin = torch.stack([torch.stack([cos, -sin * h / w], 1), torch.stack([sin * w / h, cos], 1)], 1)
+    elif name == "shear_x":
+        lin = torch.stack([torch.stack([one, m * h / w], 1), torch.stack([zero, one], 1)], 1)
+    elif name == "shear_y":
+        lin = torch.stack([torch.stack([one, zero], 1), torch.stack([m * w / h, one], 1)], 1)
+    else:
+        lin = torch.eye(2, device=m.device).expand(len(m), 2, 2)
+        shift = torch.stack([-2 * m, zero], 1) if name == "translate_x" else torch.stack([zero, -2 * m], 1)
+    return lin, shift
+
+
 def op_rotate(x, m):  # m = degrees
-    h, w = x.shape[-2:]
-    a = m * (math.pi / 180)
-    cos, sin = torch.cos(a), torch.sin(a)
-    lin = torch.stack([torch.stack([cos, -sin * h / w], 1), torch.stack([sin * w / h, cos], 1)], 1)
-    return _affine(x, lin, torch.zeros(len(m), 2, device=x.device))
+    return _affine(x, *geo_params("rotate", m, *x.shape[-2:]))
 
 
 def op_shear_x(x, m):  # m = shear factor
-    h, w = x.shape[-2:]
-    one, zero = torch.ones_like(m), torch.zeros_like(m)
-    lin = torch.stack([torch.stack([one, m * h / w], 1), torch.stack([zero, one], 1)], 1)
-    return _affine(x, lin, torch.zeros(len(m), 2, device=x.device))
+    return _affine(x, *geo_params("shear_x", m, *x.shape[-2:]))
 
 
 def op_shear_y(x, m):
-    h, w = x.shape[-2:]
-    one, zero = torch.ones_like(m), torch.zeros_like(m)
-    lin = torch.stack([torch.stack([one, zero], 1), torch.stack([m * w / h, one], 1)], 1)
-    return _affine(x, lin, torch.zeros(len(m), 2, device=x.device))
+    return _affine(x, *geo_params("shear_y", m, *x.shape[-2:]))
 
 
 def op_translate_x(x, m):  # m = fraction of the width
-    eye = torch.eye(2, device=x.device).expand(len(m), 2, 2)
-    return _affine(x, eye, torch.stack([-2 * m, torch.zeros_like(m)], 1))
+    return _affine(x, *geo_params("translate_x", m, *x.shape[-2:]))
 
 
 def op_translate_y(x, m):
-    eye = torch.eye(2, device=x.device).expand(len(m), 2, 2)
-    return _affine(x, eye, torch.stack([torch.zeros_like(m), -2 * m], 1))
+    return _affine(x, *geo_params("translate_y", m, *x.shape[-2:]))
+
+
+GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 
 
 # name -> (function, magnitude at level 30 (the maximum), signed?, maps level -> op units)
@@ -283,13 +305,13 @@ OPS = {
     "identity": (op_identity, None),
     "autocontrast": (op_autocontrast, None),
     "equalize": (op_equalize, None),
-    "rotate": (op_rotate, lambda f: 30.0 * f),
     "solarize": (op_solarize, lambda f: 255.0 * (1 - f)),
     "color": (op_color, lambda f: 0.9 * f),
     "contrast": (op_contrast, lambda f: 0.9 * f),
     "brightness": (op_brightness, lambda f: 0.9 * f),
     "sharpness": (op_sharpness, lambda f: 0.9 * f),
     "posterize": (op_posterize, lambda f: 8 - torch.round(4 * f)),
+    "rotate": (op_rotate, lambda f: 30.0 * f),
     "shear_x": (op_shear_x, lambda f: 0.3 * f),
     "shear_y": (op_shear_y, lambda f: 0.3 * f),
     "translate_x": (op_translate_x, lambda f: 0.45 * f),
@@ -313,8 +335,22 @@ def apply_auto(x: torch.Tensor, g, mode: str, num_ops: int, magnitude: int) -> t
         else:
             frac = (_rand(g, n, device=dev) * 31).floor().clamp_(max=30) / 30.0
         sign = torch.where(_rand(g, n, device=dev) < 0.5, -1.0, 1.0)
+        # the geometric ops of this round: one affine warp for all the images that drew one
+        lin = torch.eye(2, device=dev).repeat(n, 1, 1)
+        shift = torch.zeros(n, 2, device=dev)
+        h, w = x.shape[-2:]
+        for name in GEOMETRIC:
+            k = OP_NAMES.index(name)
+            m = OPS[name][1](frac) * sign
+            li, sh = geo_params(name, m, h, w)
+            hit = (op == k).view(n, 1, 1)
+            lin = torch.where(hit, li, lin)
+            shift = torch.where(hit.view(n, 1), sh, shift)
+        geo = torch.nonzero((op >= OP_NAMES.index(GEOMETRIC[0])) & (op <= OP_NAMES.index(GEOMETRIC[-1]))).flatten()
+        if geo.numel():
+            x[geo] = _affine(x[geo], lin[geo], shift[geo])
         for k, name in enumerate(OP_NAMES):
-            if name == "identity":
+            if name == "identity" or name in GEOMETRIC:
                 continue
             sel = torch.nonzero(op == k).flatten()
             if sel.numel() == 0:
@@ -472,4 +508,4 @@ def eval_batch(images: torch.Tensor, img_size, pre) -> torch.Tensor:
 
 
 __all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "apply_auto", "rrc_boxes", "crop_resize", "pad_crop",
-           "random_erase", "one_hot", "mix_batch", "OP_NAMES"]
+           "random_erase", "one_hot", "mix_batch", "affine_grid", "OP_NAMES"]
