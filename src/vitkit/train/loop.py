@@ -285,6 +285,15 @@ def _train(cfg, run_dir, dist, resume, splits, progress, stop, say, device, prec
         )
     train_set = splits.train
     eval_set = splits.val
+    counts = torch.bincount(train_set.labels, minlength=K).tolist()
+    empty = [c for c, n in zip(classes, counts) if n == 0]
+    if empty:
+        n_skip = len(getattr(splits, "skipped", None) or [])
+        raise DataError(
+            f"training set: class {empty[0]!r} has no images"
+            + (f" ({n_skip} unreadable file(s) were skipped, e.g. {splits.skipped[0][0]})" if n_skip else "")
+            + "; every class needs training images"
+        )
     if main and getattr(splits, "skipped", None):
         say(f"skipped {len(splits.skipped)} unreadable file(s), e.g. {splits.skipped[0][0]}: {splits.skipped[0][1]}")
 
