@@ -123,6 +123,22 @@ def test_bad_files_skipped_or_strict(tmp_path):
         open_dataset(root, strict=True)
 
 
+def test_non_utf8_names_in_a_class_folder(tmp_path):
+    root = _tree(tmp_path / "ds", {"a": 2})
+    cls = os.fsencode(str(root)) + b"/b\xff"
+    os.mkdir(cls)
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(os.fsdecode(cls + b"/good\xe9.png"))
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(os.fsdecode(cls + b"/also.png"))
+    with open(cls + b"/bad\xe9.png", "wb") as f:
+        f.write(b"")
+    d = open_dataset(root, val_fraction=0)
+    assert d.classes == ["a", os.fsdecode(b"b\xff")] and d.train.class_counts() == [2, 2]
+    assert [(os.path.basename(p), why) for p, why in d.skipped] == [("bad\\xe9.png", "empty file (0 bytes)")]
+    with pytest.raises(DataError, match=r"ds/b\\xff/bad\\xe9\.png: empty file \(0 bytes\)$") as e:
+        open_dataset(root, strict=True)
+    str(e.value).encode("utf-8")
+
+
 def test_many_files_decoded_by_worker_processes(tmp_path):
     root = tmp_path / "ds"
     a = np.arange(1040, dtype=np.int64)

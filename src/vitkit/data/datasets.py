@@ -395,7 +395,7 @@ def _header(path: Path, max_pixels):
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise DataError(bomb_message(shown, e, max_pixels)) from None
     except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file
-        raise DataError(f"{shown}: cannot read image header ({type(e).__name__}: {e})") from None
+        raise DataError(f"{shown}: cannot read image header ({type(e).__name__}: {' '.join(str(e).split())})") from None
 
 
 def _work_chunk(args) -> list:

@@ -218,12 +218,12 @@ def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] |
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise DataError(bomb_message(shown, e, max_pixels)) from None
     except OSError as e:
-        msg = str(e).strip() or type(e).__name__
+        msg = " ".join(str(e).split()) or type(e).__name__
         if "truncated" in msg.lower() or "broken data stream" in msg.lower() or "image file is" in msg.lower():
             raise DataError(f"{shown}: truncated or corrupt image data ({msg})") from None
         raise DataError(f"{shown}: cannot read image ({msg})") from None
     except (ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError, MemoryError) as e:
-        raise DataError(f"{shown}: corrupt image ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise DataError(f"{shown}: corrupt image ({type(e).__name__}: {' '.join(str(e).split())})") from None
     if a.ndim == 2:
         a = a[:, :, None]
     return a
