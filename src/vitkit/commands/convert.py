@@ -36,7 +36,8 @@ def register(p):
                    help="convert at another resolution: resample the position embeddings to this image size")
     p.add_argument("--interpolation", choices=["bicubic", "bilinear", "nearest"], default="bicubic",
                    help="position-embedding resampling for --img-size (default bicubic, no antialias, as HF)")
-    p.add_argument("--antialias", action="store_true", help="antialias when resampling down (as timm does)")
+    p.add_argument("--antialias", action="store_true", help="resample with antialias=True, as timm does (this kernel differs from the "
+                        "default when upsampling too)")
     p.add_argument("--json", action="store_true", help="print a JSON report as the last line")
     p.set_defaults(_convert_parser=p)
 
