@@ -48,6 +48,13 @@ def test_round_trip_infers_the_architecture(kw):
     assert same_logits(model, back)
 
 
+def test_patch_only_position_table_is_read_as_no_embed_class():
+    model = rand_model(no_embed_class=True)
+    back = from_timm(model.state_dict(), overrides={"num_heads": 2})  # timm's no_embed_class layout
+    assert back.cfg.no_embed_class and back.cfg.img_size == (32, 32)
+    assert same_logits(model, back)
+
+
 @pytest.mark.parametrize("width, heads", [(192, 3), (384, 6), (1024, 16), (128, 2)])
 def test_heads_from_the_width_table_else_width_over_64(width, heads):
     sd = to_timm(VisionTransformer(ViTConfig(img_size=16, patch_size=8, embed_dim=width, depth=1, num_heads=1,
