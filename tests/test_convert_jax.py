@@ -261,3 +261,16 @@ def test_convert_jax_to_vitkit_checkpoint_at_new_resolution(tmp_path):
     pe = torch.from_numpy(a["Transformer/posembed_input/pos_embedding"])
     assert torch.allclose(model.pos_embed, resample_pos_embed(pe, (6, 6), (4, 4), 1), atol=0)
     assert report["assumed"] == {"norm_eps": 1e-6, "act": "gelu_tanh"}
+
+
+def test_cli_jax_straight_to_hf(tmp_path, capsys):
+    import json
+
+    from vitkit.cli import main
+    from vitkit.io.convert import from_hf
+
+    a = make_npz("big_vision", D=32, H=4)
+    assert main(["convert", str(save(tmp_path, a)), str(tmp_path / "hf"), "--from", "jax", "--to", "hf"]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["hidden_act"] == "gelu_pytorch_tanh"
+    assert "not in the weights, assumed: norm_eps=1e-06, act=gelu_tanh" in capsys.readouterr().out
+    check(from_hf(tmp_path / "hf"), a, "big_vision")  # the patch-only table went in with a zero class slot
