@@ -72,6 +72,9 @@ def test_split_folder_train_val_test(tmp_path):
     _tree(tmp_path / "ds2" / "test", {"a": 1, "b": 1})
     d2 = open_dataset(tmp_path / "ds2", val_fraction=0.25)
     assert (len(d2.train), len(d2.val), len(d2.test)) == (6, 2, 2)
+    # a class that is called "train" is just a class
+    vehicles = _tree(tmp_path / "vehicles", {"bus": 2, "train": 2})
+    assert open_dataset(vehicles, val_fraction=0).format == "folder"
     _tree(tmp_path / "ds3" / "train", {"a": 2})
     _tree(tmp_path / "ds3" / "val", {"cat": 1})
     with pytest.raises(DataError, match=r"ds3/val/cat: class 'cat' is not among the training classes$"):

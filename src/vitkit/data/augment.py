@@ -443,7 +443,8 @@ class BatchAugment:
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ConfigError(f"BatchAugment: num_classes must be a positive integer, got {num_classes!r}")
         self.num_classes = num_classes
-        self.last_info: dict = {}
+        self.last_info: dict = {}  # of the last batch: {'mixed', 'mode', 'lam'} when mixing is on
+        self._consts: dict = {}
 
     def __repr__(self) -> str:
         return f"BatchAugment({self.cfg}, img_size={self.img_size}, num_classes={self.num_classes})"
@@ -476,7 +477,10 @@ class BatchAugment:
             x = apply_auto(x, g, cfg.auto, cfg.ra_ops, cfg.ra_magnitude)
 
         # 3. normalise
-        mean, std = _norm_consts(self.pre, c, dev)
+        key = (str(dev), c)
+        if key not in self._consts:  # built once per device: no host-to-device copy per batch
+            self._consts[key] = _norm_consts(self.pre, c, dev)
+        mean, std = self._consts[key]
         x = (x - mean) / std
 
         # 4. random erasing

@@ -277,10 +277,11 @@ def detect_format(root: Path) -> tuple[str, Path]:
     for sub in ("cifar-10-batches-py", "cifar-100-python"):
         if sub in dnames:
             return detect_format(dnames[sub])
-    if "train" in dnames and (_entries(dnames["train"])[0] or not (set(dnames) - {"train"} - set(VAL_NAMES)
-                                                                    - set(TEST_NAMES))):
-        sub_dirs = _entries(dnames["train"])[0]
-        if sub_dirs:
+    # train/ with class folders inside, next to val/ or test/ (or alone). A class that happens to be
+    # called "train" holds images, not folders, so a class-folder tree is not mistaken for this.
+    if "train" in dnames and _entries(dnames["train"])[0]:
+        others = set(dnames) - {"train"}
+        if others & set(VAL_NAMES + TEST_NAMES) or not others:
             return "split-folder", root
     if dirs:
         return "folder", root
