@@ -105,6 +105,21 @@ def test_16bit_png_scaled_to_8bit(tmp_path):
     assert decode_image(p, 3).shape == (3, 1, 4)
 
 
+def test_rare_modes(tmp_path):
+    cases = [
+        ("bits.png", Image.new("1", (3, 2), 1), 255),
+        ("la.png", Image.new("LA", (3, 2), (100, 0)), 255),  # fully transparent -> white
+        ("float.tif", Image.fromarray(np.full((2, 3), 0.5, np.float32)), 128),  # floats in 0..1
+        ("lab.tif", Image.new("LAB", (3, 2), (128, 128, 128)), 119),  # L* = 50 is sRGB grey 119
+        ("ycc.jpg", Image.new("YCbCr", (3, 2), (128, 128, 128)), 128),
+    ]
+    for name, im, grey in cases:
+        im.save(tmp_path / name)
+        x = decode_image(tmp_path / name, 3)
+        assert x.shape == (3, 2, 3), name
+        assert int((x.int() - grey).abs().max()) <= 1, (name, x[:, 0, 0].tolist())
+
+
 def test_exif_rotation_applied(tmp_path):
     a = np.zeros((8, 16), np.uint8)
     a[:, :8] = 255  # left half white

@@ -132,6 +132,16 @@ def _convert(im, channels: int, path: Path):
     if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
         im = Image.fromarray(_to_uint8_array(im, path), "L")
         mode = "L"
+    if mode == "LAB":  # CIE L*a*b* (TIFF): Pillow's plain convert() has no LAB -> RGB; use its colour engine
+        try:
+            from PIL import ImageCms
+
+            lab2rgb = ImageCms.buildTransform(ImageCms.createProfile("LAB"), ImageCms.createProfile("sRGB"),
+                                              "LAB", "RGB")
+            im = ImageCms.applyTransform(im, lab2rgb)
+        except (ImportError, OSError, ValueError, ImageCms.PyCMSError) as e:
+            raise DataError(f"{show_path(path)}: cannot convert a CIE LAB image to RGB ({e})") from None
+        mode = "RGB"
     if mode == "P":
         im = im.convert("RGBA" if "transparency" in im.info else "RGB")
         mode = im.mode
