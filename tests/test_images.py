@@ -68,6 +68,12 @@ def test_formats(tmp_path, ext, kw):
     assert (x.float().mean((1, 2)) - torch.tensor([200.0, 30, 60])).abs().max() <= 6  # jpeg / gif palette: close
 
 
+def test_content_wins_over_extension(tmp_path):
+    p = tmp_path / "really_a_png.jpg"
+    Image.new("L", (3, 2), 77).save(p, format="PNG")
+    assert decode_image(p, 1).flatten().tolist() == [77] * 6
+
+
 def test_rgba_and_palette_transparency_composite_on_white(tmp_path):
     a = np.zeros((2, 2, 4), np.uint8)
     a[0, 0] = (255, 0, 0, 0)  # fully transparent red -> white

@@ -20,13 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import DataError
 from .images import (
     DEFAULT_MAX_PIXELS,
     _decode,
-    _fit_box,
     _walk_images,
     is_image_name,
     pil_limits,
@@ -369,9 +367,9 @@ def _workers(n: int | None, count: int) -> int:
 
 def _header(path: Path, max_pixels):
     """(H, W) of an image file after EXIF rotation, reading the header only; raises DataError."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
-    from .images import _BOMB, _check_path, _sniff, bomb_message
+    from .images import _BOMB, _check_path, bomb_message, open_pil
 
     shown = show_path(path)
     _check_path(path)
@@ -380,11 +378,7 @@ def _header(path: Path, max_pixels):
             head = f.read(512)
             if not head:
                 raise DataError(f"{shown}: empty file (0 bytes)")
-            f.seek(0)
-            try:
-                im = Image.open(f)
-            except UnidentifiedImageError:
-                raise DataError(f"{shown}: {_sniff(head)}") from None
+            im = open_pil(f, head, path, shown)
             w, h = im.size
             if max_pixels is not None and w * h > max_pixels:
                 raise DataError(f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} {_BOMB}")

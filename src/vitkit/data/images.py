@@ -99,6 +99,29 @@ def bomb_message(shown: str, err: Exception, max_pixels) -> str:
     return f"{shown}: {size} exceeds max_pixels={max_pixels} {_BOMB}"
 
 
+_FORMAT_HINT = {".jpg": "JPEG", ".jpeg": "JPEG", ".jpe": "JPEG", ".jfif": "JPEG", ".png": "PNG"}
+
+
+def open_pil(f, head: bytes, path: Path, shown: str):
+    """Image.open on an open file, trying the format its extension names first (it saves Pillow trying
+    its other plugins: ~10% of the time of a small JPEG), then any format. DataError if none reads it."""
+    Image = _img()
+    from PIL import UnidentifiedImageError
+
+    hint = _FORMAT_HINT.get(path.suffix.lower())
+    if hint is not None:
+        f.seek(0)
+        try:
+            return Image.open(f, formats=[hint])
+        except UnidentifiedImageError:
+            pass
+    f.seek(0)
+    try:
+        return Image.open(f)
+    except UnidentifiedImageError:
+        raise DataError(f"{shown}: {_sniff(head)}") from None
+
+
 def _check_path(path: Path) -> None:
     if path.is_symlink() and not path.exists():
         raise DataError(f"{show_path(path)}: broken symbolic link (points to {show_path(os.readlink(path))})")
@@ -180,7 +203,7 @@ def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] |
     Returns uint8 (H, W, C). With ``size`` = (H, W) the image is resized (short side) and centre cropped.
     """
     Image = _img()
-    from PIL import ImageOps, UnidentifiedImageError
+    from PIL import ImageOps
 
     if isinstance(path, bytes):
         path = os.fsdecode(path)
@@ -198,11 +221,7 @@ def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] |
             head = f.read(512)
             if not head:
                 raise DataError(f"{shown}: empty file (0 bytes)")
-            f.seek(0)
-            try:
-                im = Image.open(f)
-            except UnidentifiedImageError:
-                raise DataError(f"{shown}: {_sniff(head)}") from None
+            im = open_pil(f, head, path, shown)
             w, h = im.size
             if w < 1 or h < 1:
                 raise DataError(f"{shown}: image has no pixels ({w}x{h})")
