@@ -260,7 +260,7 @@ def test_demo_set_is_real_mnist():
     d = open_dataset(val_fraction=0.1, seed=0)
     assert d.format == "demo" and d.classes == [str(i) for i in range(10)]
     assert len(d.train) + len(d.val) == 8000 and len(d.test) == 2000
-    assert abs(len(d.val) - 800) <= 5 and d.train.size == (28, 28) and d.channels == 1
+    assert len(d.val) == 800 and d.train.size == (28, 28) and d.channels == 1
     counts = torch.tensor(d.val.class_counts()) / torch.tensor(d.train.class_counts())
     assert float(counts.min()) > 0.09 and float(counts.max()) < 0.13  # stratified: ~10% of every class
     assert int(d.train.images.max()) == 255 and 0.1 < float(d.test.images.float().mean() / 255) < 0.2
@@ -342,6 +342,19 @@ def test_cifar_pickle_never_runs_code(tmp_path, monkeypatch):
     (root / "x").write_bytes(pickle.dumps([1, 2]))
     with pytest.raises(DataError, match=r"x: expected a pickled dict, got list$"):
         safe_unpickle(root / "x")
+
+
+def test_split_sizes_add_up():
+    from vitkit.data.datasets import split_stratified
+
+    for counts, frac in (([5, 7, 3], 0.3), ([2, 2, 2], 0.1), ([100, 1000, 10], 0.05), ([800] * 10, 0.1)):
+        labels = torch.cat([torch.full((n,), c) for c, n in enumerate(counts)])
+        s = ImageSet(labels, [str(c) for c in range(len(counts))], torch.zeros(len(labels), 1, 1, 1, dtype=torch.uint8),
+                     None, (1, 1), 1)
+        tr, va = split_stratified(s, frac, seed=0)
+        assert len(tr) + len(va) == sum(counts)
+        assert all(v >= 1 and t >= 1 for v, t in zip(va.class_counts(), tr.class_counts()))
+        assert len(va) == max(len(counts), round(sum(counts) * frac))
 
 
 def test_imageset_subset_and_repr():

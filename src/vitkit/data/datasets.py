@@ -689,16 +689,25 @@ def split_stratified(images: ImageSet, fraction: float, seed: int, where: str = 
     seeded shuffle; both parts keep the original order. Needs 2+ images in every class."""
     g = torch.Generator().manual_seed(int(seed))
     counts = images.class_counts()
-    train_idx, val_idx = [], []
     for c, n in enumerate(counts):
-        if n == 0:
-            continue
-        if n < 2:
+        if n == 1:
             raise DataError(f"{where}: class {images.classes[c]!r} has {n} image; a validation split needs at "
                             f"least 2 per class (add images or use val_fraction=0)")
+    # images per class for val: floor(n * fraction) within [1, n - 1], then the largest remainders get
+    # one more until the total is round(N * fraction) (8,000 images at 0.1 -> exactly 800)
+    want = {c: n * fraction for c, n in enumerate(counts) if n}
+    take = {c: min(n - 1, max(1, int(want[c]))) for c, n in enumerate(counts) if n}
+    spare = round(sum(counts) * fraction) - sum(take.values())
+    for c in sorted(take, key=lambda c: (-(want[c] - int(want[c])), c)):
+        if spare <= 0:
+            break
+        if take[c] < counts[c] - 1 and take[c] <= want[c]:
+            take[c] += 1
+            spare -= 1
+    train_idx, val_idx = [], []
+    for c, k in take.items():
         idx = torch.nonzero(images.labels == c).flatten()
-        idx = idx[torch.randperm(n, generator=g)]
-        k = min(n - 1, max(1, round(n * fraction)))
+        idx = idx[torch.randperm(len(idx), generator=g)]
         val_idx.append(idx[:k])
         train_idx.append(idx[k:])
     tr = torch.cat(train_idx).sort().values
