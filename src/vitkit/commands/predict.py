@@ -20,6 +20,7 @@ def run(args) -> int:
     import json
     import sys
 
+    from ..data.images import show_path
     from ..predict import predict
 
     res = predict(args.checkpoint, args.paths, top_k=args.top_k, batch_size=args.batch_size, strict=args.strict,
@@ -33,9 +34,10 @@ def run(args) -> int:
         w.writerow(["path", "rank", "index", "label", "prob"])
         for p in res["predictions"]:
             for rank, t in enumerate(p["top"], 1):
-                w.writerow([p["path"], rank, t["index"], t["label"], f"{t['prob']:.6f}"])
+                w.writerow([show_path(p["path"]), rank, t["index"], t["label"], f"{t['prob']:.6f}"])
     else:
-        rows = res["predictions"]
+        # undecodable bytes in file names are shown as \xNN: printing them raw fails on a UTF-8 terminal
+        rows = [dict(p, path=show_path(p["path"])) for p in res["predictions"]]
         cells = [[f"{t['label']} {t['prob']:.3f}" for t in p["top"]] for p in rows]
         width = max([len(p["path"]) for p in rows] + [4])
         cw = [max([len(c[i]) for c in cells if i < len(c)] + [5]) for i in range(res["top_k"])]
