@@ -5,9 +5,10 @@
 
 For each model, in the same process and with the same inputs (vitkit.bench.bench):
   1. inference, fused attention (F.scaled_dot_product_attention) vs the manual softmax(QK^T)V path;
-  2. inference in fp32 vs bf16 (autocast) vs int8 (dynamic quantization of Linear layers);
-  3. a training step (forward + backward + AdamW) in fp32 vs bf16.
-Ratios are images/s of the variant over images/s of the baseline (fused fp32), from the medians.
+  2. inference in fp32 vs bf16 (autocast) vs int8 (dynamic quantization of Linear layers), as --dtypes says;
+  3. a training step (forward + backward + AdamW) in fp32 (and bf16 when listed).
+Ratios are images/s of the variant over images/s of the baseline (fused fp32). The variants run in
+alternation for --rounds rounds and every figure is the median over the rounds.
 It also prints FLOPs per image (counted, attention included) next to the analytic formula and, for
 the 224 px models, the GMACs of the design guide's reference table.
 
@@ -34,11 +35,36 @@ REFERENCE_GMACS = {"vit_tiny_patch16_224": 1.26, "vit_small_patch16_224": 4.61, 
                    "vit_large_patch16_224": 61.6, "vit_huge_patch14_224": 167.4}
 
 
+def _merge(results: list[dict]) -> dict:
+    """One bench result from several rounds: images/s and latencies are medians over the rounds."""
+    import statistics
+
+    out = dict(results[0])
+    rows = []
+    for i, row in enumerate(results[0]["rows"]):
+        if "skipped" in row:
+            rows.append(row)
+            continue
+        same = [r["rows"][i] for r in results]
+        merged = dict(row)
+        for key in ("images_per_s", "p50_ms", "p95_ms", "tflops"):
+            merged[key] = statistics.median(r[key] for r in same)
+        merged["images_per_s_rounds"] = [r["images_per_s"] for r in same]
+        rows.append(merged)
+    out["rows"] = rows
+    out["peak_flops"] = {k: v for r in results for k, v in r["peak_flops"].items()}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="vit_mini_patch4_28,vit_tiny_patch4_32,vit_small_patch16_224")
-    ap.add_argument("--batch-sizes", default="1,16")
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--models", default="vit_mini_patch4_28,vit_tiny_patch4_32,vit_tiny_patch16_224")
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--dtypes", default=None,
+                    help="inference dtypes (default: fp32,int8 on CPU, where bf16 is emulated on many CPUs and "
+                         "very slow; fp32,bf16 on CUDA); the training step compares fp32 with bf16 only if listed")
+    ap.add_argument("--repeats", type=int, default=10, help="timed steps per configuration and round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; figures are medians over rounds")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -48,7 +74,11 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    dtypes_infer = ("fp32", "bf16", "int8") if args.device == "cpu" else ("fp32", "bf16")
+    if args.dtypes:
+        dtypes_infer = tuple(args.dtypes.split(","))
+    else:
+        dtypes_infer = ("fp32", "int8") if args.device == "cpu" else ("fp32", "bf16")
+    dtypes_train = tuple(d for d in dtypes_infer if d in ("fp32", "bf16"))
     report = dict(host=platform.node(), machine=platform.machine(), python=sys.version.split()[0],
                   torch=torch.__version__, device=args.device, threads=torch.get_num_threads(),
                   started=time.strftime("%Y-%m-%d %H:%M:%S"), models={})
@@ -58,9 +88,17 @@ def main(argv=None) -> int:
         fused = vitkit.create_model(name, seed=0)
         manual = vitkit.create_model(name, seed=0, attn_impl="manual")
         common = dict(batch_sizes=batch_sizes, repeats=args.repeats, warmup=args.warmup, device=args.device)
-        r_infer = bench(fused, dtypes=dtypes_infer, modes=("infer",), **common)
-        r_manual = bench(manual, dtypes=("fp32",), modes=("infer",), peak=False, **common)
-        r_train = None if args.no_train else bench(fused, dtypes=("fp32", "bf16"), modes=("train",), **common)
+        # The variants run in alternation, `rounds` times, and each figure is the median over rounds:
+        # a change in machine load then hits every variant alike instead of one of them.
+        rounds = {"infer": [], "manual": [], "train": []}
+        for k in range(args.rounds):
+            rounds["infer"].append(bench(fused, dtypes=dtypes_infer, modes=("infer",), peak=k == 0, **common))
+            rounds["manual"].append(bench(manual, dtypes=("fp32",), modes=("infer",), peak=False, **common))
+            if not args.no_train:
+                rounds["train"].append(bench(fused, dtypes=dtypes_train, modes=("train",), peak=k == 0, **common))
+        r_infer = _merge(rounds["infer"])
+        r_manual = _merge(rounds["manual"])
+        r_train = _merge(rounds["train"]) if rounds["train"] else None
         entry = dict(params=r_infer["params"], img_size=r_infer["img_size"],
                      flops_counted=r_infer["flops_per_image"], flops_analytic=vit_flops(fused.cfg),
                      reference_gmacs=REFERENCE_GMACS.get(name), peak_flops=r_infer["peak_flops"],
