@@ -37,28 +37,23 @@ def register(p):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model first")
-    p.add_argument("--device", default="cuda" if _has_cuda() else "cpu", help="cpu or cuda (default: cuda if present)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if present, else cpu)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
-
-
-def _has_cuda() -> bool:
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def run(args) -> int:
     import json
 
+    import torch
+
     from ..bench import bench, format_table
 
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     res = bench(args.model, batch_sizes=args.batch_sizes, img_size=args.img_size, dtypes=args.dtype,
                 modes=args.mode, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
-                compile=args.compile, device=args.device)
+                compile=args.compile, device=device)
     print(format_table(res))
     if args.json:
         print(json.dumps(res))
