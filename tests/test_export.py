@@ -72,6 +72,12 @@ def test_failed_check_reports_the_figure_and_leaves_no_file(tmp_path, monkeypatc
     assert not out.exists() and list(tmp_path.glob(".m.pt*")) == []
 
 
+def test_exported_program_needs_the_pt2_suffix(tmp_path):
+    ckpt, _ = _tiny(tmp_path)
+    with pytest.raises(ExportError, match=r"--out: .*m\.ep: an ExportedProgram file must end in \.pt2"):
+        export(ckpt, tmp_path / "m.ep", "exported-program")
+
+
 def test_dynamic_size_needs_a_dynamic_model(tmp_path):
     ckpt, _ = _tiny(tmp_path)
     with pytest.raises(ExportError, match=r"--dynamic-size: the model was built with dynamic_img_size=False"):

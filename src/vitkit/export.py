@@ -188,6 +188,8 @@ def export(
             f"{cfg.img_size[1]} input); rebuild it with dynamic_img_size=True, or export at a fixed size"
         )
     out = Path(out)
+    if fmt == "exported-program" and out.suffix != ".pt2":
+        raise ExportError(f"--out: {out}: an ExportedProgram file must end in .pt2 (torch.export.load requires it)")
     if out.is_dir():
         raise ExportError(f"--out: {out} is a directory; give a file name such as model{SUFFIX[fmt]}")
     out.parent.mkdir(parents=True, exist_ok=True)
