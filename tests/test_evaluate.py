@@ -146,3 +146,37 @@ def test_out_folder_and_cli(tmp_path, data, capsys):
     assert "missing: no such file or directory" in capsys.readouterr().err
     assert main(["eval", str(ckpt), "--data", str(tmp_path / "nodata")]) == 1
     assert "nodata" in capsys.readouterr().err
+
+
+def _idx(path, arr):
+    import struct
+
+    arr = np.asarray(arr, dtype=np.uint8)
+    magic = 0x00000800 | arr.ndim  # unsigned bytes, ndim dimensions
+    path.write_bytes(struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in arr.shape) + arr.tobytes())
+
+
+def test_array_dataset_lists_mistakes_by_index_and_grey_model(tmp_path):
+    """MNIST IDX files (grey 28x28) on a grey model of another size: resized by eval_batch."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "mnist"
+    root.mkdir()
+    for part, n in (("train", 30), ("t10k", 12)):
+        _idx(root / f"{part}-images-idx3-ubyte", rng.integers(0, 255, (n, 28, 28)))
+        _idx(root / f"{part}-labels-idx1-ubyte", np.arange(n) % 10)
+    m = vitkit.create_model("vit_test", seed=0, in_chans=1)
+    with torch.no_grad():
+        m.head.weight.normal_(0, 3.0, generator=torch.Generator().manual_seed(0))
+    res = evaluate(m, root, out=tmp_path / "ev")
+    assert res["format"] == "mnist" and res["split"] == "test" and res["num_images"] == 12
+    assert sum(map(sum, res["confusion"])) == 12 and [c["support"] for c in res["per_class"]] == [2, 2] + [1] * 8
+    assert res["worst"] and all("path" not in w and 0 <= w["index"] < 12 for w in res["worst"])
+    assert (tmp_path / "ev" / "worst.png").is_file()
+
+
+def test_unreadable_files_are_skipped_and_counted(tmp_path, data, capsys):
+    (data / "test" / "cat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    res = evaluate(_model(), data)
+    assert res["num_images"] == 18 and res["skipped_files"] == 1
+    assert main(["eval", str(vitkit.save(_model(), tmp_path / "ck")), "--data", str(data)]) == 0
+    assert "test split: 18 images (1 unreadable file(s) skipped)" in capsys.readouterr().out

@@ -29,7 +29,7 @@ def run(args) -> int:
         print(json.dumps(res))
         return 0
     print(f"{res['data']} ({res['format']}), {res['split']} split: {res['num_images']} images"
-          + (f" ({res['skipped_files']} unreadable files skipped)" if res["skipped_files"] else ""))
+          + (f" ({res['skipped_files']} unreadable file(s) skipped)" if res["skipped_files"] else ""))
     print(f"loss {res['loss']:.4f}   top-1 {100 * res['top1']:.2f}%   top-{res['top5_k']} {100 * res['top5']:.2f}%   "
           f"macro F1 {res['macro_f1']:.4f}")
     w = max(len(c["name"]) for c in res["per_class"])
