@@ -226,3 +226,15 @@ def test_bad_data_errors(tmp_path):
         train(cfg(), tmp_path / "a", splits=sp, log=lambda m: None)
     with pytest.raises(DataError, match="found 1 class; a classifier needs at least 2"):
         train(cfg(), tmp_path / "b", splits=tiny_splits(("only",)), log=lambda m: None)
+
+
+@pytest.mark.slow
+def test_demo_command_reaches_its_accuracy(tmp_path, capsys, one_thread):
+    """`vitkit train` with no arguments: >= 98.5% on the 2,000 test digits within 5 minutes (2 cores)."""
+    from vitkit.cli import main
+
+    torch.set_num_threads(2)
+    assert main(["train", "--out", str(tmp_path / "demo"), "--json", "--quiet"]) == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["test_acc"] >= 0.985, s
+    assert s["total_seconds"] < 300, s

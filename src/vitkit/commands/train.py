@@ -43,8 +43,8 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"],
                    help=_h("autocast precision; fp16 (with a gradient scaler) on CUDA only", "precision"))
     g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: all cores, "
-                   "divided among the processes of a distributed run)")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: the cores not busy "
+                   "with other work, divided among the processes of a distributed run)")
     g = p.add_argument_group("run")
     g.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<model>-<date-time>)")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
@@ -83,6 +83,20 @@ def flags_from_args(args) -> dict:
         "skip_nonfinite": args.skip_nonfinite,
     }
     return f
+
+
+def default_threads(local_procs: int) -> int:
+    """CPU threads per process: the cores not already busy (1-minute load average), shared among this
+    machine's processes. Threads competing with other work for a core spin and wait, which on small
+    models is several times slower than using fewer threads."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        free = cpus - int(round(os.getloadavg()[0]))
+    except OSError:  # pragma: no cover - no load average on this platform
+        free = cpus
+    return max(1, min(cpus, free) // max(local_procs, 1))
 
 
 def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> int:
@@ -126,9 +140,7 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
 
     import torch
 
-    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // max(local_procs, 1))
-    torch.set_num_threads(threads)
+    torch.set_num_threads(args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size)))
 
     stop = {"signal": None}
 

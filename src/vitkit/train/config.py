@@ -85,9 +85,9 @@ class RunConfig:
     init_from: str | None = None  # start from this checkpoint (fine-tuning): weights, preprocess; new head
     img_size: int | None = None  # train at this resolution (position embeddings resampled); None = model's
     # --- how long ------------------------------------------------------------------------------------
-    epochs: int = 40  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
-    max_minutes: float | None = None  # wall-clock budget for training; the schedule is fitted to it
-    batch_size: int = 128  # images per optimizer step, across all processes and accumulation steps
+    epochs: int = 18  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
+    max_minutes: float | None = 3.75  # wall-clock budget for training; the schedule is fitted to it; None = no limit
+    batch_size: int = 64  # images per optimizer step, across all processes and accumulation steps
     accum_steps: int = 1  # gradient accumulation: micro-batch = batch_size / (accum_steps * processes)
     # --- numerics and hardware ----------------------------------------------------------------------
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"  # auto: cuda, then mps, then cpu
