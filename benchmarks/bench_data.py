@@ -146,14 +146,21 @@ def main() -> None:
 
     decode = []
     if args.cifar_dir:
+        import resource
+
+        def cpu_seconds() -> float:  # user + system time of this process and its (finished) children
+            me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
         for w in sorted({1, args.decode_workers}):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu_seconds()
             d = open_dataset(args.cifar_dir, val_fraction=0, num_workers=w)
-            sec = time.perf_counter() - t0
+            sec, cpu = time.perf_counter() - t0, cpu_seconds() - c0
             n = len(d.train)
             decode.append(dict(folder=str(args.cifar_dir), images=n, workers=w, seconds=round(sec, 2),
-                               images_per_s=round(n / sec), skipped=len(d.skipped)))
-            print(f"decode {n} images ({d.summary()}) with {w} worker process(es): {sec:.1f} s, {n / sec:.0f} images/s")
+                               cpu_seconds=round(cpu, 2), images_per_s=round(n / sec), skipped=len(d.skipped)))
+            print(f"decode {n} images ({d.summary()}) with {w} worker process(es): {sec:.1f} s wall, "
+                  f"{cpu:.1f} s CPU, {n / sec:.0f} images/s")
             del d
 
     res = dict(device=dev, threads=args.threads, batch_size=args.batch_size, repeats=args.repeats,
