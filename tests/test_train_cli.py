@@ -112,3 +112,12 @@ def test_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         main(["finetune"])
     assert e.value.code == 2
+
+
+def test_plain_folder_gets_a_validation_split(tmp_path, capsys):
+    data = make_folder(tmp_path / "data", n=20)
+    assert main(["train", "--data", str(data / "train"), "--epochs", "1", "--out", str(tmp_path / "r"), "--json",
+                 *FAST]) == 0
+    s, lines = last_json(capsys)
+    assert "val_acc" in s and "test_acc" not in s  # 10% of each class held out (2 of 20)
+    assert any("held out for validation" in l for l in lines) is False  # --quiet: no progress lines

@@ -271,9 +271,29 @@ def _train(cfg, run_dir, dist, resume, splits, progress, stop, say, device, prec
         else:
             in_chans = get_config(cfg.model, **{k: v for k, v in cfg.model_args.items() if k == "in_chans"}).in_chans
         d = cfg.data
-        splits = open_dataset(d.path, d.format, channels=in_chans,
-                              img_size=(d.img_size, d.img_size) if d.img_size else None,
+        size = (d.img_size, d.img_size) if d.img_size else None
+        if size is None and d.path is not None and Path(d.path).is_dir():
+            # image folders may mix sizes: decode them at the model's resolution
+            from ..data.datasets import detect_format
+
+            try:
+                fmt = d.format or detect_format(Path(d.path))[0]
+            except DataError:
+                fmt = None  # open_dataset says what is wrong
+            if fmt in ("folder", "split-folder"):
+                from ..variants import get_config as _gc
+
+                size = (cfg.img_size,) * 2 if cfg.img_size else (
+                    ckpt_io.read_config(ckpt_io.resolve_checkpoint(cfg.init_from))[0].img_size if cfg.init_from
+                    else _gc(cfg.model, **{k: v for k, v in cfg.model_args.items() if k == "img_size"}).img_size)
+        splits = open_dataset(d.path, d.format, channels=in_chans, img_size=size,
                               val_fraction=d.val_fraction, seed=cfg.seed, strict=d.strict, in_memory=d.in_memory)
+        if splits.val is None and splits.test is None:
+            # nothing held out: carve a validation split, so that the run reports an accuracy
+            from ..data.datasets import split_stratified
+
+            splits.train, splits.val = split_stratified(splits.train, 0.1, cfg.seed, where=str(d.path))
+            say("no validation or test part in the data: 10% of the training images are held out for validation")
     classes = list(splits.classes)
     K = len(classes)
     if K < 2:
@@ -410,6 +430,8 @@ def _train(cfg, run_dir, dist, resume, splits, progress, stop, say, device, prec
         while st.epoch < cfg.epochs:
             for s, xb, yb in loader.epoch(st.epoch, st.pos):
                 st.seconds = time.perf_counter() - seg_start
+                if sched.done(st.step, st.seconds) and not dist.enabled:
+                    break  # e.g. resuming a run whose budget is already spent
                 last_lr = sched.apply(opt, st.step, st.seconds)
                 gen.manual_seed(aug_seed(cfg.seed, st.step, dist.rank))
                 xb = xb.to(device, non_blocking=True)
