@@ -295,6 +295,7 @@ def test_cifar10_batches(tmp_path):
     assert torch.equal(d.train.images[3], torch.from_numpy(b1["data"][3].reshape(3, 32, 32)))
     assert d.train.labels[:12].tolist() == [i % 10 for i in range(12)]
     assert open_dataset(root, val_fraction=0.5).val is not None
+    assert len(open_dataset(tmp_path, fmt="cifar10", val_fraction=0).train) == 30
 
 
 def test_cifar100_and_bad_cifar_files(tmp_path):

@@ -170,7 +170,9 @@ def open_dataset(
     short side + centre crop); None keeps the native size, which all images must then share.
     val_fraction: part of train split off (stratified, with ``seed``) as val when the data has no val
     part; 0 = none. strict: the first unreadable file is an error (else skipped and listed).
-    in_memory: None = auto (in memory when the pixels fit in 2 GiB). num_workers: decode threads.
+    in_memory: None = auto (in memory when the pixels fit in 2 GiB). max_pixels: decompression-bomb
+    limit per image (None = none). num_workers: decode processes for big folders (None = up to 8, one per
+    core).
     """
     if fmt is not None and fmt not in FORMATS:
         raise DataError(f"fmt: unknown dataset format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -195,6 +197,10 @@ def open_dataset(
             fmt, root = detect_format(root)
         elif fmt == "demo":
             raise DataError(f"fmt='demo' is the built-in set; it takes no path (got {show_path(root)})")
+        else:
+            sub = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}.get(fmt)
+            if sub and (root / sub).is_dir():  # the folder the official tarball unpacks to
+                root = root / sub
 
     loader = {"folder": _open_folder, "split-folder": _open_split_folder, "mnist": _open_mnist,
               "demo": _open_mnist, "cifar10": _open_cifar, "cifar100": _open_cifar}[fmt]
