@@ -77,8 +77,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if p.is_dir():
         if (p / WEIGHTS).is_file():
             return p
-        # a run directory holds its own config.json (the run's settings) beside best/ and last/
-        for sub in ("best", "last"):
+        # a run directory holds its own config.json (the run's settings) beside best/ and last/; a run
+        # killed between the two renames of a checkpoint swap holds only .best.old / .last.old
+        for sub in ("best", ".best.old", "last", ".last.old"):
             if (p / sub / CONFIG).is_file():
                 return p / sub
         if (p / CONFIG).is_file():
