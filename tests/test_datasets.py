@@ -298,6 +298,31 @@ def test_cifar10_batches(tmp_path):
     assert len(open_dataset(tmp_path, fmt="cifar10", val_fraction=0).train) == 30
 
 
+def _py2_pickle(arr, labels) -> bytes:
+    """The opcodes Python 2's cPickle (protocol 2) writes for {'data': uint8 array, 'labels': [...]}, as in
+    the official CIFAR-10 python batches (str keys and array bytes are Python 2 byte strings)."""
+
+    def s(b):
+        return (b"U" + bytes([len(b)]) + b) if len(b) < 256 else (b"T" + struct.pack("<I", len(b)) + b)
+
+    n = arr.shape[0]
+    out = b"\x80\x02}q\x00(" + s(b"data")
+    out += b"cnumpy.core.multiarray\n_reconstruct\nq\x01cnumpy\nndarray\nq\x02K\x00\x85" + s(b"b") + b"\x87Rq\x03("
+    out += b"K\x01J" + struct.pack("<i", n) + b"M" + struct.pack("<H", 3072) + b"\x86"
+    out += b"cnumpy\ndtype\nq\x04" + s(b"u1") + b"K\x00K\x01\x87Rq\x05(K\x03" + s(b"|")
+    out += b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89" + s(arr.tobytes()) + b"tb"
+    out += s(b"labels") + b"]q\x06(" + b"".join(b"K" + bytes([v]) for v in labels) + b"eu."
+    return out
+
+
+def test_cifar10_python2_pickle(tmp_path):
+    arr = (np.arange(2 * 3072) % 251).astype(np.uint8).reshape(2, 3072)
+    (tmp_path / "data_batch_1").write_bytes(_py2_pickle(arr, [3, 7]))
+    d = open_dataset(tmp_path, val_fraction=0)
+    assert d.train.labels.tolist() == [3, 7] and d.classes[3] == "cat"
+    assert torch.equal(d.train.images.reshape(2, -1), torch.from_numpy(arr))
+
+
 def test_cifar100_and_bad_cifar_files(tmp_path):
     root = tmp_path / "c100"
     root.mkdir()
