@@ -12,9 +12,9 @@ of the logits must be at most ``atol`` (1e-4 in float32).
 ONNX uses torch's TorchScript-based exporter (``dynamo=False``): the dynamo exporter needs the
 ``onnxscript`` package, which vitkit does not depend on.
 
-Dynamic image size needs a model built with ``dynamic_img_size=True``, and a model whose
-position-embedding path traces with symbolic sizes; if the traced graph is specialised to the example
-size, the check at the second size fails and the export is refused with the reason.
+Dynamic image size needs a model built with ``dynamic_img_size=True``: under an exporter such a model
+records the position-embedding resampling in the graph, so one file takes any multiple of the patch
+size; the check at a second size proves it.
 """
 
 from __future__ import annotations
@@ -252,9 +252,8 @@ def _first_line(e: BaseException, limit: int) -> str:
 
 def _dynamic_hint(cfg) -> str:
     return (
-        f" (the graph is specialised to {cfg.img_size[0]}x{cfg.img_size[1]}: the model's position-embedding "
-        "resampling compares the patch grid with the configured one in Python, so tracing keeps one "
-        "branch; export without --dynamic-size)"
+        f" (the exported graph does not hold at sizes other than {cfg.img_size[0]}x{cfg.img_size[1]}; "
+        "export without --dynamic-size)"
     )
 
 

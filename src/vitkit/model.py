@@ -181,7 +181,8 @@ class VisionTransformer(nn.Module):
         cls = self.cls_token.expand(B, -1, -1) if self.cls_token is not None else None
         if cfg.pos_embed == "learn":
             pe = self.pos_embed
-            if grid != cfg.grid_size:
+            if (cfg.dynamic_img_size and _tracing()) or grid != cfg.grid_size:
+                # (an exporter records the resampling so that the graph takes any size)
                 prefix = 0 if cfg.no_embed_class else self.num_prefix_tokens
                 pe = resample_pos_embed(pe, grid, cfg.grid_size, prefix)
             if cfg.no_embed_class:
@@ -288,6 +289,10 @@ class VisionTransformer(nn.Module):
     def extra_repr(self) -> str:
         c = self.cfg
         return f"img_size={c.img_size}, patch_size={c.patch_size}, embed_dim={c.embed_dim}, depth={c.depth}"
+
+
+def _tracing() -> bool:
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 
 def _lecun_normal_(w: torch.Tensor) -> None:

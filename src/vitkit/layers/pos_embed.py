@@ -68,9 +68,11 @@ def resample_pos_embed(
         old_grid = (side, side)
     if old_grid[0] * old_grid[1] != n_patch:
         raise ValueError(f"resample_pos_embed: old_grid {old_grid} does not hold {n_patch} positions")
-    new_grid = (int(new_grid[0]), int(new_grid[1]))
-    if tuple(old_grid) == new_grid:
-        return posemb
+    tracing = torch.jit.is_tracing() or torch.compiler.is_compiling()
+    if not tracing:  # under an exporter the sizes may be symbolic: keep them, and record the resize
+        new_grid = (int(new_grid[0]), int(new_grid[1]))
+        if tuple(old_grid) == new_grid:
+            return posemb
     prefix, patches = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
     dtype = patches.dtype
     D = patches.shape[-1]
