@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import io
 import os
 import threading
 import warnings
@@ -99,6 +100,7 @@ def bomb_message(shown: str, err: Exception, max_pixels) -> str:
     return f"{shown}: {size} exceeds max_pixels={max_pixels} {_BOMB}"
 
 
+_SMALL_FILE = 1 << 16  # files below 64 KiB are read in one call and parsed from memory
 _FORMAT_HINT = {".jpg": "JPEG", ".jpeg": "JPEG", ".jpe": "JPEG", ".jfif": "JPEG", ".png": "PNG"}
 
 
@@ -218,10 +220,12 @@ def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] |
         raise DataError(f"{shown}: cannot open ({e.strerror or e})") from None
     try:
         with f:
-            head = f.read(512)
+            head = f.read(_SMALL_FILE)
             if not head:
                 raise DataError(f"{shown}: empty file (0 bytes)")
-            im = open_pil(f, head, path, shown)
+            if len(head) < _SMALL_FILE:  # the whole file: Pillow's many small header reads then cost less
+                f = io.BytesIO(head)
+            im = open_pil(f, head[:512], path, shown)
             w, h = im.size
             if w < 1 or h < 1:
                 raise DataError(f"{shown}: image has no pixels ({w}x{h})")
