@@ -419,7 +419,8 @@ def _pmap(kind: str, paths: list[Path], channels: int, max_pixels, size, workers
     processes (Pillow's per-file Python overhead holds the GIL, so threads would not scale)."""
     import multiprocessing as mp
 
-    if workers <= 1 or len(paths) < 1024 or "fork" not in mp.get_all_start_methods():
+    if (workers <= 1 or len(paths) < 1024 or "fork" not in mp.get_all_start_methods()
+            or mp.current_process().daemon):  # a daemon process (e.g. a DataLoader worker) may not fork
         return _work_chunk((kind, paths, channels, max_pixels, size))
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
