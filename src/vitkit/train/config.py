@@ -152,6 +152,9 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8 text; tomllib lets the decoding error through
+        raise ConfigError(f"{path}: not valid TOML (not UTF-8 text: byte 0x{e.object[e.start]:02x} at "
+                          f"offset {e.start})") from None
 
 
 def merge(base: dict, update: dict) -> dict:
