@@ -120,6 +120,8 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
         overrides.append(item)
     flags = flags_from_args(args)
     flags.update(extra_flags or {})
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
 
     if args.resume:
         run_dir = Path(args.resume)
