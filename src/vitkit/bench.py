@@ -240,7 +240,10 @@ def bench(
         raise ConfigError(f"--batch-sizes: every batch size must be >= 1, got {list(batch_sizes)}")
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"--device: {str(device)!r} is not a device (cpu, cuda or cuda:N)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device: CUDA is not available on this machine")
     if threads is not None:
