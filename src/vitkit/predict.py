@@ -29,6 +29,8 @@ def check_device(device: str | torch.device) -> torch.device:
         raise ConfigError(f"--device: {str(device)!r} is not a device (cpu, cuda, cuda:N or mps)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device: {str(device)!r} was asked for but no CUDA GPU is available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"--device: {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ConfigError(f"--device: {str(device)!r} was asked for but MPS is not available")
     return dev
