@@ -272,3 +272,45 @@ def test_to_model_input_resize_crop_normalise():
 
 def test_show_path_escapes_undecodable_bytes():
     assert show_path(b"/x/caf\xe9.png") == "/x/caf\\xe9.png"
+
+
+def test_damaged_files_only_ever_raise_data_error(tmp_path):
+    """Seeded byte mutations (flips, cuts, insertions) of small images in six formats: each file either
+    decodes or raises a one-line DataError that starts with its path; nothing else escapes."""
+    import random
+    import warnings
+
+    srcs = {}
+    for fmt, ext in (("JPEG", "jpg"), ("PNG", "png"), ("GIF", "gif"), ("BMP", "bmp"), ("TIFF", "tif"), ("WEBP", "webp")):
+        if fmt == "WEBP" and not features.check("webp"):
+            continue
+        buf = io.BytesIO()
+        _noise(12, 12).save(buf, format=fmt)
+        srcs[ext] = buf.getvalue()
+    r = random.Random(0)
+    outcomes = {"ok": 0, "error": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no warnings leak out of decode_image
+        for i in range(200):
+            ext = r.choice(sorted(srcs))
+            d = bytearray(srcs[ext])
+            for _ in range(r.randint(1, 6)):
+                if not d:
+                    break
+                k = r.random()
+                if k < 0.6:
+                    d[r.randrange(len(d))] = r.randrange(256)
+                elif k < 0.8:
+                    del d[r.randrange(len(d)):]
+                else:
+                    p = r.randrange(len(d))
+                    d[p:p] = bytes(r.randrange(256) for _ in range(r.randint(1, 16)))
+            f = tmp_path / f"m{i}.{ext}"
+            f.write_bytes(bytes(d))
+            try:
+                decode_image(f, 3)
+                outcomes["ok"] += 1
+            except DataError as e:
+                assert str(e).startswith(f"{f}: ") and "\n" not in str(e), str(e)
+                outcomes["error"] += 1
+    assert outcomes["ok"] > 20 and outcomes["error"] > 100

@@ -59,6 +59,9 @@ def pil_limits(max_pixels: int | None):
     """
     Image = _img()
     with warnings.catch_warnings():
+        # Pillow's remarks on damaged metadata (EXIF, TIFF tags) are not the caller's concern: the image
+        # either decodes or raises, and a raise becomes a DataError naming the file
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         if max_pixels == Image.MAX_IMAGE_PIXELS:
             yield
