@@ -629,8 +629,14 @@ def _ema_model(model, ema: list):
 
 
 def _append(file: Path, rec: dict) -> None:
-    with open(file, "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec) + "\n")
+    try:
+        with open(file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError as e:  # a full disk: one line (the checkpoints are written atomically and stay intact)
+        import errno
+
+        why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__)
+        raise TrainingError(f"{file}: could not write the training log ({why})") from None
 
 
 def _trim_metrics(file: Path, step: int) -> None:
