@@ -237,6 +237,11 @@ def test_mnist_bad_files(tmp_path):
     with pytest.raises(DataError, match=r"train-images-idx3-ubyte\.gz: wrong size: header says 6x4x4 = 96 bytes of data, "
                                          r"file has 98$"):
         open_dataset(root)
+    forged = struct.pack(">IIII", 0x803, 2**32 - 1, 2**32 - 1, 2**32 - 1) + bytes(16)
+    (root / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(forged))
+    with pytest.raises(DataError, match=r"wrong size: header says 4294967295x4294967295x4294967295 = "
+                                         r"79228162458924105385300197375 bytes of data, file has 16$"):
+        open_dataset(root)
     _idx(root / "train-images-idx3-ubyte.gz", np.zeros((5, 4, 4)))
     with pytest.raises(DataError, match=r"train-labels-idx1-ubyte\.gz: 6 labels for 5 images"):
         open_dataset(root)

@@ -11,6 +11,7 @@ folder at fault.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import pickle
 import re
@@ -539,7 +540,7 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     if len(raw) < hdr:
         raise DataError(f"{shown}: truncated IDX header ({len(raw)} bytes)")
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    n = int(np.prod(dims))
+    n = math.prod(dims)  # Python ints: a forged header cannot overflow
     if len(raw) - hdr != n:
         raise DataError(f"{shown}: wrong size: header says {'x'.join(map(str, dims))} = {n} bytes of data, "
                         f"file has {len(raw) - hdr}")
