@@ -121,3 +121,31 @@ def test_plain_folder_gets_a_validation_split(tmp_path, capsys):
     s, lines = last_json(capsys)
     assert "val_acc" in s and "test_acc" not in s  # 10% of each class held out (2 of 20)
     assert any("held out for validation" in l for l in lines) is False  # --quiet: no progress lines
+
+
+def test_sigterm_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    import vitkit.train.loop as loop
+
+    data = make_folder(tmp_path / "data")
+    real = loop.save_checkpoint
+    sent = []
+
+    def save_then_term(run_dir, name, *a, **k):
+        out = real(run_dir, name, *a, **k)
+        if name == "last" and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler of `vitkit train` turns it into a clean stop
+        return out
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_term)
+    run = tmp_path / "run"
+    code = main(["train", "--data", str(data), "--epochs", "50", "--ckpt-every", "2", "--out", str(run), "--json",
+                 *[a for a in FAST if a != "--quiet"]])
+    out = capsys.readouterr().out
+    assert code == 130
+    assert f"stopped at step 3 (epoch 1); saved {run / 'last'}; continue with: vitkit train --resume {run}" in out
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "interrupted"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler is removed again
