@@ -270,6 +270,20 @@ def test_to_model_input_resize_crop_normalise():
         to_model_input(img[0], (4, 4), pre)
 
 
+def test_to_model_input_matches_a_pillow_eval_transform():
+    """Resize(floor(32 / 0.875) = 36) + CenterCrop(32) done with Pillow's bicubic filter, as timm's eval
+    transform does: the same geometry, values within 2 levels out of 255."""
+    rng = np.random.default_rng(1)
+    a = (rng.random((48, 64, 3)) * 80 + np.linspace(0, 150, 64)[None, :, None]).astype(np.uint8)  # smooth-ish
+    im = Image.fromarray(a)
+    ref = im.resize((48, 36), Image.BICUBIC)  # short side 36, long int(64 * 36 / 48) = 48
+    ref = np.asarray(ref.crop((8, 2, 40, 34)), dtype=np.float32)  # left round(16/2)=8, top round(4/2)=2
+    pre = vitkit.Preprocess(mean=(0.0,) * 3, std=(1.0,) * 3, crop_pct=0.875, interpolation="bicubic")
+    got = to_model_input(torch.from_numpy(a).permute(2, 0, 1).contiguous(), (32, 32), pre) * 255
+    assert got.shape == (3, 32, 32)
+    assert float((got.permute(1, 2, 0) - torch.from_numpy(ref)).abs().max()) <= 2.0
+
+
 def test_show_path_escapes_undecodable_bytes():
     assert show_path(b"/x/caf\xe9.png") == "/x/caf\\xe9.png"
 

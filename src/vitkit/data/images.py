@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import io
+import math
 import os
 import threading
 import warnings
@@ -352,19 +353,25 @@ def _interp_mode(name: str) -> str:
 
 def resize_center_crop(x: torch.Tensor, img_size: tuple[int, int], crop_pct: float = 1.0,
                        interpolation: str = "bicubic") -> torch.Tensor:
-    """float (B, C, h, w) in [0, 255] -> (B, C, H, W): resize so the image covers (H, W) / crop_pct while
-    keeping its aspect ratio, then take the centre (H, W). Antialiased when shrinking; clamped to [0, 255]."""
+    """float (B, C, h, w) in [0, 255] -> (B, C, H, W): resize, keeping the aspect ratio, so that the image
+    covers floor((H, W) / crop_pct), then take the centre (H, W). Antialiased when shrinking; clamped to
+    [0, 255]. The sizes and offsets are those of timm's / torchvision's eval transform (Resize(int) +
+    CenterCrop): the short side becomes floor(size / crop_pct), the long side int(long * scale), and the
+    crop starts at round((resized - size) / 2)."""
     out_h, out_w = img_size
     h, w = x.shape[-2:]
-    scale = max(out_h / crop_pct / h, out_w / crop_pct / w)
-    rh, rw = max(out_h, round(h * scale)), max(out_w, round(w * scale))
+    th, tw = max(out_h, math.floor(out_h / crop_pct + 1e-9)), max(out_w, math.floor(out_w / crop_pct + 1e-9))
+    if th * w >= tw * h:  # the height binds: it becomes th exactly
+        rh, rw = th, max(tw, int(w * th / h))
+    else:
+        rh, rw = max(th, int(h * tw / w)), tw
     if (rh, rw) != (h, w):
         mode = _interp_mode(interpolation)
         kw = {"antialias": True, "align_corners": False} if mode in ("bilinear", "bicubic") else {}
         x = F.interpolate(x, size=(rh, rw), mode=mode, **kw)
         if mode == "bicubic":
             x = x.clamp(0, 255)
-    top, left = (rh - out_h) // 2, (rw - out_w) // 2
+    top, left = int(round((rh - out_h) / 2.0)), int(round((rw - out_w) / 2.0))
     return x[..., top : top + out_h, left : left + out_w]
 
 
