@@ -250,6 +250,7 @@ def _train(cfg, run_dir, dist, resume, splits, progress, stop, say, device, prec
 
     main = dist.is_main
     t_start = time.perf_counter()
+    cpu_start = time.process_time()
     acfg = from_dict(AugmentConfig, cfg.augment, "augment")
 
     # ------------------------------------------------------------------ resume: the saved state first
@@ -559,6 +560,7 @@ def _train(cfg, run_dir, dist, resume, splits, progress, stop, say, device, prec
         summary["test_acc"] = round(r["acc"], 5)
         summary["test_loss"] = round(r["loss"], 5)
     summary["total_seconds"] = round(time.perf_counter() - t_start, 2)
+    summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
     if main:
         _append(metrics_file, {"type": "final", **summary})
         write_json(run_dir / "summary.json", summary)
