@@ -297,7 +297,8 @@ def op_translate_y(x, m):
 GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 
 
-# name -> (function, magnitude at level 30 (the maximum), signed?, maps level -> op units)
+# name -> (function, map from the level as a fraction of 30 to the op's own units; None = no magnitude).
+# The ops in SIGNED get a random sign per image.
 # Ranges follow the RandAugment paper's table as commonly implemented: rotate 30 deg, shear 0.3,
 # translate 0.45 of the size, colour/contrast/brightness/sharpness factor 1 +- 0.9, posterize down to
 # 4 bits, solarize threshold down to 0.
