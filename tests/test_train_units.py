@@ -64,7 +64,9 @@ def test_shipped_recipes_parse():
 
 def test_demo_defaults_are_the_demo_recipe():
     cfg = resolve_config(os.path.join(os.path.dirname(__file__), "..", "configs", "demo.toml"))
-    assert cfg.to_dict() == RunConfig().to_dict()
+    from vitkit.train.config import DEMO_BUDGET, merge
+
+    assert cfg.to_dict() == merge(RunConfig().to_dict(), DEMO_BUDGET)
 
 
 def test_distinfo_from_env():

@@ -32,7 +32,8 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g = p.add_argument_group("schedule")
     g.add_argument("--epochs", type=int, metavar="N", help=_h("training epochs", "epochs"))
     g.add_argument("--max-minutes", type=float, metavar="M",
-                   help="wall-clock budget: the schedule is fitted to it and training stops when it is spent")
+                   help="wall-clock budget: the schedule is fitted to it and training stops when it is spent "
+                   "(default: none; 3.75 for the demo on the built-in digits; 0 = none)")
     g.add_argument("--batch-size", type=int, metavar="B", help=_h("images per optimizer step (all processes)", "batch_size"))
     g.add_argument("--accum-steps", type=int, metavar="N", help=_h("gradient accumulation steps", "accum_steps"))
     g.add_argument("--lr", type=float, help=_h("peak learning rate", "optim.lr"))
@@ -109,7 +110,7 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
     from pathlib import Path
 
     from ..errors import ConfigError
-    from ..train.config import RunConfig, merge, resolve_config
+    from ..train.config import DEMO_BUDGET, resolve_config
     from ..train.distributed import DistInfo, destroy_process_group
 
     dist = DistInfo.from_env(os.environ)
@@ -134,6 +135,8 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
             raise ConfigError(f"{saved}: not valid JSON ({e})") from None
         if args.out and Path(args.out) != run_dir:
             raise ConfigError("--out and --resume name different directories; --resume continues in place")
+    if base is None and args.config is None and args.data is None:
+        base = DEMO_BUDGET  # the demo: the built-in digits, within a fixed time
     cfg = resolve_config(args.config, flags, overrides, base=base)
     if not args.resume:
         stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -86,7 +86,8 @@ class RunConfig:
     img_size: int | None = None  # train at this resolution (position embeddings resampled); None = model's
     # --- how long ------------------------------------------------------------------------------------
     epochs: int = 18  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
-    max_minutes: float | None = 3.75  # wall-clock budget for training; the schedule is fitted to it; None = no limit
+    max_minutes: float | None = None  # wall-clock budget for training; the schedule is fitted to it; None or 0 =
+    #   no limit (the demo, `vitkit train` on the built-in digits, uses DEMO_BUDGET)
     batch_size: int = 64  # images per optimizer step, across all processes and accumulation steps
     accum_steps: int = 1  # gradient accumulation: micro-batch = batch_size / (accum_steps * processes)
     # --- numerics and hardware ----------------------------------------------------------------------
@@ -117,8 +118,8 @@ class RunConfig:
         for name in ("eval_every", "ckpt_every", "skip_nonfinite"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
-        if self.max_minutes is not None and not self.max_minutes > 0:
-            raise ConfigError(f"max_minutes: must be > 0, got {self.max_minutes!r}")
+        if self.max_minutes is not None and self.max_minutes < 0:
+            raise ConfigError(f"max_minutes: must be >= 0 (0 = no limit), got {self.max_minutes!r}")
         if self.ema is not None and not 0 < self.ema < 1:
             raise ConfigError(f"ema: the decay must be in (0, 1), got {self.ema!r}")
         if self.batch_size % self.accum_steps:
@@ -204,6 +205,9 @@ def resolve_config(
 
 __all__ = ["RunConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml", "merge"]
 
+
+# `vitkit train` with neither --data nor --config (the demo on the built-in digits) is also capped in time.
+DEMO_BUDGET: dict[str, Any] = {"max_minutes": 3.75}
 
 # The fine-tuning recipe's defaults (`vitkit finetune`), laid over RunConfig's: SGD with momentum 0.9, no
 # weight decay, warmup + cosine, gradient clipping at 1 (the paper's fine-tuning setup), light augmentation.
