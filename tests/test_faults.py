@@ -83,13 +83,7 @@ DRIVER = textwrap.dedent(r'''
                 with open(log, "a") as f:
                     f.write(json.dumps(json.loads((out / "config.json").read_text())["train"]["step"]) + "\n")
                 if event == "fill-disk" and hit("fill-disk"):
-                    with open(os.path.join(run, "..", "filler"), "wb") as f:
-                        try:
-                            while True:
-                                f.write(b"\0" * 65536)
-                                f.flush()
-                        except OSError:
-                            pass
+                    fill_disk()
             return out
         loop.save_checkpoint = save
 
@@ -142,6 +136,15 @@ DRIVER = textwrap.dedent(r'''
             return real_text(target, text)
         cio.atomic_write_text = write_text
 
+        def fill_disk():
+            with open(os.path.join(run, "..", "filler"), "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+
         real_json = loop.write_json
         def write_json(path, obj):
             if str(path).endswith("config.json") and hit("run-config"):
@@ -149,7 +152,10 @@ DRIVER = textwrap.dedent(r'''
                     with open(tmp, "w") as f:
                         f.write(json.dumps(obj)[:50])
                     die()
-            return real_json(path, obj)
+            out = real_json(path, obj)
+            if str(path).endswith("classes.json") and event == "fill-disk-start":
+                fill_disk()  # before the first step: the training log is the first file to grow
+            return out
         loop.write_json = write_json
 
         real_state = tck._write_trainer_state
@@ -180,8 +186,8 @@ DRIVER = textwrap.dedent(r'''
         pid = os.fork()
         if pid == 0:
             code = 99
-            try:
-                out = os.open(run + ".out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:  # output and the save log beside the work folder (never on the small disk)
+                out = os.open(os.path.join(work, name + ".out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                 os.dup2(out, 1)
                 os.dup2(out, 2)
                 sys.stdout = open(1, "w", buffering=1, closefd=False)
@@ -191,6 +197,9 @@ DRIVER = textwrap.dedent(r'''
                 code = vitkit.cli.main(argv)
             except SystemExit as e:
                 code = e.code
+            except BaseException:
+                import traceback
+                traceback.print_exc()  # the test sees it in the output (and fails: no traceback is allowed)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -203,12 +212,13 @@ DRIVER = textwrap.dedent(r'''
 
     def go(name, event=None, n=0, extra=(), out_dir=None):
         run = os.path.join(out_dir or work, name)
-        log = run + ".saves"
+        log = os.path.join(work, name + ".saves")
         open(log, "w").close()
         t = time.perf_counter()
         rc = wait(child(name, run, ["train", "--data", data, "--out", run, *args, *extra], event, n, log))
         report[name] = {"rc": rc, "seconds": time.perf_counter() - t, "run": run,
-                        "output": open(run + ".out").read(), "saves": [int(l) for l in open(log) if l.strip()]}
+                        "output": open(os.path.join(work, name + ".out")).read(),
+                        "saves": [int(l) for l in open(log) if l.strip()]}
 
     go("reference", "none")
     for name, (event, n, _) in plan["kills"].items():
@@ -234,12 +244,13 @@ DRIVER = textwrap.dedent(r'''
         disk = os.path.join(work, "disk")
         os.makedirs(disk)
         if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", disk]).returncode == 0:
-            go("disk-full", "fill-disk", 1, out_dir=disk)
-            r = report["disk-full"]
-            r["leftovers"] = sorted(os.listdir(r["run"]))
-            os.remove(os.path.join(disk, "filler"))
-            shutil.copytree(r["run"], os.path.join(work, "disk-full"), symlinks=True)
-            r["run"] = os.path.join(work, "disk-full")
+            for name, event in (("disk-full", "fill-disk"), ("disk-full-at-start", "fill-disk-start")):
+                go(name, event, 1, out_dir=disk)
+                r = report[name]
+                r["leftovers"] = sorted(os.listdir(r["run"]))
+                os.remove(os.path.join(disk, "filler"))
+                shutil.copytree(r["run"], os.path.join(work, name), symlinks=True)
+                r["run"] = os.path.join(work, name)
     json.dump(report, open(os.path.join(work, "report.json"), "w"))
 ''')
 
@@ -413,6 +424,21 @@ def test_full_disk_while_saving(faults, capsys):
     assert_same_weights(run, faults["reference"]["run"])
 
 
+def test_full_disk_before_the_first_checkpoint(faults, capsys):
+    """The disk fills up before the first step: the training log is the first write to fail."""
+    if not faults["_tmpfs"]:
+        pytest.skip("cannot mount a small tmpfs here (no private mount namespace)")
+    r = faults["disk-full-at-start"]
+    run = Path(r["run"])
+    err = [line for line in r["output"].splitlines() if line.startswith("vitkit")]
+    assert r["rc"] == 1 and "Traceback" not in r["output"] and len(err) == 1, r["output"]
+    assert re.fullmatch(r"vitkit: error: .*/metrics\.jsonl: could not write the training log \(no space left on "
+                        r"device\)", err[0]), err[0]
+    assert ".lock" not in r["leftovers"] and not [f for f in r["leftovers"] if f.endswith(".tmp")], r["leftovers"]
+    rc, out, err = resume(run, capsys)  # nothing was saved: said in one line
+    assert rc == 1 and "nothing to resume" in err and err.count("\n") == 1, err
+
+
 def test_second_run_on_a_run_directory_in_use_is_refused(faults, tmp_path, capsys):
     run = tmp_path / "busy"
     run.mkdir()
@@ -434,10 +460,7 @@ def test_second_run_on_a_run_directory_in_use_is_refused(faults, tmp_path, capsy
         holder.kill()
         holder.wait()
         (Path(faults["reference"]["run"]) / ".lock").unlink(missing_ok=True)
-    # once the holder is gone, its lock is stale and the run may start
-    rc = main(["train", "--data", faults["_data"], "--out", str(run), *ARGS, "--quiet", "--epochs", "1"])
-    capsys.readouterr()
-    assert rc == 0
+    # (a lock whose process is gone is stale and taken over: every --resume above after a SIGKILL does so)
 
 
 def test_nonfinite_loss_through_the_cli(faults, tmp_path, capsys, monkeypatch):
