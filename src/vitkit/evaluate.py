@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -71,7 +72,7 @@ def _open(data, data_format, model, val_fraction, seed):
     # images of mixed sizes: decode each at the size the model's preprocessing resizes to (short side
     # to size / crop_pct, centre crop); eval_batch then takes the centre crop at the model's size.
     h, w = cfg.img_size
-    size = (round(h / pre.crop_pct), round(w / pre.crop_pct))
+    size = (math.floor(h / pre.crop_pct), math.floor(w / pre.crop_pct))  # as to_model_input sizes it
     return open_dataset(data, data_format, img_size=size, **kw)
 
 
