@@ -110,7 +110,7 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
     from pathlib import Path
 
     from ..errors import ConfigError
-    from ..train.config import DEMO_BUDGET, resolve_config
+    from ..train.config import DEMO_BUDGET, RunConfig, merge, resolve_config
     from ..train.distributed import DistInfo, destroy_process_group
 
     dist = DistInfo.from_env(os.environ)
@@ -133,6 +133,12 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
             base = json.loads(saved.read_text(encoding="utf-8"))
         except ValueError as e:
             raise ConfigError(f"{saved}: not valid JSON ({e})") from None
+        try:  # the saved config checked alone, so that an error in it names the file
+            if not isinstance(base, dict):
+                raise ConfigError(f"expected a JSON object, got {type(base).__name__}")
+            RunConfig.from_dict(merge(RunConfig().to_dict(), base))
+        except ConfigError as e:
+            raise ConfigError(f"{saved}: {e}") from None
         if args.out and Path(args.out) != run_dir:
             raise ConfigError("--out and --resume name different directories; --resume continues in place")
     if base is None and args.config is None and args.data is None:
