@@ -653,6 +653,60 @@ def test_bad_checkpoint(case, via, ckpt, run_dir, small_data, tmp_path, capsys):
     assert not (tmp_path / "out.safetensors").exists() and not (tmp_path / "ft" / "last").exists()
 
 
+# the parts of a run directory only --resume reads: the trainer state and the run's own config.json
+def _rd_trainer_truncated(run):
+    f = run / "last" / "trainer.pt"
+    f.write_bytes(f.read_bytes()[:100])
+    return re.escape(str(f)) + r": not a readable trainer state"
+
+
+def _rd_trainer_garbage(run):
+    (run / "last" / "trainer.pt").write_bytes(b"garbage")
+    return re.escape(str(run / "last" / "trainer.pt")) + r": not a readable trainer state"
+
+
+def _rd_trainer_missing(run):
+    (run / "last" / "trainer.pt").unlink()
+    return re.escape(str(run)) + r": nothing to resume"
+
+
+def _rd_run_config_unknown(run):
+    _edit_config(run, lambda c: c.update(bogus=1))
+    return re.escape(str(run / "config.json")) + r": config: unknown field\(s\) 'bogus'"
+
+
+def _rd_run_config_ill_typed(run):
+    _edit_config(run, lambda c: c["optim"].update(lr="fast"))
+    return re.escape(str(run / "config.json")) + r": .*optim\.lr.*'fast'"
+
+
+def _rd_run_config_not_object(run):
+    (run / "config.json").write_text("[1, 2]")
+    return re.escape(str(run / "config.json")) + r": expected a JSON object"
+
+
+def _rd_run_config_missing(run):
+    (run / "config.json").unlink()
+    return r"--resume .*: no config\.json there"
+
+
+RUN_DIRS = {f.__name__[4:]: f for f in (_rd_trainer_truncated, _rd_trainer_garbage, _rd_trainer_missing,
+                                         _rd_run_config_unknown, _rd_run_config_ill_typed, _rd_run_config_not_object,
+                                         _rd_run_config_missing)}
+
+
+@pytest.mark.parametrize("case", list(RUN_DIRS))
+def test_bad_run_directory_resume(case, run_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    expected = RUN_DIRS[case](run)
+    before = (run / "last" / "model.safetensors").read_bytes()
+    rc, out, err = cli(capsys, "train", "--resume", run, "--epochs", "2", *FAST_TRAIN)
+    assert rc == 1, (out, err)
+    assert_clean(err, names=expected)
+    assert (run / "last" / "model.safetensors").read_bytes() == before  # the checkpoint is left as it was
+
+
 # ----------------------------------------------------------------------------- pickles that would run code
 class _Payload:
     """Unpickling this creates a file (the file named by ``marker``)."""
