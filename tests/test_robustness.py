@@ -837,7 +837,7 @@ BAD_VALUES = {
     "train-threads": (["train", "--threads", "-1"], r"--threads: must be >= 1, got -1"),
     "train-epochs": (["train", "--epochs", "0"], r"epochs: must be a positive integer, got 0"),
     "train-lr": (["train", "--lr", "-1"], r"optim\.lr: must be > 0"),
-    "train-max-minutes": (["train", "--max-minutes", "0"], r"max_minutes: must be > 0"),
+    "train-max-minutes": (["train", "--max-minutes", "-1"], r"max_minutes: must be >= 0"),
     "train-ema": (["train", "--ema", "1.5"], r"ema: the decay must be in \(0, 1\)"),
     "train-set-unknown": (["train", "--set", "optim.momentun=0.5"], r"optim: unknown field\(s\) 'momentun'"),
     "train-set-not-key-value": (["train", "--set", "epochs"], r"epochs"),
@@ -871,6 +871,8 @@ def test_bad_values_are_one_line_errors(case, ckpt, small_data, tmp_path, capsys
     argv = [subst.get(a, a.replace("{tmp}", str(tmp_path))) for a in argv]
     if argv[0] in ("train", "finetune"):
         argv += ["--out", str(tmp_path / "run")] + (["--threads", "1"] if "--threads" not in argv else [])
+        if argv[0] == "train" and "--data" not in argv and "--resume" not in argv:  # backstop: never a demo run
+            argv += ["--data", str(tmp_path / "no-such-data")]
     if case == "predict-device-index" and torch.cuda.is_available() and torch.cuda.device_count() > 99:
         pytest.skip("this machine has 100 GPUs")
     rc, out, err = cli(capsys, *argv)
