@@ -33,6 +33,17 @@ def _umask() -> int:
     return mask
 
 
+def ensure_dir(path: str | os.PathLike) -> Path:
+    """``mkdir -p path``; a file in the way or a missing permission is one line naming the folder."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else (e.strerror or str(e))
+        raise CheckpointError(f"{path}: cannot create the folder ({why})") from None
+    return path
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike):
     """Yield a temporary path next to ``target``; on success it is fsynced and renamed over ``target``.
@@ -41,8 +52,12 @@ def atomic_path(target: str | os.PathLike):
     permission problem becomes a CheckpointError naming the target.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    ensure_dir(target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as e:
+        why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        raise CheckpointError(f"{target}: could not write ({why})") from None
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
     tmp = Path(tmp)
