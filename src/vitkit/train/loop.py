@@ -235,7 +235,9 @@ def train(
                 f"{run_dir}: already holds a run (last/ checkpoint); continue it with --resume {run_dir} "
                 "or choose another --out"
             )
-        run_dir.mkdir(parents=True, exist_ok=True)
+        from ..io.atomic import ensure_dir
+
+        ensure_dir(run_dir)  # a file in the way: one line naming it
         lock.acquire()
     try:
         return _train(cfg, run_dir, dist, resume, splits, progress, stop or (lambda: False), say, device, precision)
