@@ -206,7 +206,9 @@ def _write_outputs(out: Path, res: dict, ds, remap) -> dict:
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    from .io.atomic import ensure_dir
+
+    ensure_dir(out)
     files = {"metrics": str(out / "metrics.json"), "confusion_json": str(out / "confusion.json")}
     atomic_write_text(out / "confusion.json",
                       json.dumps({"classes": res["classes"], "rows": "true", "cols": "predicted",
