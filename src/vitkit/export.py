@@ -192,7 +192,9 @@ def export(
         raise ExportError(f"--out: {out}: an ExportedProgram file must end in .pt2 (torch.export.load requires it)")
     if out.is_dir():
         raise ExportError(f"--out: {out} is a directory; give a file name such as model{SUFFIX[fmt]}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from .io.atomic import ensure_dir
+
+    ensure_dir(out.parent)
     # Example batch of 2 (a batch of 1 lets some exporters specialise the batch dimension).
     example = torch.randn(2, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
     # Write into a private folder next to ``out`` under the final name (torch.export.load wants the
