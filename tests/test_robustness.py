@@ -883,6 +883,39 @@ def test_bad_values_are_one_line_errors(case, ckpt, small_data, tmp_path, capsys
     assert not (tmp_path / "run" / "last").exists()
 
 
+# outputs that cannot be written: a regular file where a folder must be created
+OUTPUTS = {
+    "train-out": ["train", "--data", "{data}", "--out", "{file}/run", "--model", "vit_test", *FAST_TRAIN],
+    "finetune-out": ["finetune", "{ckpt}", "--data", "{data}", "--out", "{file}/ft", *FAST_TRAIN],
+    "eval-out": ["eval", "{ckpt}", "--data", "{data}", "--out", "{file}/eval"],
+    "convert-vitkit": ["convert", "{timm}", "{file}/ckpt", "--from", "timm", "--set", "num_heads=2"],
+    "convert-timm": ["convert", "{ckpt}", "{file}/w.safetensors", "--to", "timm"],
+    "convert-hf": ["convert", "{ckpt}", "{file}/hf", "--to", "hf"],
+    "explain-out": ["explain", "{ckpt}", "{image}", "--out", "{file}/x.png"],
+    "export-out": ["export", "{ckpt}", "--format", "torchscript", "--out", "{file}/m.pt", "--no-check"],
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUTS))
+def test_unwritable_output_is_one_line(case, ckpt, small_data, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")
+    save_file(vitkit.load(ckpt).state_dict(), str(tmp_path / "timm.safetensors"))
+    subst = {"{data}": str(small_data), "{ckpt}": ckpt, "{image}": str(small_data / "test" / "a" / "0.png"),
+             "{timm}": str(tmp_path / "timm.safetensors")}
+    argv = [subst.get(a, a.replace("{file}", str(blocker))) for a in OUTPUTS[case]]
+    if case == "explain-out":
+        pytest.importorskip("matplotlib")
+    if case == "export-out":
+        pytest.importorskip("torch.jit")
+    rc, out, err = cli(capsys, *argv)
+    assert rc == 1, (out, err)
+    assert_clean(err, names=re.escape(str(blocker)) + r"(/\w+)?: cannot create the folder \(a file is in the way\)")
+    assert blocker.read_text() == "in the way"
+
+
 # -------------------------------------------------------------------------- fuzz: run config and TOML
 def _runconfig_fields():
     from vitkit.train.config import RunConfig
