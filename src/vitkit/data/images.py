@@ -333,7 +333,17 @@ def _walk_images(root: Path, recursive: bool = True) -> list[Path]:
     """Image files under ``root`` in a stable sorted order; hidden entries skipped."""
     found = []
     if recursive:
+        seen: set[tuple[int, int]] = set()  # folders searched, by (device, inode)
         for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            try:
+                st = os.stat(dirpath)
+            except OSError:
+                dirnames[:] = []
+                continue
+            if (st.st_dev, st.st_ino) in seen:  # a symbolic link back to a folder already searched (a cycle
+                dirnames[:] = []  # would list its files again and again, exponentially with two links)
+                continue
+            seen.add((st.st_dev, st.st_ino))
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
                 if not name.startswith(".") and is_image_name(name):
