@@ -367,6 +367,22 @@ def test_train_data_skips_bad_files_or_strict_stops(dataset, tmp_path, capsys):
     assert any(shown(p) + ": " in line for f in files.values() for p in f.values()), line
 
 
+def test_symlink_cycles_are_searched_once(ckpt, tmp_path, capsys):
+    """Two links back up the tree: each file is listed once, and the scan ends (it used to grow as 2^depth)."""
+    from vitkit.data import list_images
+
+    d = tmp_path / "cyclic"
+    for c in ("a", "b"):
+        (d / c).mkdir(parents=True)
+        for i in range(2):
+            _noise(8, 8, i).save(d / c / f"{i}.png")
+        os.symlink("..", d / c / "up")
+    assert sorted(p.relative_to(d).as_posix() for p in list_images([str(d)])) == ["a/0.png", "a/1.png", "b/0.png",
+                                                                                  "b/1.png"]
+    rc, out, err = cli(capsys, "predict", ckpt, d, "--json")
+    assert rc == 0 and err == [] and json.loads(out.splitlines()[-1])["num_images"] == 4
+
+
 # ================================================================================ the dataset corpus
 def _idx(data: np.ndarray, magic_override=None) -> bytes:
     dims = data.shape
