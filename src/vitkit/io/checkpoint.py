@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Mapping
 
@@ -151,15 +152,17 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         except (ValueError, OSError, EOFError) as e:
             raise CheckpointError(f"{path}: not a readable .npz file ({str(e).splitlines()[0]})") from None
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's remarks on pickle protocols are not the user's business
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CheckpointError(
-            f"{path}: refused to load: the pickle holds objects other than tensors (weights_only=True; {first[:160]})"
+            f"{path}: refused to load: not a plain weights file ({_unpickler_detail(e)}); "
+            "vitkit only reads tensors from pickles, never code"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError, AttributeError) as e:
+    except (RuntimeError, EOFError, OSError, ValueError, AttributeError, KeyError, IndexError, TypeError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({msg[:200]})") from None
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {msg[:160]})") from None
     for key in ("state_dict", "model", "model_state_dict", "module"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]
@@ -167,6 +170,23 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise CheckpointError(f"{path}: expected a dict of tensors (a state dict)")
     return obj
+
+
+def _unpickler_detail(e: Exception) -> str:
+    """The part of torch's weights-only refusal that says what was refused (not its advice to disable it)."""
+    import re
+
+    m = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+    if m:
+        return f"it imports {m.group(1)}"
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith(("Unsupported", "Trying to", "Can only", "Unsupported global")) or "GLOBAL" in ln:
+            return ln[:160]
+    for i, ln in enumerate(lines):
+        if ln.endswith("WeightsUnpickler error:") and i + 1 < len(lines):
+            return lines[i + 1][:160]
+    return "it holds objects other than tensors"
 
 
 def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
