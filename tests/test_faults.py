@@ -11,7 +11,6 @@ tests then check, per fault, that the surviving checkpoint loads with ``vitkit.l
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess

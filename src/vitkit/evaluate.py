@@ -57,13 +57,13 @@ def match_classes(model, classes: list[str], where: str) -> torch.Tensor | None:
     return None
 
 
-def _open(data, data_format, model, val_fraction, seed):
+def _open(data, data_format, model, val_fraction, seed, strict=False):
     from .data import open_dataset
 
     cfg, pre = model.cfg, model.preprocess
     # in_memory=False: image folders are streamed (only headers are read up front; the one split we
     # evaluate is decoded batch by batch) and keep their file paths for the report
-    kw = dict(channels=cfg.in_chans, val_fraction=val_fraction, seed=seed, in_memory=False)
+    kw = dict(channels=cfg.in_chans, val_fraction=val_fraction, seed=seed, in_memory=False, strict=strict)
     try:
         return open_dataset(data, data_format, **kw)
     except DataError as e:
@@ -87,11 +87,14 @@ def evaluate(
     num_worst: int = 16,
     val_fraction: float = 0.1,
     seed: int = 0,
+    strict: bool = False,
 ) -> dict:
     """Evaluate on ``split`` of ``data`` (a dataset folder; None = the built-in demo set).
 
     split None: 'test' when the data has one, else 'val' (split off train with ``val_fraction`` and
-    ``seed``, as training does by default). Returns a dict (see the module docstring).
+    ``seed``, as training does by default). Unreadable images are skipped and listed in
+    ``skipped`` as {"path", "reason"}; with ``strict`` the first one is an error. Returns a dict (see
+    the module docstring).
     """
     from .data import eval_batch
     from .predict import label_names, load_model
@@ -105,7 +108,7 @@ def evaluate(
     if not cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
     where = "built-in demo set" if data is None else str(data)
-    splits = _open(data, data_format, model, val_fraction, seed)
+    splits = _open(data, data_format, model, val_fraction, seed, strict)
     if split is None:
         split = "test" if splits.test is not None else "val"
     ds = getattr(splits, split)
@@ -122,12 +125,29 @@ def evaluate(
     loss_sum, top1, top5 = 0.0, 0, 0
     wrong_prob, wrong_idx, wrong_pred = [], [], []
     targets_all = []
+    skipped = [dict(path=str(p), reason=r) for p, r in splits.skipped]
     pool = ThreadPoolExecutor(4) if ds.paths is not None else None  # decode streamed files in parallel
+
+    def decode(i: int):
+        # a streamed file can pass the scan (its header reads) and still fail to decode
+        try:
+            return ds.get(i)[0]
+        except DataError as e:
+            if strict:
+                raise
+            skipped.append(dict(path=str(ds.paths[i]), reason=str(e)))
+            return None
+
     with torch.no_grad():
         for start in range(0, len(ds), batch_size):
             idx = torch.arange(start, min(start + batch_size, len(ds)))
             if pool is not None:
-                imgs = torch.stack(list(pool.map(lambda i: ds.get(i)[0], idx.tolist())))
+                decoded = list(pool.map(decode, idx.tolist()))
+                keep = [j for j, im in enumerate(decoded) if im is not None]
+                if not keep:
+                    continue
+                idx = idx[keep]
+                imgs = torch.stack([decoded[j] for j in keep])
                 y = ds.labels[idx]
             else:
                 imgs, y = ds.get_batch(idx)
@@ -150,8 +170,10 @@ def evaluate(
             targets_all.append(y)
     if pool is not None:
         pool.shutdown()
-    n = len(ds)
+    if not targets_all:
+        raise DataError(f"{where}: no image of the {split!r} split could be read ({len(skipped)} skipped)")
     y_all = torch.cat(targets_all)
+    n = len(y_all)
     per_class, precisions, recalls, f1s = [], [], [], []
     for j in range(K):
         tp = int(conf[j, j])
@@ -170,7 +192,8 @@ def evaluate(
     worst = []
     for o in order.tolist():
         i = int(wi[o])
-        item = dict(index=i, true=names[int(y_all[i])], pred=names[int(wpred[o])], prob=float(wp[o]))
+        true = int(ds.labels[i]) if remap is None else int(remap[ds.labels[i]])
+        item = dict(index=i, true=names[true], pred=names[int(wpred[o])], prob=float(wp[o]))
         if ds.paths is not None:
             item["path"] = str(ds.paths[i])
         worst.append(item)
@@ -181,7 +204,8 @@ def evaluate(
         format=splits.format,
         split=split,
         num_images=n,
-        skipped_files=len(splits.skipped),
+        skipped_files=len(skipped),
+        skipped=skipped,
         loss=loss_sum / n,
         top1=top1 / n,
         top5=top5 / n,

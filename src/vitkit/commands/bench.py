@@ -42,7 +42,8 @@ def register(p):
 
 
 def run(args) -> int:
-    import json
+    from . import json_line
+
 
     import torch
 
@@ -56,5 +57,5 @@ def run(args) -> int:
                 compile=args.compile, device=device)
     print(format_table(res))
     if args.json:
-        print(json.dumps(res))
+        print(json_line(res))
     return 0

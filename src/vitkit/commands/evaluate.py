@@ -14,19 +14,26 @@ def register(p):
     p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default 256)")
     p.add_argument("--out", default=None, help="folder for metrics.json, confusion.json/.png and worst.png")
     p.add_argument("--worst", type=int, default=16, help="how many confidently wrong images to list (default 16)")
+    p.add_argument("--strict", action="store_true", help="stop at the first unreadable image (exit 1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
 
 def run(args) -> int:
-    import json
+    from . import json_line
 
+    import sys
+
+    from ..data.images import show_path
     from ..evaluate import evaluate
 
     res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
-                   batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst)
+                   batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst,
+                   strict=args.strict)
+    for item in res["skipped"]:
+        print(f"vitkit: warning: skipped {show_path(item['path'])}: {show_path(item['reason'])}", file=sys.stderr)
     if args.json:
-        print(json.dumps(res))
+        print(json_line(res))
         return 0
     print(f"{res['data']} ({res['format']}), {res['split']} split: {res['num_images']} images"
           + (f" ({res['skipped_files']} unreadable file(s) skipped)" if res["skipped_files"] else ""))
@@ -40,7 +47,7 @@ def run(args) -> int:
     if res["worst"]:
         print("most confidently wrong:")
         for item in res["worst"][:5]:
-            where = item.get("path", f"#{item['index']}")
+            where = show_path(item["path"]) if "path" in item else f"#{item['index']}"
             print(f"  {where}: true {item['true']}, predicted {item['pred']} ({item['prob']:.3f})")
     for name, path in res["files"].items():
         print(f"wrote {path}")

@@ -18,14 +18,15 @@ def register(p):
 
 
 def run(args) -> int:
-    import json
+    from . import json_line
+
 
     from ..export import export
 
     res = export(args.checkpoint, args.out, args.format, opset=args.opset, dynamic_size=args.dynamic_size,
                  check=not args.no_check, atol=args.atol)
     if args.json:
-        print(json.dumps(res))
+        print(json_line(res))
         return 0
     print(f"wrote {res['out']} ({res['format']}, {res['bytes'] / 1e6:.2f} MB, dynamic batch"
           f"{', dynamic height/width' if res['dynamic_size'] else ''})")

@@ -16,8 +16,9 @@ def register(p):
 
 
 def run(args) -> int:
+    from . import json_line
+
     import csv
-    import json
     import sys
 
     from ..data.images import show_path
@@ -28,7 +29,7 @@ def run(args) -> int:
     for e in res["errors"]:
         print(f"vitkit: warning: skipped {e['error']}", file=sys.stderr)
     if args.json:
-        print(json.dumps(res))
+        print(json_line(res))
     elif args.csv:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(["path", "rank", "index", "label", "prob"])
