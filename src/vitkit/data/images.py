@@ -309,7 +309,7 @@ def list_images(inputs: list[str], recursive: bool = True) -> list[Path]:
         elif p.is_file() or p.is_symlink():
             found = [p]  # an explicit file is taken whatever its extension (decode_image will judge it)
         elif glob.has_magic(item):
-            matches = sorted(glob.glob(item, recursive=recursive))
+            matches = _glob(item, recursive)
             for m in matches:
                 mp = Path(m)
                 if mp.is_dir():
@@ -323,6 +323,23 @@ def list_images(inputs: list[str], recursive: bool = True) -> list[Path]:
         for f in found:
             add(f)
     return out
+
+
+def _glob(pattern: str, recursive: bool) -> list[Path]:
+    """Expand a glob pattern, sorted; '**' never follows a symbolic link back into a folder already
+    searched (glob.glob does, so a link to a parent lists files many times or never ends)."""
+    parts = Path(pattern).parts
+    i = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    base = Path(*parts[:i]) if i else Path(".")
+    rest = str(Path(*parts[i:]))
+    if not recursive:
+        rest = rest.replace("**", "*")
+    try:
+        hits = base.glob(rest)
+        # hidden names are left out, as glob.glob and folder walks do
+        return sorted(h for h in hits if not any(q.startswith(".") for q in h.relative_to(base).parts))
+    except (OSError, ValueError):
+        return []
 
 
 def _ext_hint() -> str:
