@@ -235,7 +235,7 @@ def test_predict_each_file(corpus, ckpt, capsys, name):
         return
     if name == "folder.png":  # a folder given on the command line is searched: it holds no images
         expected = r"folder has no image files"
-    line = assert_clean(err, prefix="vitkit: warning: skipped ", names=re.escape(shown(path)) + ": " + expected)
+    line = assert_clean(err, names=re.escape(shown(path)) + ": " + expected)
     assert rc == 1 and json.loads(out.splitlines()[-1])["num_images"] == 0, line
     rc, out, err = cli(capsys, "predict", ckpt, path, "--strict")
     assert rc == 1 and out == ""
@@ -905,9 +905,8 @@ def test_bad_values_are_one_line_errors(case, ckpt, small_data, tmp_path, capsys
         pytest.skip("this machine has 100 GPUs")
     rc, out, err = cli(capsys, *argv)
     assert rc == 1, (rc, out, err)
-    # predict reports inputs that give no image as skipped (exit 1 when nothing is left to classify)
-    assert_clean(err, names=expected, prefix="vitkit: warning: skipped " if case == "predict-no-match" else
-                 "vitkit: error: ")
+    # predict: an input that gives no image, when nothing else is left to classify, is the error
+    assert_clean(err, names=expected)
     assert not (tmp_path / "run" / "last").exists()
 
 
@@ -1078,3 +1077,27 @@ def test_fuzz_train_config_file(text):
     else:
         assert rc == 1, (rc, lines)
         assert len(lines) == 1 and lines[0].startswith("vitkit: error: ") and str(f) in lines[0], lines
+
+
+@pytest.mark.parametrize("command", ["predict", "explain", "eval"])
+def test_max_pixels_flag_raises_or_lifts_the_bomb_limit(command, tmp_path, ckpt, capsys):
+    """The decompression-bomb limit is the user's to set: a low limit refuses, 0 lifts it."""
+    d = tmp_path / "imgs"
+    for c in ("a", "b"):
+        (d / c).mkdir(parents=True)
+        for i in range(2):
+            _noise(48, 48, seed=i).save(d / c / f"{i}.png")
+    target = {"predict": [d / "a" / "0.png"], "explain": [d / "a" / "0.png", "--out", tmp_path / "x.png"],
+              "eval": ["--data", d, "--split", "train"]}[command]
+    rc, out, err = cli(capsys, command, ckpt, *target, "--max-pixels", "1000")
+    if command == "eval":  # every image skipped, each named, then a one-line error
+        assert_clean(err, names=r"none of the 4 image\(s\) could be .*decompression bomb")
+    elif command == "predict":
+        assert rc == 1
+        assert_clean(err, names=r"0\.png: .*decompression bomb")
+    else:
+        assert_clean(err, names="decompression bomb")
+    rc, out, err = cli(capsys, command, ckpt, *target, "--max-pixels", "0")
+    assert rc == 0 and err == [], err
+    rc, out, err = cli(capsys, command, ckpt, *target, "--max-pixels", "lots")
+    assert rc == 2 and "argument --max-pixels: expected a whole number of pixels, got 'lots'" in err[-1]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
 
 SPLITS = ("test", "val", "train")
@@ -57,13 +58,14 @@ def match_classes(model, classes: list[str], where: str) -> torch.Tensor | None:
     return None
 
 
-def _open(data, data_format, model, val_fraction, seed, strict=False):
+def _open(data, data_format, model, val_fraction, seed, strict=False, max_pixels=DEFAULT_MAX_PIXELS):
     from .data import open_dataset
 
     cfg, pre = model.cfg, model.preprocess
     # in_memory=False: image folders are streamed (only headers are read up front; the one split we
     # evaluate is decoded batch by batch) and keep their file paths for the report
-    kw = dict(channels=cfg.in_chans, val_fraction=val_fraction, seed=seed, in_memory=False, strict=strict)
+    kw = dict(channels=cfg.in_chans, val_fraction=val_fraction, seed=seed, in_memory=False, strict=strict,
+              max_pixels=max_pixels)
     try:
         return open_dataset(data, data_format, **kw)
     except DataError as e:
@@ -88,6 +90,7 @@ def evaluate(
     val_fraction: float = 0.1,
     seed: int = 0,
     strict: bool = False,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> dict:
     """Evaluate on ``split`` of ``data`` (a dataset folder; None = the built-in demo set).
 
@@ -108,7 +111,7 @@ def evaluate(
     if not cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
     where = "built-in demo set" if data is None else str(data)
-    splits = _open(data, data_format, model, val_fraction, seed, strict)
+    splits = _open(data, data_format, model, val_fraction, seed, strict, max_pixels)
     if split is None:
         split = "test" if splits.test is not None else "val"
     ds = getattr(splits, split)

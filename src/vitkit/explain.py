@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, ShapeError
 
 METHODS = ("rollout", "cls", "both")
@@ -165,6 +166,7 @@ def explain(
     alpha: float = 0.5,
     display_size: int = 256,
     device: str | torch.device = "cpu",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> dict:
     """Attention maps of one image (a file path or a uint8 (C, H, W) tensor), optionally written as a PNG.
 
@@ -188,7 +190,7 @@ def explain(
         if img.ndim != 3 or img.dtype != torch.uint8 or img.shape[0] != cfg.in_chans:
             raise ShapeError(f"image: expected a uint8 tensor ({cfg.in_chans}, H, W), got {img.dtype} {tuple(img.shape)}")
     else:
-        img, source = decode_image(image, cfg.in_chans), str(image)
+        img, source = decode_image(image, cfg.in_chans, max_pixels), str(image)
     size, run_model = _run_size(model, tuple(img.shape[-2:]), img_size)
     pre = model.preprocess
     x = to_model_input(img, size, pre)[None].to(next(model.parameters()).device)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
 
 
@@ -52,11 +53,11 @@ def label_names(model) -> list[str]:
     return list(model.labels) if model.labels is not None else [str(i) for i in range(n)]
 
 
-def _read(path: Path, channels: int, img_size, pre):
+def _read(path: Path, channels: int, img_size, pre, max_pixels):
     from .data import decode_image, to_model_input
 
     try:
-        return to_model_input(decode_image(path, channels), img_size, pre), None
+        return to_model_input(decode_image(path, channels, max_pixels), img_size, pre), None
     except DataError as e:
         return None, str(e)
 
@@ -69,8 +70,11 @@ def predict(
     strict: bool = False,
     device: str | torch.device = "cpu",
     num_workers: int = 4,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> dict:
     """Top-k classes with probabilities for every image in ``inputs`` (files, folders, globs).
+
+    Images over ``max_pixels`` are refused as decompression bombs (None: no limit).
 
     Returns {"predictions": [{"path", "top": [{"index", "label", "prob"}]}], "errors": [{"path",
     "error"}], "top_k", "num_images"}. Inputs that match nothing and unreadable files go to "errors"
@@ -112,7 +116,7 @@ def predict(
     with ThreadPoolExecutor(max(1, num_workers)) as pool:
         for start in range(0, len(files), batch_size):
             chunk = files[start : start + batch_size]
-            decoded = list(pool.map(lambda p: _read(p, cfg.in_chans, cfg.img_size, model.preprocess), chunk))
+            decoded = list(pool.map(lambda p: _read(p, cfg.in_chans, cfg.img_size, model.preprocess, max_pixels), chunk))
             good = []
             for path, (x, err) in zip(chunk, decoded):
                 if err is not None:

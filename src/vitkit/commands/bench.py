@@ -42,12 +42,10 @@ def register(p):
 
 
 def run(args) -> int:
-    from . import json_line
-
-
     import torch
 
     from ..bench import bench, format_table
+    from . import json_line
 
     device = args.device
     if device == "auto":

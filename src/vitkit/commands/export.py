@@ -18,10 +18,8 @@ def register(p):
 
 
 def run(args) -> int:
-    from . import json_line
-
-
     from ..export import export
+    from . import json_line
 
     res = export(args.checkpoint, args.out, args.format, opset=args.opset, dynamic_size=args.dynamic_size,
                  check=not args.no_check, atol=args.atol)

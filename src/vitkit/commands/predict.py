@@ -3,6 +3,24 @@
 from __future__ import annotations
 
 
+def _pixels(text: str) -> int | None:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of pixels, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def _max_pixels(args) -> int | None:
+    from ..data.images import DEFAULT_MAX_PIXELS
+
+    return DEFAULT_MAX_PIXELS if args.max_pixels is None else (args.max_pixels or None)
+
+
 def register(p):
     p.add_argument("checkpoint", help="a vitkit checkpoint directory or a training run directory")
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files, folders (searched recursively) or globs")
@@ -10,24 +28,34 @@ def register(p):
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable file (exit 1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--max-pixels", type=_pixels, default=None, metavar="N",
+                   help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print a JSON object as the last line")
     out.add_argument("--csv", action="store_true", help="print CSV: path,rank,index,label,prob")
 
 
 def run(args) -> int:
-    from . import json_line
-
     import csv
     import sys
 
     from ..data.images import show_path
     from ..predict import predict
+    from . import json_line
 
     res = predict(args.checkpoint, args.paths, top_k=args.top_k, batch_size=args.batch_size, strict=args.strict,
-                  device=args.device)
-    for e in res["errors"]:
-        print(f"vitkit: warning: skipped {e['error']}", file=sys.stderr)
+                  max_pixels=_max_pixels(args), device=args.device)
+    failed = bool(res["errors"]) and not res["predictions"]  # nothing classified: the failure is the result
+    if not (failed and len(res["errors"]) == 1):
+        for e in res["errors"]:
+            print(f"vitkit: warning: skipped {e['error']}", file=sys.stderr)
+    if failed:
+        if args.json:
+            print(json_line(res))
+        n = len(res["errors"])
+        why = res["errors"][0]["error"] if n == 1 else f"no image could be classified ({n} skipped)"
+        print(f"vitkit: error: {why}", file=sys.stderr)
+        return 1
     if args.json:
         print(json_line(res))
     elif args.csv:
@@ -47,4 +75,4 @@ def run(args) -> int:
             print("  ".join([f"{p['path']:<{width}}"] + [f"{x:<{cw[i]}}" for i, x in enumerate(c)]).rstrip())
         n_err = len(res["errors"])
         print(f"{len(rows)} image(s) classified" + (f", {n_err} skipped (see above)" if n_err else ""))
-    return 0 if res["predictions"] or not res["errors"] else 1
+    return 0
