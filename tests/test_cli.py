@@ -107,3 +107,15 @@ def test_fuzz_config_loader_raises_only_config_errors(data):
         assert "\n" not in str(e)
     else:
         assert ViTConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_override_none_is_a_string_choice_or_null_by_field_type():
+    from vitkit.strict import apply_overrides, coerce, parse_override
+
+    assert parse_override("augment.auto=none") == (["augment", "auto"], "none")
+    assert parse_override("x=null") == (["x"], None)
+    assert coerce("none", str, "augment.auto") == "none"
+    assert coerce("none", int | None, "representation_size") is None
+    assert apply_overrides({"a": {"b": 1}}, ["a.b=2", "a.c=[1, 2]"]) == {"a": {"b": 2, "c": [1, 2]}}
+    with pytest.raises(ConfigError, match=r"override 'ab': expected KEY=VALUE"):
+        parse_override("ab")

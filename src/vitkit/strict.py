@@ -26,6 +26,9 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is Any:
         return value
     if origin is typing.Union or origin is types.UnionType:
+        if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in get_args(tp):
+            if str not in get_args(tp):  # `--set key=none` on an optional, non-string field
+                return None
         errors = []
         for arg in get_args(tp):
             if arg is type(None):
@@ -131,7 +134,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = json.loads(raw)
     except ValueError:
         low = raw.strip().lower()
-        value = {"true": True, "false": False, "none": None, "null": None}.get(low, raw)
+        # 'none' stays a string here: a string field may take it as a choice ('augment.auto=none');
+        # coerce() reads it as None for optional fields that take no string
+        value = {"true": True, "false": False}.get(low, raw)
     return key.split("."), value
 
 
