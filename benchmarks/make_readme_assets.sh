@@ -3,16 +3,16 @@
 #   docs/images/confusion_demo.png   confusion matrix of the demo model on the demo test split
 #   docs/images/worst_demo.png       its most confidently wrong test digits
 #   docs/images/explain_demo.png     attention rollout and [cls] attention over one test digit
-# Usage: benchmarks/make_readme_assets.sh [RUN_DIR]   (about 13 minutes on 2 CPU cores; 90.40% test top-1 here)
+# Usage: benchmarks/make_readme_assets.sh [RUN_DIR]   (the demo run takes about 4 minutes on 2 CPU cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VITKIT=${VITKIT:-vitkit}
-RUN=${1:-runs/demo_mini}
+RUN=${1:-runs/demo}
 OUT=${OUT:-/tmp/vitkit_assets}
 mkdir -p "$OUT" docs/images
 
 if [ ! -f "$RUN/best/config.json" ] && [ ! -f "$RUN/last/config.json" ]; then
-  $VITKIT train --model vit_mini_patch4_28 --out "$RUN" --max-minutes 12 --threads 1
+  $VITKIT train --out "$RUN"
 fi
 
 $VITKIT eval "$RUN" --out "$OUT/eval"
