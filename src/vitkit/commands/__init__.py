@@ -19,3 +19,24 @@ def _printable(obj):
 def json_line(obj) -> str:
     """The one-line JSON result of a command: strict JSON, even for file names that are not UTF-8."""
     return json.dumps(_printable(obj))
+
+
+def pixels(text: str) -> int:
+    """argparse type of --max-pixels: a whole number >= 0 (0 = no limit)."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of pixels, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def max_pixels(args) -> int | None:
+    """The decompression-bomb limit a command asked for: Pillow's by default, None for 0."""
+    from ..data.images import DEFAULT_MAX_PIXELS
+
+    return DEFAULT_MAX_PIXELS if args.max_pixels is None else (args.max_pixels or None)
+

@@ -2,23 +2,7 @@
 
 from __future__ import annotations
 
-
-def _pixels(text: str) -> int | None:
-    import argparse
-
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of pixels, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
-    return n
-
-
-def _max_pixels(args) -> int | None:
-    from ..data.images import DEFAULT_MAX_PIXELS
-
-    return DEFAULT_MAX_PIXELS if args.max_pixels is None else (args.max_pixels or None)
+from . import max_pixels, pixels
 
 
 def register(p):
@@ -34,7 +18,7 @@ def register(p):
     p.add_argument("--worst", type=int, default=16, help="how many confidently wrong images to list (default 16)")
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable image (exit 1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--max-pixels", type=_pixels, default=None, metavar="N",
+    p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",
                    help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
@@ -48,7 +32,7 @@ def run(args) -> int:
 
     res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
                    batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst,
-                   strict=args.strict, max_pixels=_max_pixels(args))
+                   strict=args.strict, max_pixels=max_pixels(args))
     for item in res["skipped"]:
         print(f"vitkit: warning: skipped {show_path(item['path'])}: {show_path(item['reason'])}", file=sys.stderr)
     if args.json:

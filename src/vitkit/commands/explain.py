@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from . import max_pixels, pixels
+
 
 def _size(s: str):
     import argparse
@@ -13,24 +15,6 @@ def _size(s: str):
     if len(parts) not in (1, 2) or min(parts) < 1:
         raise argparse.ArgumentTypeError(f"expected N or HxW, got {s!r}")
     return (parts[0], parts[-1])
-
-
-def _pixels(text: str) -> int | None:
-    import argparse
-
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of pixels, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
-    return n
-
-
-def _max_pixels(args) -> int | None:
-    from ..data.images import DEFAULT_MAX_PIXELS
-
-    return DEFAULT_MAX_PIXELS if args.max_pixels is None else (args.max_pixels or None)
 
 
 def register(p):
@@ -45,7 +29,7 @@ def register(p):
     p.add_argument("--img-size", type=_size, default=None,
                    help="N or HxW to run at (default: the model's size; a dynamic-size model keeps the image's aspect)")
     p.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity (default 0.5)")
-    p.add_argument("--max-pixels", type=_pixels, default=None, metavar="N",
+    p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",
                    help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
     p.add_argument("--json", action="store_true", help="print a JSON object (maps as nested lists) as the last line")
 
@@ -56,7 +40,7 @@ def run(args) -> int:
     from ..explain import explain
 
     res = explain(args.checkpoint, args.image, out=args.out, method=args.method, head_fusion=args.head_fusion,
-                  discard_ratio=args.discard_ratio, img_size=args.img_size, alpha=args.alpha, max_pixels=_max_pixels(args))
+                  discard_ratio=args.discard_ratio, img_size=args.img_size, alpha=args.alpha, max_pixels=max_pixels(args))
     if args.json:
         out = dict(res)
         for k in ("rollout", "cls"):

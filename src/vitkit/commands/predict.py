@@ -2,23 +2,7 @@
 
 from __future__ import annotations
 
-
-def _pixels(text: str) -> int | None:
-    import argparse
-
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of pixels, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
-    return n
-
-
-def _max_pixels(args) -> int | None:
-    from ..data.images import DEFAULT_MAX_PIXELS
-
-    return DEFAULT_MAX_PIXELS if args.max_pixels is None else (args.max_pixels or None)
+from . import max_pixels, pixels
 
 
 def register(p):
@@ -28,7 +12,7 @@ def register(p):
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable file (exit 1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--max-pixels", type=_pixels, default=None, metavar="N",
+    p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",
                    help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print a JSON object as the last line")
@@ -44,7 +28,7 @@ def run(args) -> int:
     from . import json_line
 
     res = predict(args.checkpoint, args.paths, top_k=args.top_k, batch_size=args.batch_size, strict=args.strict,
-                  max_pixels=_max_pixels(args), device=args.device)
+                  max_pixels=max_pixels(args), device=args.device)
     failed = bool(res["errors"]) and not res["predictions"]  # nothing classified: the failure is the result
     if not (failed and len(res["errors"]) == 1):
         for e in res["errors"]:
