@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from . import image_size
+
 
 def _csv(kind):
     def parse(s: str):
@@ -14,23 +16,10 @@ def _csv(kind):
 
     return parse
 
-
-def _size(s: str):
-    import argparse
-
-    try:
-        parts = [int(v) for v in s.lower().replace("x", ",").split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2) or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"expected N or HxW, got {s!r}")
-    return (parts[0], parts[-1])
-
-
 def register(p):
     p.add_argument("model", help="a model name (see `vitkit list`; random weights), a checkpoint or a run directory")
     p.add_argument("--batch-sizes", type=_csv(int), default=[1, 32], help="comma-separated (default 1,32)")
-    p.add_argument("--img-size", type=_size, default=None, help="N or HxW (default: the model's own)")
+    p.add_argument("--img-size", type=image_size, default=None, help="N or HxW (default: the model's own)")
     p.add_argument("--dtype", type=_csv(str), default=["fp32"], help="comma-separated of fp32, bf16, int8 (default fp32)")
     p.add_argument("--mode", type=_csv(str), default=["infer"], help="comma-separated of infer, train (default infer)")
     p.add_argument("--repeats", type=int, default=10, help="timed steps per configuration (default 10)")

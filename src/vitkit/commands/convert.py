@@ -2,19 +2,7 @@
 
 from __future__ import annotations
 
-
-def _size(text: str):
-    """'384' -> 384; '384x512' or '384,512' -> (384, 512)."""
-    import argparse
-
-    parts = text.replace("x", ",").split(",")
-    try:
-        vals = [int(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or HxW, got {text!r}") from None
-    if len(vals) not in (1, 2) or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected N or HxW with positive sizes, got {text!r}")
-    return vals[0] if len(vals) == 1 else tuple(vals)
+from . import image_size
 
 
 def register(p):
@@ -32,7 +20,7 @@ def register(p):
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="set a ViTConfig field the weights do not show, e.g. global_pool=avg, norm_eps=1e-12, "
                         "img_size=[224,320] (repeatable; wins over everything else)")
-    p.add_argument("--img-size", type=_size, default=None, metavar="N|HxW",
+    p.add_argument("--img-size", type=image_size, default=None, metavar="N|HxW",
                    help="convert at another resolution: resample the position embeddings to this image size")
     p.add_argument("--interpolation", choices=["bicubic", "bilinear", "nearest"], default="bicubic",
                    help="position-embedding resampling for --img-size (default bicubic, no antialias, as HF)")

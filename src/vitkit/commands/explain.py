@@ -2,19 +2,7 @@
 
 from __future__ import annotations
 
-from . import max_pixels, pixels
-
-
-def _size(s: str):
-    import argparse
-
-    try:
-        parts = [int(v) for v in s.lower().replace("x", ",").split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2) or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"expected N or HxW, got {s!r}")
-    return (parts[0], parts[-1])
+from . import image_size, max_pixels, pixels
 
 
 def register(p):
@@ -26,7 +14,7 @@ def register(p):
     p.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean", help="how heads are combined")
     p.add_argument("--discard-ratio", type=float, default=0.0,
                    help="rollout: zero this fraction of the weakest attention weights per block (default 0)")
-    p.add_argument("--img-size", type=_size, default=None,
+    p.add_argument("--img-size", type=image_size, default=None,
                    help="N or HxW to run at (default: the model's size; a dynamic-size model keeps the image's aspect)")
     p.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity (default 0.5)")
     p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",

@@ -26,6 +26,7 @@ from ..errors import DataError
 from .images import (
     DEFAULT_MAX_PIXELS,
     _decode,
+    _pair,
     _walk_images,
     is_image_name,
     pil_limits,
@@ -221,20 +222,6 @@ class _Opts:
     in_memory: bool | None
     max_pixels: int | None
     num_workers: int | None
-
-
-def _pair(s) -> tuple[int, int]:
-    if isinstance(s, bool):
-        raise DataError(f"img_size: expected an int or (H, W), got {s!r}")
-    if isinstance(s, int):
-        s = (s, s)
-    try:
-        s = tuple(int(v) for v in s)
-    except (TypeError, ValueError):
-        raise DataError(f"img_size: expected an int or (H, W), got {s!r}") from None
-    if len(s) != 2 or min(s) < 1:
-        raise DataError(f"img_size: expected an int or (H, W) of positive sizes, got {s!r}")
-    return s
 
 
 def _check_folder(root: Path) -> None:

@@ -431,9 +431,14 @@ def to_model_input(img: torch.Tensor, img_size: tuple[int, int], pre) -> torch.T
 
 
 def _pair(s) -> tuple[int, int]:
+    if isinstance(s, bool):
+        raise DataError(f"img_size: expected an int or (H, W), got {s!r}")
     if isinstance(s, int):
-        return (s, s)
-    s = tuple(int(v) for v in s)
+        s = (s, s)
+    try:
+        s = tuple(int(v) for v in s)
+    except (TypeError, ValueError):
+        raise DataError(f"img_size: expected an int or (H, W), got {s!r}") from None
     if len(s) != 2 or min(s) < 1:
         raise DataError(f"img_size: expected an int or (H, W) of positive sizes, got {s!r}")
     return s
