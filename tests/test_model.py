@@ -82,6 +82,8 @@ def test_tutorial_mnist_preset():
         (dict(pos_embed="sincos2d", embed_dim=34, num_heads=2), r"ViTConfig.pos_embed: 'sincos2d' needs embed_dim"),
         (dict(drop_rate=1.0), r"ViTConfig.drop_rate: must be in \[0, 1\)"),
         (dict(stem="conv", patch_size=6, img_size=36), r"ViTConfig.stem: .*power-of-two"),
+        (dict(stem_convs=1), r"ViTConfig.stem_convs: extra stem convolutions need stem='conv'"),
+        (dict(stem="conv", stem_convs=-1), r"ViTConfig.stem_convs: must be an integer >= 0"),
         (dict(img_size=(32, 0)), r"ViTConfig.img_size"),
         (dict(num_classes=-1), r"ViTConfig.num_classes"),
     ],
@@ -89,6 +91,17 @@ def test_tutorial_mnist_preset():
 def test_bad_config_names_the_field(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         tiny(**kw)
+
+
+def test_conv_stem_layers_and_grid():
+    # patch 8: three stride-2 blocks (width 8, 16, 32), then two stride-1 blocks at the 4x4 grid, then 1x1
+    m = tiny(stem="conv", stem_width=8, stem_convs=2)
+    convs = [l for l in m.patch_embed.stem if isinstance(l, torch.nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.stride[0]) for c in convs] == [
+        (3, 8, 2), (8, 16, 2), (16, 32, 2), (32, 32, 1), (32, 32, 1)]
+    assert m.patch_embed.proj.in_channels == 32 and m.patch_embed.proj.out_channels == m.cfg.embed_dim
+    x = torch.randn(2, 3, *m.cfg.img_size)
+    assert m.patch_embed(x).shape == (2, m.cfg.num_patches, m.cfg.embed_dim)
 
 
 def test_config_from_dict_is_strict():
@@ -154,6 +167,7 @@ def test_intermediate_layers():
         dict(norm="post"),
         dict(act="relu", mlp_ratio=1.0),
         dict(stem="conv"),
+        dict(stem="conv", stem_convs=2),
         dict(patch_embed="linear"),
         dict(representation_size=16),
         dict(layer_scale=1e-5),

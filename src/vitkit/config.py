@@ -58,6 +58,8 @@ class ViTConfig:
     stem: Literal["patch", "conv"] = "patch"  # 'patch': the linear patch projection; 'conv': a hybrid
     #   convolutional stem (3x3 stride-2 conv + BatchNorm + ReLU, log2(P) times, then a 1x1 conv to D)
     stem_width: int = 32  # channels of the first conv of the 'conv' stem (doubling at each stride-2 conv)
+    stem_convs: int = 0  # extra 3x3 stride-1 conv + BatchNorm + ReLU layers of the 'conv' stem, at the
+    #   grid resolution before the 1x1 projection (more local features for small data)
     # --- head -------------------------------------------------------------------------------------
     representation_size: int | None = None  # pre-logits Linear + tanh before the head (the paper's
     #   ImageNet-21k models); None = no pre-logits layer
@@ -133,6 +135,10 @@ class ViTConfig:
             bad("no_embed_class", "only applies to learned position embeddings (pos_embed='learn')")
         if self.dynamic_img_size and self.pos_embed == "sincos1d":
             bad("dynamic_img_size", "1D sin-cos embeddings have no 2D grid to resample")
+        if not isinstance(self.stem_convs, int) or isinstance(self.stem_convs, bool) or self.stem_convs < 0:
+            bad("stem_convs", f"must be an integer >= 0, got {self.stem_convs!r}")
+        if self.stem_convs and self.stem != "conv":
+            bad("stem_convs", "extra stem convolutions need stem='conv'")
         if self.stem == "conv":
             if p & (p - 1) or p < 2:
                 bad("stem", f"the 'conv' stem needs a power-of-two patch_size >= 2, got {p}")

@@ -43,10 +43,11 @@ class ConvStem(nn.Module):
     Xiao et al. 2021, "Early convolutions help transformers see better").
 
     log2(P) blocks of 3x3 stride-2 conv + BatchNorm + ReLU, doubling channels from ``width``, reach the
-    same H/P x W/P grid as a P x P patch projection; a final 1x1 conv (``proj``) maps to D.
+    same H/P x W/P grid as a P x P patch projection; ``extra`` more 3x3 stride-1 blocks work at that
+    grid; a final 1x1 conv (``proj``) maps to D.
     """
 
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, width: int = 32):
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, width: int = 32, extra: int = 0):
         super().__init__()
         n = int(math.log2(patch_size))
         layers: list[nn.Module] = []
@@ -59,6 +60,8 @@ class ConvStem(nn.Module):
                 nn.ReLU(inplace=True),
             ]
             c_in = c_out
+        for _ in range(extra):
+            layers += [nn.Conv2d(c_in, c_in, 3, padding=1, bias=False), nn.BatchNorm2d(c_in), nn.ReLU(inplace=True)]
         self.patch_size = patch_size
         self.stem = nn.Sequential(*layers)
         self.proj = nn.Conv2d(c_in, embed_dim, kernel_size=1)
