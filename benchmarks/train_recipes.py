@@ -78,7 +78,7 @@ def main() -> None:
     res.parent.mkdir(exist_ok=True)
     res.write_text(json.dumps(rec, indent=2) + "\n")
     acc = {k: summary[k] for k in ("test_acc", "val_acc") if k in summary}
-    print(f"| recipe | command | accuracy | train s | wall s | load |")
+    print("| recipe | command | accuracy | train s | wall s | load |")
     print(f"| {a.recipe} | `{shlex.join(cmd)}` | {acc} | {summary['train_seconds']} | {wall:.1f} | {load[0]:.1f} |")
 
 

@@ -49,7 +49,7 @@ def data(tmp_path):
 def _reference(model, root):
     """top-1, loss and confusion computed image by image, independently of evaluate()."""
     conf = np.zeros((3, 3), int)
-    losses, probs_true = [], []
+    losses = []
     for t, c in enumerate(CLASSES):
         for f in sorted((root / "test" / c).iterdir()):
             x = eval_batch(decode_image(f, 3)[None], (32, 32), model.preprocess)

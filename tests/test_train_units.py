@@ -1,7 +1,6 @@
 """Units of vitkit.train: config, parameter groups, schedule, loader, checkpoints, lock."""
 
 import errno
-import math
 import os
 
 import pytest
