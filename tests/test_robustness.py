@@ -1053,11 +1053,14 @@ def test_fuzz_train_config_file(text):
     reaches the training loop (stubbed here)."""
     import contextlib
 
+    import vitkit.commands.launch as launch
     import vitkit.train.loop as loop
 
     calls = []
-    real = loop.train
-    loop.train = lambda cfg, run_dir, **kw: calls.append(cfg) or {"status": "interrupted"}
+    real = loop.train, loop.preflight, launch.launch
+    loop.train = lambda cfg, run_dir, **kw: calls.append(cfg) or {"status": "interrupted", "step": 0}
+    loop.preflight = lambda *a, **kw: None
+    launch.launch = lambda argv, n: calls.append(n) or 130  # processes = N: the launch, stubbed as well
     err = io.StringIO()
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -1069,11 +1072,11 @@ def test_fuzz_train_config_file(text):
                 except SystemExit as e:
                     rc = e.code
     finally:
-        loop.train = real
+        loop.train, loop.preflight, launch.launch = real
         torch.set_num_threads(1)
     lines = err.getvalue().splitlines()
     if calls:
-        assert rc == 130 and lines == []
+        assert rc == 130 and all(line.startswith("vitkit: stopped at step 0; continue with") for line in lines), lines
     else:
         assert rc == 1, (rc, lines)
         assert len(lines) == 1 and lines[0].startswith("vitkit: error: ") and str(f) in lines[0], lines

@@ -229,12 +229,17 @@ def test_bad_data_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_command_reaches_its_accuracy(tmp_path, capsys, one_thread):
+def test_demo_command_reaches_its_accuracy(tmp_path):
     """`vitkit train` with no arguments: >= 98.5% on the 2,000 test digits within 5 minutes (2 cores)."""
-    from vitkit.cli import main
+    import subprocess
+    import sys
+    import time
 
-    torch.set_num_threads(2)
-    assert main(["train", "--out", str(tmp_path / "demo"), "--json", "--quiet"]) == 0
-    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "vitkit", "train", "--out", str(tmp_path / "demo"), "--json", "--quiet"],
+                       capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - t
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout.strip().splitlines()[-1])
     assert s["test_acc"] >= 0.985, s
-    assert s["total_seconds"] < 300, s
+    assert wall < 300, (wall, s)

@@ -70,6 +70,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         at_fault = parser.subcommands.get(args.command, parser)
         at_fault.error(f"unrecognized arguments: {' '.join(extra)}")
     args._parser = parser
+    args.argv = list(argv)  # the command line as given, for commands that start copies of themselves
     return args
 
 

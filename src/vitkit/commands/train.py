@@ -33,7 +33,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--epochs", type=int, metavar="N", help=_h("training epochs", "epochs"))
     g.add_argument("--max-minutes", type=float, metavar="M",
                    help="wall-clock budget: the schedule is fitted to it and training stops when it is spent "
-                   "(default: none; 3.75 for the demo on the built-in digits; 0 = none)")
+                   "(default: none; 4 for the demo on the built-in digits; 0 = none)")
     g.add_argument("--batch-size", type=int, metavar="B", help=_h("images per optimizer step (all processes)", "batch_size"))
     g.add_argument("--accum-steps", type=int, metavar="N", help=_h("gradient accumulation steps", "accum_steps"))
     g.add_argument("--lr", type=float, help=_h("peak learning rate", "optim.lr"))
@@ -44,6 +44,9 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"],
                    help=_h("autocast precision; fp16 (with a gradient scaler) on CUDA only", "precision"))
     g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    g.add_argument("--nproc", type=int, metavar="N", help="train with N data-parallel processes on this machine "
+                   "(DDP), started by vitkit as `torchrun --nproc_per_node=N` would (default: 1; the demo: 2 "
+                   "on a CPU with 2 or more cores)")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: the cores not busy "
                    "with other work, divided among the processes of a distributed run)")
     g = p.add_argument_group("run")
@@ -77,6 +80,7 @@ def flags_from_args(args) -> dict:
         "seed": args.seed,
         "ema": args.ema,
         "device": args.device,
+        "processes": args.nproc,
         "precision": args.precision,
         "compile": args.compile,
         "ckpt_every": args.ckpt_every,
@@ -92,12 +96,46 @@ def default_threads(local_procs: int) -> int:
     models is several times slower than using fewer threads."""
     import os
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     try:
         free = cpus - int(round(os.getloadavg()[0]))
     except OSError:  # pragma: no cover - no load average on this platform
         free = cpus
     return max(1, min(cpus, free) // max(local_procs, 1))
+
+
+def usable_cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def demo_base() -> dict:
+    """The demo's time budget, and its processes: 2 data-parallel processes of one thread on a CPU with 2 or
+    more cores (this small model keeps two processes busier than one process with two threads); 1
+    process where a GPU will be used."""
+    import torch
+
+    from ..train.config import DEMO_BUDGET
+
+    gpu = torch.cuda.is_available() or bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    return dict(DEMO_BUDGET, processes=1 if gpu else min(DEMO_BUDGET.get("processes", 1), usable_cpus()))
+
+
+def check_processes(n: int, device: str) -> None:
+    """A clear error for process counts the device cannot host (one GPU per process on CUDA; none on MPS)."""
+    import torch
+
+    from ..errors import ConfigError
+
+    cuda = torch.cuda.is_available()
+    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    if device == "cuda" or (device == "auto" and cuda):
+        have = torch.cuda.device_count()
+        if have < n:
+            raise ConfigError(f"processes: {n} processes need {n} CUDA GPUs (one each); this machine has {have}")
+    elif device == "mps" or (device == "auto" and mps):
+        raise ConfigError(f"processes: {n} processes cannot share MPS (no DDP there); use processes = 1 or --device cpu")
 
 
 def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> int:
@@ -110,7 +148,7 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
     from pathlib import Path
 
     from ..errors import ConfigError
-    from ..train.config import DEMO_BUDGET, RunConfig, merge, resolve_config
+    from ..train.config import RunConfig, merge, resolve_config
     from ..train.distributed import DistInfo, destroy_process_group
 
     dist = DistInfo.from_env(os.environ)
@@ -142,12 +180,25 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
         if args.out and Path(args.out) != run_dir:
             raise ConfigError("--out and --resume name different directories; --resume continues in place")
     if base is None and args.config is None and args.data is None:
-        base = DEMO_BUDGET  # the demo: the built-in digits, within a fixed time
+        base = demo_base()  # the demo: the built-in digits, within a fixed time, on up to 2 CPU processes
     cfg = resolve_config(args.config, flags, overrides, base=base)
     if not args.resume:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         name = Path(cfg.init_from).name if cfg.init_from else cfg.model
         run_dir = Path(args.out) if args.out else Path("runs") / f"{name}-{stamp}"
+
+    if cfg.processes > 1 and not dist.enabled:  # start the processes; each comes back here as one rank
+        from ..train.loop import preflight
+        from .launch import launch
+
+        preflight(cfg, run_dir, bool(args.resume))  # a bad config is one error here, not one per process
+        check_processes(cfg.processes, cfg.device)
+        argv = list(getattr(args, "argv", None) or [])
+        if not argv:
+            raise ConfigError("processes: a multi-process run is started from the command line (vitkit train)")
+        if not args.resume and not args.out:
+            argv += ["--out", str(run_dir)]  # every rank must agree on the run directory
+        return launch(argv, cfg.processes)
 
     import torch
 
@@ -175,6 +226,9 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
     if not dist.is_main:
         return 0 if summary.get("status") == "completed" else 130
     if summary.get("status") == "interrupted":
+        if args.quiet:  # quiet silences progress, not how to continue
+            print(f"vitkit: stopped at step {summary.get('step', 0)}; continue with: vitkit train --resume {run_dir}",
+                  file=sys.stderr)
         if args.json:
             print(json.dumps(summary))
         return 130

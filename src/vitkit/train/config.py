@@ -8,7 +8,6 @@ a small hybrid ViT that reaches >= 98.5% test accuracy within a few minutes on t
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -92,6 +91,8 @@ class RunConfig:
     accum_steps: int = 1  # gradient accumulation: micro-batch = batch_size / (accum_steps * processes)
     # --- numerics and hardware ----------------------------------------------------------------------
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"  # auto: cuda, then mps, then cpu
+    processes: int = 1  # data-parallel processes that `vitkit train` starts on this machine (DDP: gloo on
+    #   CPU, one GPU each on CUDA), as `torchrun --nproc_per_node=N` would; a torchrun launch decides itself
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # autocast dtype; auto: bf16 where the
     #   hardware has fast bf16 (CUDA with bf16, CPUs with AMX/AVX512-BF16), else fp32; fp16 needs CUDA
     compile: bool = False  # torch.compile the model
@@ -111,7 +112,7 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
     def validate(self) -> "RunConfig":
-        for name in ("epochs", "batch_size", "accum_steps", "log_every"):
+        for name in ("epochs", "batch_size", "accum_steps", "log_every", "processes"):
             v = getattr(self, name)
             if v < 1:
                 raise ConfigError(f"{name}: must be a positive integer, got {v!r}")

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import Preprocess
-from ..errors import CheckpointError, ConfigError, DataError, TrainingError
+from ..errors import ConfigError, DataError, TrainingError
 from ..io import checkpoint as ckpt_io
 from ..model import VisionTransformer
 from .checkpoint import (
@@ -99,10 +99,40 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """A new run needs a directory that holds no run yet; --resume continues one in place."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"out: {run_dir} exists and is not a directory")
+    if not resume and find_checkpoint(run_dir, "last") is not None:
+        raise TrainingError(
+            f"{run_dir}: already holds a run (last/ checkpoint); continue it with --resume {run_dir} "
+            "or choose another --out"
+        )
+
+
+def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False) -> None:
+    """The checks that need no data: the config's values, the device and precision, the model's name and
+    arguments, the checkpoint to start from. A launcher runs them once, before it starts any process."""
+    from ..variants import get_config
+
+    cfg.validate()
+    pick_precision(cfg.precision, pick_device(cfg.device))
+    if run_dir is not None:
+        check_run_dir(Path(run_dir), resume)
+    if cfg.init_from:
+        ckpt_io.resolve_checkpoint(cfg.init_from)
+        return
+    args = {k: v for k, v in cfg.model_args.items() if k != "num_classes"}
+    if cfg.img_size:
+        args["img_size"] = cfg.img_size
+    get_config(cfg.model)  # an unknown name first, then its arguments
+    get_config(cfg.model, **args)
+
+
 # ============================================================================================= model
 def build_model(cfg: RunConfig, num_classes: int, classes: list[str]) -> VisionTransformer:
     """A fresh named model, or (``init_from``) a checkpoint's backbone with a new head, at ``img_size``."""
-    from ..variants import create_model, get_config
+    from ..variants import get_config
 
     args = dict(cfg.model_args)
     args.pop("num_classes", None)
@@ -228,19 +258,15 @@ def train(
 
     lock = RunLock(run_dir)
     if main:
-        if run_dir.exists() and not run_dir.is_dir():
-            raise ConfigError(f"out: {run_dir} exists and is not a directory")
-        if not resume and find_checkpoint(run_dir, "last") is not None:
-            raise TrainingError(
-                f"{run_dir}: already holds a run (last/ checkpoint); continue it with --resume {run_dir} "
-                "or choose another --out"
-            )
+        check_run_dir(run_dir, resume)
         from ..io.atomic import ensure_dir
 
         ensure_dir(run_dir)  # a file in the way: one line naming it
         lock.acquire()
     try:
-        return _train(cfg, run_dir, dist, resume, splits, progress, stop or (lambda: False), say, device, precision)
+        summary = _train(cfg, run_dir, dist, resume, splits, progress, stop or (lambda: False), say, device, precision)
+        barrier(dist)  # all ranks end together: none tears its process group down while rank 0 still writes
+        return summary
     finally:
         lock.release()
 
