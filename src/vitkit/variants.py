@@ -71,10 +71,13 @@ SMALL: dict[str, dict] = {
                                depth=4, num_heads=4, mlp_ratio=2.0),
     "vit_mini_patch4_32": dict(img_size=32, patch_size=4, in_chans=3, num_classes=10, embed_dim=64,
                                depth=4, num_heads=4, mlp_ratio=2.0),
-    # the demo recipe's model (`vitkit train`): conv stem to a 7x7 grid, 2D sin-cos positions, average pooling
+    # the demo recipe's model (`vitkit train`): a conv stem (32 and 64 channels, stride 2 twice, then one
+    # 3x3 conv at the 7x7 grid), two blocks of width 64, 2D sin-cos positions, average pooling. The stem's
+    # extra conv and two blocks beat four blocks behind a lighter stem, in accuracy per second of CPU
+    # (benchmarks/results/train_demo_search.json).
     "vit_hybrid_mini_patch4_28": dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64,
-                                      depth=4, num_heads=4, mlp_ratio=2.0, stem="conv", stem_width=16,
-                                      pos_embed="sincos2d", class_token=False, global_pool="avg"),
+                                      depth=2, num_heads=4, mlp_ratio=2.0, stem="conv", stem_width=32,
+                                      stem_convs=1, pos_embed="sincos2d", class_token=False, global_pool="avg"),
     # a tiny model for tests: builds and runs in milliseconds
     "vit_test": dict(img_size=32, patch_size=8, in_chans=3, num_classes=10, embed_dim=32, depth=2,
                      num_heads=2, mlp_ratio=2.0),

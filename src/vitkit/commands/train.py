@@ -119,7 +119,7 @@ def demo_base() -> dict:
     from ..train.config import DEMO_BUDGET
 
     gpu = torch.cuda.is_available() or bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-    return dict(DEMO_BUDGET, processes=1 if gpu else min(DEMO_BUDGET.get("processes", 1), usable_cpus()))
+    return dict(DEMO_BUDGET, processes=1 if gpu else min(DEMO_BUDGET["processes"], usable_cpus()))
 
 
 def check_processes(n: int, device: str) -> None:

@@ -84,7 +84,7 @@ class RunConfig:
     init_from: str | None = None  # start from this checkpoint (fine-tuning): weights, preprocess; new head
     img_size: int | None = None  # train at this resolution (position embeddings resampled); None = model's
     # --- how long ------------------------------------------------------------------------------------
-    epochs: int = 18  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
+    epochs: int = 20  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
     max_minutes: float | None = None  # wall-clock budget for training; the schedule is fitted to it; None or 0 =
     #   no limit (the demo, `vitkit train` on the built-in digits, uses DEMO_BUDGET)
     batch_size: int = 64  # images per optimizer step, across all processes and accumulation steps
@@ -208,7 +208,7 @@ __all__ = ["RunConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_
 
 
 # `vitkit train` with neither --data nor --config (the demo on the built-in digits) is also capped in time.
-DEMO_BUDGET: dict[str, Any] = {"max_minutes": 3.75}
+DEMO_BUDGET: dict[str, Any] = {"max_minutes": 4.0, "processes": 2}
 
 # The fine-tuning recipe's defaults (`vitkit finetune`), laid over RunConfig's: SGD with momentum 0.9, no
 # weight decay, warmup + cosine, gradient clipping at 1 (the paper's fine-tuning setup), light augmentation.
