@@ -204,3 +204,13 @@ def test_run_lock(tmp_path):
     (tmp_path / ".lock").write_text(f"{socket.gethostname()} {int(dead.stdout)}\n")
     tck.RunLock(tmp_path).acquire().release()
     assert not (tmp_path / ".lock").exists()
+
+
+def test_ema_decay_warms_up_to_the_configured_value():
+    from vitkit.train.loop import ema_decay
+
+    assert ema_decay(0.999, 0) == pytest.approx(0.1)  # the first update moves the average 90% of the way
+    assert ema_decay(0.999, 90) == pytest.approx(0.91)
+    assert ema_decay(0.999, 10**6) == 0.999
+    ds = [ema_decay(0.9999, s) for s in range(0, 100000, 500)]
+    assert ds == sorted(ds) and ds[-1] <= 0.9999

@@ -97,6 +97,7 @@ class RunConfig:
     #   hardware has fast bf16 (CUDA with bf16, CPUs with AMX/AVX512-BF16), else fp32; fp16 needs CUDA
     compile: bool = False  # torch.compile the model
     ema: float | None = None  # keep an exponential moving average of the weights with this decay; evaluate it
+    #   (the decay warms up as min(ema, (1 + step) / (10 + step)), so short runs are not held back)
     seed: int = 0  # seeds initialisation, data order, augmentation and dropout
     # --- bookkeeping ---------------------------------------------------------------------------------
     eval_every: int = 0  # evaluate on the validation split every N epochs (0 = only at the end)

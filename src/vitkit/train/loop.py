@@ -517,7 +517,7 @@ def _train(cfg, run_dir, dist, resume, splits, progress, stop, say, device, prec
                     scaler.update()
                     opt.zero_grad(set_to_none=True)
                     if ema is not None:
-                        _ema_update(ema, model, cfg.ema)
+                        _ema_update(ema, model, ema_decay(cfg.ema, st.step))
                     window["loss"] += step_loss
                     window["n"] += 1
                     window["correct"] += correct.item()
@@ -636,6 +636,16 @@ def _load_best(model, run_dir, dist):
     barrier(dist)
     ckpt_io.load_weights(best, ckpt_io.read_safetensors(d / ckpt_io.WEIGHTS), str(d))
     return best
+
+
+def ema_decay(decay: float, step: int) -> float:
+    """The EMA decay at optimizer step ``step`` (0-based): min(decay, (1 + step) / (10 + step)).
+
+    A fixed decay of 0.999 averages over the last ~1,000 steps, so early in a run (or all through a
+    short one) the average still holds the random initial weights. Warming the decay up lets the
+    average follow the weights at first and settle on ``decay`` after a few thousand steps.
+    """
+    return min(decay, (1.0 + step) / (10.0 + step))
 
 
 def _ema_update(ema: list, model, decay: float) -> None:
