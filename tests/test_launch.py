@@ -110,3 +110,19 @@ def test_a_failing_rank_is_reported_with_its_output(tmp_path, capsys):
     assert err[0] == "vitkit: error: process 1 of 2 failed (exit code 3)"
     assert err[-1] == "  [rank 1] RuntimeError: boom"
     logs[1].close()
+
+
+def test_a_launched_run_reports_what_its_checkpoint_scores(tmp_path):
+    """BatchNorm statistics move on each rank with its own batches; the accuracy and loss a 2-process
+    run reports are those of the checkpoint it saves (rank 0's buffers), as `vitkit eval` finds them."""
+    data = make_folder(tmp_path / "data")
+    run = tmp_path / "run"
+    r = vitkit("train", "--data", str(data), *FAST, "--epochs", "2", "--nproc", "2", "--json", "--out", str(run),
+               "--set", "model_args.stem=conv", "--set", "model_args.stem_width=8")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    e = vitkit("eval", str(run / "last"), "--data", str(data), "--split", "test", "--json")
+    assert e.returncode == 0, e.stderr
+    res = json.loads(e.stdout.strip().splitlines()[-1])
+    assert res["top1"] == pytest.approx(s["test_acc"], abs=1e-9)
+    assert res["loss"] == pytest.approx(s["test_loss"], abs=1e-5)  # the summary rounds to 5 decimals

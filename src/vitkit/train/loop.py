@@ -186,6 +186,13 @@ def evaluate(model, images, device: torch.device, precision: str = "fp32", batch
     base = ckpt_io.unwrap(model)
     was_training = base.training
     base.eval()
+    if dist.enabled:
+        # BatchNorm running statistics move on every rank with its own last batch; evaluate (on every
+        # shard) the buffers rank 0 has, which are the ones its checkpoint holds
+        import torch.distributed as tdist
+
+        for b in base.buffers():
+            tdist.broadcast(b, src=0)
     n = len(images)
     idx_all = torch.arange(dist.rank, n, dist.world_size)
     sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
