@@ -36,11 +36,13 @@ AUGS = {
     "randaugment": dict(crop="rrc", rrc_scale=(0.35, 1.0), auto="randaugment", ra_ops=2, ra_magnitude=9),
     "ra+mix": dict(crop="rrc", rrc_scale=(0.35, 1.0), auto="randaugment", mixup_alpha=0.8, cutmix_alpha=1.0,
                    label_smoothing=0.1, erase_prob=0.25),
+    "demo": dict(crop="pad", pad=2, label_smoothing=0.1),  # the demo recipe's (configs/demo.toml)
 }
 SETTINGS = [  # (name, channels, size, model)
     ("28x28 grey", 1, 28, "vit_mini_patch4_28"),
     ("32x32 RGB", 3, 32, "vit_mini_patch4_32"),
     ("32x32 RGB", 3, 32, "vit_hybrid_tiny_patch4_32"),
+    ("28x28 grey", 1, 28, "vit_hybrid_mini_patch4_28"),  # the demo model
 ]
 
 
@@ -88,6 +90,8 @@ def main() -> None:
     ap.add_argument("--cifar-dir", default=None, help="class-folder tree of JPEGs to time decoding")
     ap.add_argument("--decode-workers", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--models", nargs="*", help="only these models (default: every setting)")
+    ap.add_argument("--augs", nargs="*", help=f"only these augmentations, of {list(AUGS)} (default: all but demo)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dev = args.device
@@ -97,11 +101,15 @@ def main() -> None:
     print(f"{'images':<11} {'model':<26} {'augment':<12} {'aug ms':>8} {'step ms':>8} {'data share':>10}"
           + (f" {'kornia ms':>10}" if args.kornia else ""))
     for setting, c, s, model_name in SETTINGS:
+        if args.models and model_name not in args.models:
+            continue
         model = vitkit.create_model(model_name, seed=0).to(dev).train()
         g0 = torch.Generator().manual_seed(0)
         x = torch.randint(0, 256, (args.batch_size, c, s, s), generator=g0, dtype=torch.uint8).to(dev)
         y = torch.randint(0, 10, (args.batch_size,), generator=g0).to(dev)
         for aug_name, kw in AUGS.items():
+            if (args.augs and aug_name not in args.augs) or (not args.augs and aug_name == "demo"):
+                continue
             cfg = AugmentConfig(hflip=0.5 if c == 3 else 0.0, **kw)
             aug = BatchAugment(cfg, (s, s), pre, 10)
             gen = torch.Generator(dev).manual_seed(1)

@@ -1,6 +1,7 @@
 """Accuracy and wall time of the training recipes, each run as the documented command.
 
     nice -n 5 python benchmarks/train_recipes.py demo
+    python benchmarks/train_recipes.py pretrain-mini --minutes 10 --nproc 2 --threads 1
     nice -n 5 python benchmarks/train_recipes.py small-data --cifar /tmp/cifar10/train --minutes 20
     nice -n 5 python benchmarks/train_recipes.py pretrain-mini --cifar /tmp/cifar10/train --minutes 10
     nice -n 5 python benchmarks/train_recipes.py finetune --from runs/bench-pretrain-mini --cifar /tmp/cifar10/train
@@ -55,11 +56,14 @@ def main() -> None:
     ap.add_argument("--img-size", type=int, default=48)
     ap.add_argument("--out", default="runs")
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--nproc", type=int, help="processes (vitkit train --nproc)")
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args()
     cmd = commands(a)[a.recipe]
     if a.threads:
         cmd += ["--threads", str(a.threads)]
+    if a.nproc:
+        cmd += ["--nproc", str(a.nproc)]
     run_dir = Path(cmd[cmd.index("--out") + 1])
     if run_dir.exists():
         shutil.rmtree(run_dir)
