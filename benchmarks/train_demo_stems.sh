@@ -18,18 +18,7 @@ X1="--set model_args.stem_width=32 --set model_args.stem_convs=1"
 
 run() {  # run NAME ARGS...: one training run; its summary, command and wall time appended to $RES
   local name=$1; shift
-  local cmd="$VITKIT train --quiet --json --out $OUT/$name $*"
-  local t0 line
-  t0=$(date +%s.%N)
-  line=$($cmd | tail -n 1)
-  python3 - "$name" "$cmd" "$line" "$t0" "$(date +%s.%N)" >> "$RES" <<'PY'
-import json, sys
-name, cmd, line, t0, t1 = sys.argv[1:]
-s = json.loads(line)
-s.pop("run_dir", None)
-print(json.dumps({"run": name, "command": cmd, **s, "wall_s": round(float(t1) - float(t0), 2)}))
-PY
-  tail -n 1 "$RES"
+  python3 benchmarks/record_run.py "$RES" "$name" $VITKIT train --quiet --json --out $OUT/$name $*
 }
 
 stage=${1:-1}

@@ -43,18 +43,7 @@ fi
 
 run() {  # run NAME ARGS...: one training run; its summary, command and wall time appended to $RES
   local name=$1; shift
-  local cmd="$VITKIT train --config configs/small-data.toml --data $DATA --max-minutes $MIN --nproc 1 --threads 1 --quiet --json --out $OUT/$name $*"
-  local t0 line
-  t0=$(date +%s.%N)
-  line=$($cmd | tail -n 1)
-  python3 - "$name" "$cmd" "$line" "$t0" "$(date +%s.%N)" >> "$RES" <<'PY'
-import json, sys
-name, cmd, line, t0, t1 = sys.argv[1:]
-s = json.loads(line)
-s.pop("run_dir", None)
-print(json.dumps({"run": name, "command": cmd, **s, "wall_s": round(float(t1) - float(t0), 2)}))
-PY
-  tail -n 1 "$RES"
+  python3 benchmarks/record_run.py "$RES" "$name" $VITKIT train --config configs/small-data.toml --data $DATA --max-minutes $MIN --nproc 1 --threads 1 --quiet --json --out $OUT/$name $*
 }
 
 SMALL="--set model_args.embed_dim=64 --set model_args.depth=4 --set model_args.num_heads=4"

@@ -11,13 +11,7 @@ from vitkit.errors import ConfigError, ShapeError
 from vitkit.data import AugmentConfig, BatchAugment, eval_batch
 from vitkit.data import augment as A
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Many small kernels: on a shared, oversubscribed CPU, intra-op threads only add waiting. Restored after."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 PRE = vitkit.Preprocess(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))

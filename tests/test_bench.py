@@ -10,13 +10,7 @@ from vitkit.bench import bench, count_flops, format_table, vit_flops
 from vitkit.cli import main
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from several threads; one avoids contention on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_flops_of_a_tiny_vit_match_the_formula_written_out():

@@ -13,13 +13,7 @@ from vitkit.data import decode_image, eval_batch
 from vitkit.evaluate import evaluate
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from several threads; one avoids contention on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 CLASSES = ["cat", "dog", "fox"]
 

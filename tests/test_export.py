@@ -10,13 +10,7 @@ from vitkit.cli import main
 from vitkit.export import ExportError, export
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from several threads; one avoids contention on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tiny(tmp_path, name="ckpt", **over):

@@ -293,13 +293,6 @@ def faults(tmp_path_factory):
     return report
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def weights(run) -> dict:
     return load_file(Path(run) / "last" / "model.safetensors")
 

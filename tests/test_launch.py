@@ -34,13 +34,6 @@ def step_losses(run):
     return [r["loss"] for r in rows if r["type"] == "step"]
 
 
-@pytest.fixture(autouse=True)
-def keep_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def test_two_launched_processes_match_one(tmp_path, capsys):
     data = make_folder(tmp_path / "data")
     common = ["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "2", "--set", "log_every=1", "--json"]

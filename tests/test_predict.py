@@ -15,13 +15,7 @@ from vitkit.data import decode_image, to_model_input
 from vitkit.predict import predict
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from several threads; one avoids contention on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 LABELS = [f"class_{i}" for i in range(10)]
 

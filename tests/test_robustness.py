@@ -34,12 +34,7 @@ from vitkit.cli import main
 from vitkit.errors import CheckpointError, ConfigError, DataError
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # =============================================================================================== helpers
@@ -335,7 +330,6 @@ def test_eval_skips_bad_files_and_reports_them(dataset, ckpt, capsys):
     res = json.loads(out.splitlines()[-1])
     assert res["split"] == "test" and res["num_images"] == 4 * 2 + len(GOOD_IMAGES)
     assert res["skipped_files"] == 2 * N_BAD_IN_SCAN  # the train part is scanned too
-
 
 
 def test_eval_names_each_skipped_file(dataset, ckpt, capsys):

@@ -12,13 +12,6 @@ FAST = ["--model", "vit_test", "--batch-size", "8", "--threads", "1", "--quiet",
         "--precision", "fp32", "--set", "plots=false"]
 
 
-@pytest.fixture(autouse=True)
-def keep_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def make_folder(root, classes=("cat", "dog"), n=12, test=4, size=32):
     g = torch.Generator().manual_seed(0)
     for part, count in (("train", n), ("test", test)):

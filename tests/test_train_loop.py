@@ -22,13 +22,7 @@ TINY = dict(model="vit_test", epochs=2, plots=False, batch_size=8, log_every=1, 
             optim=dict(lr=3e-3), schedule=dict(warmup_steps=2, warmup_fraction=0.0))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny models: one thread is fastest, and immune to other processes competing for the cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_set(n, classes=("a", "b"), seed=0):

@@ -40,13 +40,11 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
-def launch(argv: list[str], nproc: int, threads: int | None = None, poll_s: float = 0.1) -> int:
+def launch(argv: list[str], nproc: int, poll_s: float = 0.1) -> int:
     """Run ``vitkit ARGV`` as ``nproc`` DDP processes; return the exit code (0, or the first failure's)."""
     port = free_port()
     env = dict(os.environ, WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port))
-    if threads is not None:
-        argv = [*argv, "--threads", str(threads)]
     cmd = [sys.executable, "-m", "vitkit", *argv]
     preexec = _die_with_parent if sys.platform.startswith("linux") else None
     procs: list[subprocess.Popen] = []

@@ -96,6 +96,8 @@ def default_threads(local_procs: int) -> int:
     models is several times slower than using fewer threads."""
     import os
 
+    from ..data.datasets import usable_cpus
+
     cpus = usable_cpus()
     try:
         free = cpus - int(round(os.getloadavg()[0]))
@@ -104,21 +106,15 @@ def default_threads(local_procs: int) -> int:
     return max(1, min(cpus, free) // max(local_procs, 1))
 
 
-def usable_cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def demo_base() -> dict:
     """The demo's time budget, and its processes: 2 data-parallel processes of one thread on a CPU with 2 or
     more cores (this small model keeps two processes busier than one process with two threads); 1
     process where a GPU will be used."""
-    import torch
-
+    from ..data.datasets import usable_cpus
     from ..train.config import DEMO_BUDGET
+    from ..train.loop import pick_device
 
-    gpu = torch.cuda.is_available() or bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    gpu = pick_device("auto").type != "cpu"
     return dict(DEMO_BUDGET, processes=1 if gpu else min(DEMO_BUDGET["processes"], usable_cpus()))
 
 
@@ -127,14 +123,13 @@ def check_processes(n: int, device: str) -> None:
     import torch
 
     from ..errors import ConfigError
+    from ..train.loop import pick_device
 
-    cuda = torch.cuda.is_available()
-    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-    if device == "cuda" or (device == "auto" and cuda):
-        have = torch.cuda.device_count()
-        if have < n:
-            raise ConfigError(f"processes: {n} processes need {n} CUDA GPUs (one each); this machine has {have}")
-    elif device == "mps" or (device == "auto" and mps):
+    kind = pick_device(device).type
+    if kind == "cuda" and torch.cuda.device_count() < n:
+        raise ConfigError(f"processes: {n} processes need {n} CUDA GPUs (one each); this machine has "
+                          f"{torch.cuda.device_count()}")
+    if kind == "mps":
         raise ConfigError(f"processes: {n} processes cannot share MPS (no DDP there); use processes = 1 or --device cpu")
 
 

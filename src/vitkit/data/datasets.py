@@ -346,7 +346,8 @@ def _open_split_folder(root: Path, fmt: str, o: _Opts):
 
 
 # --------------------------------------------------------------------------------------------------
-def _cpus() -> int:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask), else the machine's count."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
@@ -356,7 +357,7 @@ def _cpus() -> int:
 def _workers(n: int | None, count: int) -> int:
     if n is not None:
         return max(1, int(n))
-    return max(1, min(8, _cpus(), count // 512 or 1))
+    return max(1, min(8, usable_cpus(), count // 512 or 1))
 
 
 def _header(path: Path, max_pixels):

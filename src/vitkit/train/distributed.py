@@ -94,6 +94,15 @@ def broadcast_object(obj, info: DistInfo):
     return box[0]
 
 
+def broadcast_buffers(module: torch.nn.Module, info: DistInfo) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running statistics follow each rank's own batches)."""
+    if info.enabled:
+        import torch.distributed as dist
+
+        for b in module.buffers():
+            dist.broadcast(b, src=0)
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         import torch.distributed as dist
@@ -101,4 +110,5 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-__all__ = ["DistInfo", "init_process_group", "destroy_process_group", "all_reduce_sum", "barrier"]
+__all__ = ["DistInfo", "init_process_group", "destroy_process_group", "all_reduce_sum", "broadcast_buffers",
+           "barrier"]

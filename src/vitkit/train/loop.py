@@ -40,7 +40,7 @@ from .checkpoint import (
     write_json,
 )
 from .config import RunConfig
-from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, init_process_group
+from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers, init_process_group
 from .loader import BatchLoader, micro_batches
 from .optim import build_optimizer
 from .schedule import Schedule
@@ -186,13 +186,7 @@ def evaluate(model, images, device: torch.device, precision: str = "fp32", batch
     base = ckpt_io.unwrap(model)
     was_training = base.training
     base.eval()
-    if dist.enabled:
-        # BatchNorm running statistics move on every rank with its own last batch; evaluate (on every
-        # shard) the buffers rank 0 has, which are the ones its checkpoint holds
-        import torch.distributed as tdist
-
-        for b in base.buffers():
-            tdist.broadcast(b, src=0)
+    broadcast_buffers(base, dist)  # every shard is scored with the buffers rank 0's checkpoint holds
     n = len(images)
     idx_all = torch.arange(dist.rank, n, dist.world_size)
     sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
