@@ -9,7 +9,8 @@
 from .config import Preprocess, ViTConfig
 from .errors import CheckpointError, ConfigError, DataError, ShapeError, TrainingError, VitkitError
 from .io.checkpoint import load, save
-from .model import VisionTransformer, count_params
+from .model import VisionTransformer
+from .runtime import count_params
 from .variants import create_model, get_config, list_models
 
 __version__ = "0.1.0"

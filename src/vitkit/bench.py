@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConfigError
+from .runtime import count_params, resolve_device
 
 DTYPES = ("fp32", "bf16", "int8")
 MODES = ("infer", "train")
@@ -240,12 +241,7 @@ def bench(
         raise ConfigError(f"--batch-sizes: every batch size must be >= 1, got {list(batch_sizes)}")
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ConfigError(f"--device: {str(device)!r} is not a device (cpu, cuda or cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device: CUDA is not available on this machine")
+    dev = resolve_device(device, what="--device")
     if threads is not None:
         if threads < 1:
             raise ConfigError(f"--threads: must be >= 1, got {threads}")
@@ -276,7 +272,7 @@ def bench(
         threads=torch.get_num_threads() if dev.type == "cpu" else None,
         torch=torch.__version__,
         img_size=list(size),
-        params=sum(p.numel() for p in model.parameters()),
+        params=count_params(model),
         flops_per_image=flops,
         flops_counted_with="FlopCounterMode, manual attention path (matmuls; 1 multiply-add = 2 FLOPs)",
         peak_flops={k: v for k, v in peaks.items()},

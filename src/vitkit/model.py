@@ -302,8 +302,4 @@ def _lecun_normal_(w: torch.Tensor) -> None:
     nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
 
 
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-__all__ = ["VisionTransformer", "count_params"]
+__all__ = ["VisionTransformer"]

@@ -20,26 +20,12 @@ import torch
 
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
-
-
-def check_device(device: str | torch.device) -> torch.device:
-    """``device`` as a torch.device; a malformed or unavailable one is a one-line ConfigError."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ConfigError(f"--device: {str(device)!r} is not a device (cpu, cuda, cuda:N or mps)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device: {str(device)!r} was asked for but no CUDA GPU is available")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ConfigError(f"--device: {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError(f"--device: {str(device)!r} was asked for but MPS is not available")
-    return dev
+from .runtime import resolve_device
 
 
 def load_model(model_or_path, device: str | torch.device = "cpu"):
     """A module as given (in eval mode), or a model loaded from a checkpoint or run directory."""
-    device = check_device(device)
+    device = resolve_device(device, what="--device")
     if isinstance(model_or_path, torch.nn.Module):
         return model_or_path.to(device).eval()
     from .io.checkpoint import load

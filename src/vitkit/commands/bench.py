@@ -31,17 +31,12 @@ def register(p):
 
 
 def run(args) -> int:
-    import torch
-
     from ..bench import bench, format_table
     from . import json_line
 
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     res = bench(args.model, batch_sizes=args.batch_sizes, img_size=args.img_size, dtypes=args.dtype,
                 modes=args.mode, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
-                compile=args.compile, device=device)
+                compile=args.compile, device=args.device)
     print(format_table(res))
     if args.json:
         print(json_line(res))

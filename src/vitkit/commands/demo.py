@@ -11,7 +11,7 @@ def register(p):
 def run(args) -> int:
     import torch
 
-    from ..model import count_params
+    from ..runtime import count_params
     from ..variants import create_model
 
     model = create_model(args.model, seed=args.seed).eval()

@@ -13,7 +13,7 @@ def run(args) -> int:
 
     import torch
 
-    from ..model import count_params
+    from ..runtime import count_params
     from ..variants import create_model, list_models
 
     names = list_models(args.pattern)

@@ -96,7 +96,7 @@ def default_threads(local_procs: int) -> int:
     models is several times slower than using fewer threads."""
     import os
 
-    from ..data.datasets import usable_cpus
+    from ..runtime import usable_cpus
 
     cpus = usable_cpus()
     try:
@@ -110,11 +110,11 @@ def demo_base() -> dict:
     """The demo's time budget, and its processes: 2 data-parallel processes of one thread on a CPU with 2 or
     more cores (this small model keeps two processes busier than one process with two threads); 1
     process where a GPU will be used."""
-    from ..data.datasets import usable_cpus
+    from ..runtime import usable_cpus
     from ..train.config import DEMO_BUDGET
-    from ..train.loop import pick_device
+    from ..runtime import resolve_device
 
-    gpu = pick_device("auto").type != "cpu"
+    gpu = resolve_device("auto").type != "cpu"
     return dict(DEMO_BUDGET, processes=1 if gpu else min(DEMO_BUDGET["processes"], usable_cpus()))
 
 
@@ -123,9 +123,9 @@ def check_processes(n: int, device: str) -> None:
     import torch
 
     from ..errors import ConfigError
-    from ..train.loop import pick_device
+    from ..runtime import resolve_device
 
-    kind = pick_device(device).type
+    kind = resolve_device(device).type
     if kind == "cuda" and torch.cuda.device_count() < n:
         raise ConfigError(f"processes: {n} processes need {n} CUDA GPUs (one each); this machine has "
                           f"{torch.cuda.device_count()}")

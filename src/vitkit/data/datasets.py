@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from ..runtime import usable_cpus
 from .images import (
     DEFAULT_MAX_PIXELS,
     _decode,
@@ -346,14 +347,6 @@ def _open_split_folder(root: Path, fmt: str, o: _Opts):
 
 
 # --------------------------------------------------------------------------------------------------
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask), else the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def _workers(n: int | None, count: int) -> int:
     if n is not None:
         return max(1, int(n))

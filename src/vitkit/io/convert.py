@@ -407,7 +407,7 @@ def convert(
     ``img_size`` converts at another resolution: learned position embeddings are resampled
     (``interpolation``, default bicubic without antialias, as HF; timm uses antialias=True).
     """
-    from ..model import count_params
+    from ..runtime import count_params
 
     if src_format not in FORMATS_IN:
         raise ConfigError(f"--from {src_format!r}: expected one of {', '.join(FORMATS_IN)}")

@@ -44,59 +44,9 @@ from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, b
 from .loader import BatchLoader, micro_batches
 from .optim import build_optimizer
 from .schedule import Schedule
+from ..runtime import autocast, count_params, pick_precision, resolve_device
 
 STATE_VERSION = 1
-
-
-# =========================================================================================== devices
-def pick_device(name: str, dist: DistInfo = DistInfo()) -> torch.device:
-    """'auto' -> cuda (this process's local GPU), else mps, else cpu; an unavailable device is an error."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            name = "cuda"
-        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            name = "mps"
-        else:
-            name = "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("device: 'cuda' was asked for but no CUDA GPU is available")
-        return torch.device("cuda", dist.local_rank % torch.cuda.device_count())
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError("device: 'mps' was asked for but MPS is not available")
-    return torch.device(name)
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True on CPUs with bf16 matrix instructions (AMX or AVX512-BF16), where bf16 beats fp32."""
-    cpu = getattr(torch, "cpu", None)
-    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
-        fn = getattr(cpu, probe, None)
-        try:
-            if fn is not None and fn():
-                return True
-        except Exception:  # noqa: BLE001 - a probe that fails means "no"
-            pass
-    return False
-
-
-def pick_precision(name: str, device: torch.device) -> str:
-    if name == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        if device.type == "cpu":
-            return "bf16" if cpu_has_fast_bf16() else "fp32"
-        return "fp32"
-    if name == "fp16" and device.type != "cuda":
-        raise ConfigError(f"precision: 'fp16' needs a CUDA device (with a gradient scaler); on {device.type} use bf16 or fp32")
-    return name
-
-
-def autocast(device: torch.device, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
@@ -116,7 +66,7 @@ def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False)
     from ..variants import get_config
 
     cfg.validate()
-    pick_precision(cfg.precision, pick_device(cfg.device))
+    pick_precision(cfg.precision, resolve_device(cfg.device))
     if run_dir is not None:
         check_run_dir(Path(run_dir), resume)
     if cfg.init_from:
@@ -252,7 +202,7 @@ def train(
     run_dir = Path(run_dir)
     main = dist.is_main
     say = (log or (lambda m: print(m, flush=True))) if main else (lambda m: None)
-    device = pick_device(cfg.device, dist)
+    device = resolve_device(cfg.device, local_rank=dist.local_rank)
     precision = pick_precision(cfg.precision, device)
     if dist.enabled:
         init_process_group(dist, device)
@@ -396,7 +346,7 @@ def _train(cfg, run_dir, dist, resume, splits, progress, stop, say, device, prec
         write_json(run_dir / "config.json", run_info)
         write_json(run_dir / "classes.json", classes)
         _trim_metrics(metrics_file, st.step if saved is not None else 0)
-        n_params = sum(p.numel() for p in model.parameters())
+        n_params = count_params(model)
         say(
             f"{'resuming' if saved is not None else 'training'} {cfg.init_from or cfg.model} "
             f"({n_params / 1e6:.2f}M params, {img_size[0]}x{img_size[1]}) on {len(train_set)} images, {K} classes; "
@@ -753,4 +703,4 @@ def write_plots(run_dir: Path) -> str | None:
     return None
 
 
-__all__ = ["train", "evaluate", "build_model", "pick_device", "pick_precision", "write_plots"]
+__all__ = ["train", "evaluate", "build_model", "write_plots"]

@@ -1,0 +1,95 @@
+"""Runtime choices in one place: the device, the precision, the CPUs, parameter counts.
+
+Every tool and the trainer ask these functions, so a device is named, checked and refused in one
+wording everywhere, and what the hardware can do is detected at run time, never assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+from torch import nn
+
+from .errors import ConfigError
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def resolve_device(name: str | torch.device = "auto", *, local_rank: int = 0, what: str = "device") -> torch.device:
+    """``name`` as an available torch.device; a malformed or unavailable one is a one-line ConfigError.
+
+    'auto' is CUDA (this process's local GPU, ``local_rank``), else MPS, else the CPU. A bare 'cuda'
+    is also this process's local GPU. ``what`` names the argument in the error ('device', '--device').
+    """
+    if isinstance(name, str) and name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"{what}: {str(name)!r} is not a device (auto, cpu, cuda, cuda:N or mps)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{what}: {str(name)!r} was asked for but no CUDA GPU is available")
+        count = torch.cuda.device_count()
+        if dev.index is None:
+            return torch.device("cuda", local_rank % count)
+        if dev.index >= count:
+            raise ConfigError(f"{what}: {str(name)!r}: this machine has {count} CUDA GPU(s)")
+    elif dev.type == "mps" and not _mps_available():
+        raise ConfigError(f"{what}: {str(name)!r} was asked for but MPS is not available")
+    return dev
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True on CPUs with bf16 matrix instructions (AMX or AVX512-BF16), where bf16 beats fp32."""
+    cpu = getattr(torch, "cpu", None)
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        fn = getattr(cpu, probe, None)
+        try:
+            if fn is not None and fn():
+                return True
+        except Exception:  # noqa: BLE001 - a probe that fails means "no"
+            pass
+    return False
+
+
+def pick_precision(name: str, device: torch.device) -> str:
+    """'auto' -> bf16 on CUDA GPUs that have it (else fp16) and on CPUs with fast bf16, fp32 otherwise."""
+    if name == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        if device.type == "cpu":
+            return "bf16" if cpu_has_fast_bf16() else "fp32"
+        return "fp32"
+    if name == "fp16" and device.type != "cuda":
+        raise ConfigError(f"precision: 'fp16' needs a CUDA device (with a gradient scaler); on {device.type} use bf16 or fp32")
+    return name
+
+
+def autocast(device: torch.device, precision: str):
+    """The autocast context for ``precision`` ('fp32' is no autocast at all)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def count_params(model: nn.Module, trainable: bool = False) -> int:
+    """The number of parameters of ``model`` (only those that require gradients with ``trainable``)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
+
+
+__all__ = ["resolve_device", "cpu_has_fast_bf16", "pick_precision", "autocast", "usable_cpus", "count_params"]
