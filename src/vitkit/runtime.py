@@ -1,5 +1,7 @@
 """Runtime choices in one place: the device, the precision, the CPUs, parameter counts.
 
+Image sizes are parsed by ``vitkit.strict.to_hw`` (torch-free, so that the config can use it).
+
 Every tool and the trainer ask these functions, so a device is named, checked and refused in one
 wording everywhere, and what the hardware can do is detected at run time, never assumed.
 """

@@ -157,3 +157,28 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = nxt
         node[keys[-1]] = value
     return out
+
+
+def to_hw(value, what: str = "img_size", error: type[Exception] = ConfigError) -> tuple[int, int]:
+    """An image size as (H, W): N -> (N, N); (H, W) or [H, W] as given; 'N', 'HxW' or 'H,W' from text.
+
+    Sizes are positive whole numbers; anything else raises ``error`` in one line naming ``what``.
+    """
+    v = value
+    if isinstance(v, str):
+        try:
+            v = tuple(int(p) for p in v.lower().replace("x", ",").split(","))
+        except ValueError:
+            v = value
+        if isinstance(v, tuple) and len(v) == 1:
+            v = (v[0], v[0])
+    elif isinstance(v, int) and not isinstance(v, bool):
+        v = (v, v)
+    elif isinstance(v, list):
+        v = tuple(v)
+    ok = isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+    if not ok:
+        raise error(f"{what}: expected N or (H, W), got {value!r}")
+    if min(v) < 1:
+        raise error(f"{what}: sizes must be positive, got {value!r}")
+    return v
