@@ -14,7 +14,8 @@ from pathlib import Path
 from ..errors import CheckpointError
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry to disk (after a rename into it), where the platform allows."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
@@ -66,7 +67,7 @@ def atomic_path(target: str | os.PathLike):
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))

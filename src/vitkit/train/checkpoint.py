@@ -28,7 +28,7 @@ import torch
 
 from ..errors import CheckpointError, TrainingError
 from ..io import checkpoint as ckpt_io
-from ..io.atomic import _fsync_dir, atomic_path
+from ..io.atomic import fsync_dir, atomic_path
 
 TRAINER_STATE = "trainer.pt"
 LOCK = ".lock"
@@ -80,7 +80,7 @@ def save_checkpoint(run_dir: Path, name: str, model, trainer_state: dict | None,
         ckpt_io.save(model, tmp, extra=extra)  # each file atomic + fsynced
         if trainer_state is not None:
             _write_trainer_state(trainer_state, tmp / TRAINER_STATE)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
     except (OSError, CheckpointError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         cause = e
@@ -97,7 +97,7 @@ def save_checkpoint(run_dir: Path, name: str, model, trainer_state: dict | None,
             shutil.rmtree(old)
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync_dir(run_dir)
+    fsync_dir(run_dir)
     shutil.rmtree(old, ignore_errors=True)
     return final
 
