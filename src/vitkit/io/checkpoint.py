@@ -11,7 +11,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 
@@ -200,12 +200,33 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], 
         if k in state and tuple(state[k].shape) != tuple(own[k].shape)
     ]
     if missing or unexpected or shapes:
-        parts = []
-        for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)):
-            if items:
-                more = f" (+{len(items) - 8} more)" if len(items) > 8 else ""
-                parts.append(f"{label}: {', '.join(items[:8])}{more}")
+        parts = [
+            listing(label, items, limit=8)
+            for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes))
+            if items
+        ]
         raise CheckpointError(f"{source}: weights do not fit the config; " + "; ".join(parts))
+
+
+def listing(label: str, items: Sequence[str], limit: int) -> str:
+    """``label: a, b, c (+N more)``: the first ``limit`` items of a misfit report."""
+    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
+    return f"{label}: {', '.join(items[:limit])}{more}"
+
+
+def model_from_state(cfg: ViTConfig, state: Mapping[str, torch.Tensor], source: str):
+    """A VisionTransformer for ``cfg`` on the CPU holding ``state`` (checked key by key first).
+
+    The model is built on the meta device, so no memory goes to weights that are replaced at once.
+    """
+    from ..model import VisionTransformer
+
+    with torch.device("meta"):
+        model = VisionTransformer(cfg)
+    check_state_dict(model, state, source)
+    model = model.to_empty(device="cpu")
+    model.load_state_dict(state, strict=True)
+    return model
 
 
 def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
@@ -221,16 +242,9 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu"):
     The model takes float images (B, C, H, W), normalised as ``model.preprocess`` says, and returns
     logits; ``model.labels`` holds the class names when the checkpoint has them.
     """
-    from ..model import VisionTransformer
-
     ckpt = resolve_checkpoint(path)
     cfg, pre, labels, _ = read_config(ckpt)
-    state = read_safetensors(ckpt / WEIGHTS)
-    with torch.device("meta"):
-        model = VisionTransformer(cfg)
-    check_state_dict(model, state, str(ckpt / WEIGHTS))
-    model = model.to_empty(device="cpu")
-    model.load_state_dict(state, strict=True)
+    model = model_from_state(cfg, read_safetensors(ckpt / WEIGHTS), str(ckpt / WEIGHTS))
     model.preprocess = pre.for_channels(cfg.in_chans)
     model.labels = labels
     return model.to(device).eval()
