@@ -21,7 +21,10 @@ import torch
 
 from ..config import Preprocess, ViTConfig
 from ..errors import CheckpointError
-from .convert import assemble, build, expected_state, learned_pos_table, mlp_ratio_for, refuse, resolve_config
+from .arch import mlp_ratio_for, resolve_config
+from .atomic import atomic_write_bytes, atomic_write_text
+from .checkpoint import load_state_dict_file
+from .keys import Rule, assemble, build, expected_state, learned_pos_table, refuse, same
 
 ACT_FROM_HF = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "relu": "relu"}
 ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
@@ -48,7 +51,7 @@ def _legacy_name(key: str) -> str:
     return key
 
 
-def hf_table(cfg: ViTConfig, prefix: str) -> dict:
+def hf_table(cfg: ViTConfig, prefix: str) -> dict[str, Rule]:
     """vitkit key -> (HF keys, how to make the vitkit tensor from them)."""
     p = prefix
     cat = lambda *ts: torch.cat(ts, dim=0)  # noqa: E731 - q, k, v stacked into qkv
@@ -64,25 +67,23 @@ def hf_table(cfg: ViTConfig, prefix: str) -> dict:
         "head.weight": ("classifier.weight",),
         "head.bias": ("classifier.bias",),
     }
-    table = {k: (v, lambda x: x) for k, v in t.items()}
+    table = {k: (v, same) for k, v in t.items()}
     for i in range(cfg.depth):
         b, h = f"blocks.{i}.", f"{p}encoder.layer.{i}."
         for wb in ("weight", "bias"):
-            table[f"{b}norm1.{wb}"] = ((f"{h}layernorm_before.{wb}",), lambda x: x)
-            table[f"{b}norm2.{wb}"] = ((f"{h}layernorm_after.{wb}",), lambda x: x)
+            table[f"{b}norm1.{wb}"] = ((f"{h}layernorm_before.{wb}",), same)
+            table[f"{b}norm2.{wb}"] = ((f"{h}layernorm_after.{wb}",), same)
             qkv = tuple(f"{h}attention.attention.{n}.{wb}" for n in ("query", "key", "value"))
             table[f"{b}attn.qkv.{wb}"] = (qkv, cat)
-            table[f"{b}attn.proj.{wb}"] = ((f"{h}attention.output.dense.{wb}",), lambda x: x)
-            table[f"{b}mlp.fc1.{wb}"] = ((f"{h}intermediate.dense.{wb}",), lambda x: x)
-            table[f"{b}mlp.fc2.{wb}"] = ((f"{h}output.dense.{wb}",), lambda x: x)
+            table[f"{b}attn.proj.{wb}"] = ((f"{h}attention.output.dense.{wb}",), same)
+            table[f"{b}mlp.fc1.{wb}"] = ((f"{h}intermediate.dense.{wb}",), same)
+            table[f"{b}mlp.fc2.{wb}"] = ((f"{h}output.dense.{wb}",), same)
     return table
 
 
 # ----------------------------------------------------------------------------------------- read
 def read_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor], str]:
     """(config.json as a dict, state dict, the weights file's name) of an HF model directory."""
-    from .checkpoint import load_state_dict_file
-
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory (an HF model is a directory with config.json and weights)")
@@ -273,8 +274,6 @@ def to_hf_state(model) -> dict[str, torch.Tensor]:
 def write_hf(model, path: str | os.PathLike, return_files: bool = False):
     """Write config.json, model.safetensors and preprocessor_config.json into directory ``path``."""
     from safetensors.torch import save as st_save
-
-    from .atomic import atomic_write_bytes, atomic_write_text
 
     path = Path(path)
     if path.exists() and not path.is_dir():

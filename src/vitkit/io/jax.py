@@ -27,7 +27,9 @@ import torch
 
 from ..config import ViTConfig
 from ..errors import CheckpointError
-from .convert import assemble, build, expected_state, heads_from_width, mlp_ratio_for, resolve_config
+from .arch import heads_from_width, mlp_ratio_for, resolve_config
+from .checkpoint import load_state_dict_file
+from .keys import Rule, assemble, build, expected_state, same
 
 # sub-module names inside an encoder block
 NAMINGS = {
@@ -67,10 +69,6 @@ def _conv(x: torch.Tensor) -> torch.Tensor:
     return x.permute(3, 2, 0, 1)
 
 
-def _same(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
 def unpack(arrays: Mapping[str, torch.Tensor], source: str) -> tuple[dict[str, torch.Tensor], str, bool]:
     """Strip the parameter prefix and unstack scan blocks: (params, naming, scanned)."""
     prefix = next((p for p in PREFIXES if f"{p}embedding/kernel" in arrays), None)
@@ -94,38 +92,43 @@ def unpack(arrays: Mapping[str, torch.Tensor], source: str) -> tuple[dict[str, t
     return params, naming, scanned
 
 
-def jax_table(cfg: ViTConfig, naming: str) -> dict:
+def pos_key(naming: str) -> str:
+    """The learned position table's key: big_vision's over the patches, or vit_jax's with a class slot."""
+    return "pos_embedding" if naming == "big_vision" else "Transformer/posembed_input/pos_embedding"
+
+
+def jax_table(cfg: ViTConfig, naming: str) -> dict[str, Rule]:
     """vitkit key -> (npz keys, how to make the vitkit tensor from them)."""
     n = NAMINGS[naming]
-    pos = "pos_embedding" if naming == "big_vision" else "Transformer/posembed_input/pos_embedding"
+    pos = pos_key(naming)
     table = {
-        "cls_token": (("cls",), _same),
-        "pos_embed": ((pos,), _same),
+        "cls_token": (("cls",), same),
+        "pos_embed": ((pos,), same),
         "patch_embed.proj.weight": (("embedding/kernel",), _conv),
-        "patch_embed.proj.bias": (("embedding/bias",), _same),
-        "norm.weight": (("Transformer/encoder_norm/scale",), _same),
-        "norm.bias": (("Transformer/encoder_norm/bias",), _same),
+        "patch_embed.proj.bias": (("embedding/bias",), same),
+        "norm.weight": (("Transformer/encoder_norm/scale",), same),
+        "norm.bias": (("Transformer/encoder_norm/bias",), same),
         "pre_logits.fc.weight": (("pre_logits/kernel",), _t),
-        "pre_logits.fc.bias": (("pre_logits/bias",), _same),
+        "pre_logits.fc.bias": (("pre_logits/bias",), same),
         "head.weight": (("head/kernel",), _t),
-        "head.bias": (("head/bias",), _same),
+        "head.bias": (("head/bias",), same),
     }
     for i in range(cfg.depth):
         b, j = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
         a = f"{j}{n['attn']}/"
         table.update({
-            f"{b}norm1.weight": ((f"{j}{n['ln1']}/scale",), _same),
-            f"{b}norm1.bias": ((f"{j}{n['ln1']}/bias",), _same),
+            f"{b}norm1.weight": ((f"{j}{n['ln1']}/scale",), same),
+            f"{b}norm1.bias": ((f"{j}{n['ln1']}/bias",), same),
             f"{b}attn.qkv.weight": (tuple(f"{a}{x}/kernel" for x in ("query", "key", "value")), _qkv),
             f"{b}attn.qkv.bias": (tuple(f"{a}{x}/bias" for x in ("query", "key", "value")), _qkv_bias),
             f"{b}attn.proj.weight": ((f"{a}out/kernel",), _out),
-            f"{b}attn.proj.bias": ((f"{a}out/bias",), _same),
-            f"{b}norm2.weight": ((f"{j}{n['ln2']}/scale",), _same),
-            f"{b}norm2.bias": ((f"{j}{n['ln2']}/bias",), _same),
+            f"{b}attn.proj.bias": ((f"{a}out/bias",), same),
+            f"{b}norm2.weight": ((f"{j}{n['ln2']}/scale",), same),
+            f"{b}norm2.bias": ((f"{j}{n['ln2']}/bias",), same),
             f"{b}mlp.fc1.weight": ((f"{j}{n['mlp']}/Dense_0/kernel",), _t),
-            f"{b}mlp.fc1.bias": ((f"{j}{n['mlp']}/Dense_0/bias",), _same),
+            f"{b}mlp.fc1.bias": ((f"{j}{n['mlp']}/Dense_0/bias",), same),
             f"{b}mlp.fc2.weight": ((f"{j}{n['mlp']}/Dense_1/kernel",), _t),
-            f"{b}mlp.fc2.bias": ((f"{j}{n['mlp']}/Dense_1/bias",), _same),
+            f"{b}mlp.fc2.bias": ((f"{j}{n['mlp']}/Dense_1/bias",), same),
         })
     return table
 
@@ -154,11 +157,11 @@ def infer(params: Mapping[str, torch.Tensor], naming: str, source: str) -> tuple
     seen["fc_norm"] = False  # the encoder norm comes before pooling in both codebases
     seen["num_classes"] = params["head/kernel"].shape[-1] if "head/kernel" in params else 0
     seen["representation_size"] = params["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in params else None
-    pos_key = "pos_embedding" if naming == "big_vision" else "Transformer/posembed_input/pos_embedding"
+    pos = pos_key(naming)
     pos_len = None
-    if pos_key in params:
+    if pos in params:
         seen["pos_embed"] = "learn"
-        pos_len = params[pos_key].shape[1] if params[pos_key].ndim == 3 else None
+        pos_len = params[pos].shape[1] if params[pos].ndim == 3 else None
         seen["no_embed_class"] = naming == "big_vision" and seen["class_token"]
     elif naming == "big_vision":
         seen["pos_embed"] = "sincos2d"  # big_vision's fixed table (posemb='sincos2d') has no parameter
@@ -169,8 +172,6 @@ def infer(params: Mapping[str, torch.Tensor], naming: str, source: str) -> tuple
 
 def read_jax(path, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
     """(VisionTransformer, info) from a .npz checkpoint."""
-    from .checkpoint import load_state_dict_file
-
     source = str(path)
     if not isinstance(path, (str, os.PathLike)) or not str(path).lower().endswith(".npz"):
         raise CheckpointError(f"{source}: JAX checkpoints are read from .npz files")

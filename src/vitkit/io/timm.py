@@ -19,8 +19,10 @@ import torch
 
 from ..config import ViTConfig
 from ..errors import CheckpointError
-from .convert import assemble, build, expected_state, heads_from_width, learned_pos_table, mlp_ratio_for, refuse
-from .convert import resolve_config, same
+from .arch import heads_from_width, mlp_ratio_for, resolve_config
+from .atomic import atomic_path
+from .checkpoint import load_state_dict_file
+from .keys import assemble, build, expected_state, learned_pos_table, refuse, same
 
 
 def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int | None]:
@@ -60,9 +62,7 @@ def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int 
 
 
 def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
-    """(VisionTransformer, info) from a timm state dict or file; see ``convert.resolve_config``."""
-    from .checkpoint import load_state_dict_file
-
+    """(VisionTransformer, info) from a timm state dict or file; see ``arch.resolve_config``."""
     if isinstance(src, (str, os.PathLike)):
         source = str(src)
         sd = load_state_dict_file(src)
@@ -132,8 +132,6 @@ def timm_model_kwargs(cfg: ViTConfig) -> dict:
 
 def save_timm(model, path: str | os.PathLike) -> Path:
     """Write ``to_timm(model)`` to a .safetensors or .pth / .pt / .bin file, atomically."""
-    from .atomic import atomic_path
-
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".safetensors", ".pth", ".pt", ".bin"):
