@@ -199,19 +199,23 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], 
         for k in own
         if k in state and tuple(state[k].shape) != tuple(own[k].shape)
     ]
-    if missing or unexpected or shapes:
-        parts = [
-            listing(label, items, limit=8)
-            for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes))
-            if items
-        ]
-        raise CheckpointError(f"{source}: weights do not fit the config; " + "; ".join(parts))
+    raise_misfit(source, "config", missing, unexpected, shapes, limit=8)
 
 
-def listing(label: str, items: Sequence[str], limit: int) -> str:
-    """``label: a, b, c (+N more)``: the first ``limit`` items of a misfit report."""
-    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
-    return f"{label}: {', '.join(items[:limit])}{more}"
+def raise_misfit(
+    source: str, target: str, missing: Sequence[str], unexpected: Sequence[str], misshaped: Sequence[str], limit: int
+) -> None:
+    """Raise one CheckpointError listing the first ``limit`` keys of each kind of misfit, if there are any.
+
+    ``SOURCE: weights do not fit the TARGET; missing: a, b (+N more); unexpected: ...; mis-shaped: ...``
+    """
+    parts = []
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
+        if items:
+            more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
+            parts.append(f"{label}: {', '.join(items[:limit])}{more}")
+    if parts:
+        raise CheckpointError(f"{source}: weights do not fit the {target}; " + "; ".join(parts))
 
 
 def model_from_state(cfg: ViTConfig, state: Mapping[str, torch.Tensor], source: str):

@@ -18,7 +18,7 @@ import torch
 
 from ..config import ViTConfig
 from ..errors import CheckpointError
-from .checkpoint import listing, load_weights, model_from_state
+from .checkpoint import load_weights, model_from_state, raise_misfit
 
 # A rule makes one vitkit tensor from source tensors: (source keys, function of those tensors).
 Rule = tuple[tuple[str, ...], Callable[..., torch.Tensor]]
@@ -62,13 +62,7 @@ def assemble(
             continue
         out[key] = t.contiguous()
     unexpected = [k for k in src if k not in used]
-    if missing or unexpected or bad:
-        parts = [
-            listing(label, items, limit=6)
-            for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", bad))
-            if items
-        ]
-        raise CheckpointError(f"{source}: weights do not fit the model; " + "; ".join(parts))
+    raise_misfit(source, "model", missing, unexpected, bad, limit=6)
     return out
 
 
