@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConfigError
-from .runtime import count_params, resolve_device
+from .runtime import autocast, count_params, load_model, resolve_device
+from .strict import to_hw
 
 DTYPES = ("fp32", "bf16", "int8")
 MODES = ("infer", "train")
@@ -185,32 +186,35 @@ def _quantize_int8(model):
 
 
 # ------------------------------------------------------------------------------------------- bench
+_INT8_NOTE = "int8: dynamic quantization of Linear layers (weights int8), inference only"
+
+
 def _resolve_model(model_or_name, img_size, device):
-    """A module, a registered model name (random weights, seed 0) or a checkpoint / run directory."""
+    """A module, a registered model name (random weights, seed 0) or a checkpoint / run directory, at
+    ``img_size`` (a fixed-size model is resampled) and in eval mode on ``device``; and its name."""
     from .variants import REGISTRY, create_model
 
-    if isinstance(model_or_name, torch.nn.Module):
-        model, source = model_or_name, type(model_or_name).__name__
-    elif isinstance(model_or_name, str) and model_or_name in REGISTRY:
+    if isinstance(model_or_name, str) and model_or_name in REGISTRY:
         over = {"img_size": img_size} if img_size else {}
-        model, source = create_model(model_or_name, seed=0, **over), model_or_name
-        img_size = None
-    else:
-        from .io.checkpoint import load
-
-        model, source = load(model_or_name), str(model_or_name)
-    if img_size and tuple(model.cfg.img_size) != tuple(img_size):
-        if not model.cfg.dynamic_img_size:
-            model.resample_to(img_size)
-    return model.to(device).eval(), source
+        return create_model(model_or_name, seed=0, **over).to(device).eval(), model_or_name
+    source = type(model_or_name).__name__ if isinstance(model_or_name, torch.nn.Module) else str(model_or_name)
+    model = load_model(model_or_name, device)
+    if img_size and tuple(model.cfg.img_size) != tuple(img_size) and not model.cfg.dynamic_img_size:
+        model.resample_to(img_size)
+    return model, source
 
 
-def _pair(v):
-    if v is None:
-        return None
-    if isinstance(v, int):
-        return (v, v)
-    return tuple(int(x) for x in v)
+def _check_options(dtypes, modes, batch_sizes, repeats: int, warmup: int) -> None:
+    for d in dtypes:
+        if d not in DTYPES:
+            raise ConfigError(f"--dtype: {d!r} is not one of {', '.join(DTYPES)}")
+    for m in modes:
+        if m not in MODES:
+            raise ConfigError(f"--mode: {m!r} is not one of {', '.join(MODES)}")
+    if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
+        raise ConfigError(f"--batch-sizes: every batch size must be >= 1, got {list(batch_sizes)}")
+    if repeats < 1 or warmup < 0:
+        raise ConfigError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
 
 
 def bench(
@@ -231,22 +235,13 @@ def bench(
     Each row: mode, dtype, batch, images_per_s, p50_ms, p95_ms, min_ms, max_ms, iqr_ms,
     images_per_s_min / _max (from the slowest / fastest step), peak_mem_mib, tflops, mfu, note.
     """
-    for d in dtypes:
-        if d not in DTYPES:
-            raise ConfigError(f"--dtype: {d!r} is not one of {', '.join(DTYPES)}")
-    for m in modes:
-        if m not in MODES:
-            raise ConfigError(f"--mode: {m!r} is not one of {', '.join(MODES)}")
-    if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
-        raise ConfigError(f"--batch-sizes: every batch size must be >= 1, got {list(batch_sizes)}")
-    if repeats < 1 or warmup < 0:
-        raise ConfigError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
+    _check_options(dtypes, modes, batch_sizes, repeats, warmup)
     dev = resolve_device(device, what="--device")
     if threads is not None:
         if threads < 1:
             raise ConfigError(f"--threads: must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    img_size = _pair(img_size)
+    img_size = None if img_size is None else to_hw(img_size, "--img-size")
     model, source = _resolve_model(model_or_name, img_size, dev)
     cfg = model.cfg
     size = img_size or tuple(cfg.img_size)
@@ -284,38 +279,68 @@ def bench(
 
 
 def _bench_one(model, mode, dtype, batch, size, repeats, warmup, compile, dev, flops, peak):
-    cfg = model.cfg
+    """One row: ``warmup`` untimed steps, then ``repeats`` timed ones, of ``mode`` in ``dtype`` at ``batch``."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(batch, cfg.in_chans, *size, generator=g).to(dev)
-    note = ""
+    x = torch.randn(batch, model.cfg.in_chans, *size, generator=g).to(dev)
     if dtype == "int8":
         m = _quantize_int8(model)
         if m is None:
             return dict(mode=mode, dtype=dtype, batch=batch, skipped="torch.ao dynamic quantization not available")
-        note = "int8: dynamic quantization of Linear layers (weights int8), inference only"
-    elif mode == "train":
-        m = copy.deepcopy(model).train()
     else:
-        m = model
-    amp = torch.autocast(dev.type, dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
-    run_m = torch.compile(m) if compile else m
-    if mode == "train":
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-        y = torch.randint(0, max(cfg.num_classes, 1), (batch,), generator=g).to(dev)
+        m = copy.deepcopy(model).train() if mode == "train" else model  # training leaves the model as it was
+    step = _step_fn(m, mode, dtype, x, g, compile)
+    times, mem = _time_steps(step, warmup, repeats, compile, dev)
+    st = _stats(times)
+    achieved = flops * batch * (3 if mode == "train" else 1) / (st["p50_ms"] / 1e3)
+    row = dict(
+        mode=mode,
+        dtype=dtype,
+        batch=batch,
+        images_per_s=batch / (st["p50_ms"] / 1e3),
+        images_per_s_min=batch / (st["max_ms"] / 1e3),
+        images_per_s_max=batch / (st["min_ms"] / 1e3),
+        **st,
+        peak_mem_mib=mem.peak_mib(),
+        peak_mem_how=mem.how,
+        mem_at_start_mib=mem.base,
+        tflops=achieved / 1e12,
+        mfu=(achieved / peak) if peak else None,
+    )
+    if dtype == "int8":
+        row["note"] = _INT8_NOTE
+    return row
 
-        def step():
-            with amp:
-                out = run_m(x)
-                loss = F.cross_entropy(out.float(), y) if cfg.num_classes else out.float().pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    else:
+
+def _step_fn(m, mode: str, dtype: str, x: torch.Tensor, g: torch.Generator, compile: bool):
+    """One step on the batch ``x``: a forward pass under inference mode, or (train) forward +
+    cross-entropy against labels drawn from ``g`` + backward + AdamW step. bf16 runs under autocast."""
+    dev = x.device
+    amp = autocast(dev, "bf16") if dtype == "bf16" else nullcontext()
+    run_m = torch.compile(m) if compile else m
+    if mode != "train":
 
         def step():
             with torch.inference_mode(), amp:
                 run_m(x)
 
+        return step
+    cfg = m.cfg
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    y = torch.randint(0, max(cfg.num_classes, 1), (x.shape[0],), generator=g).to(dev)
+
+    def step():
+        with amp:
+            out = run_m(x)
+            loss = F.cross_entropy(out.float(), y) if cfg.num_classes else out.float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _time_steps(step, warmup: int, repeats: int, compile: bool, dev: torch.device):
+    """The seconds of each of ``repeats`` timed steps (after ``warmup`` untimed ones), and the peak memory."""
     with _PeakMemory(dev) as mem:
         if compile:  # compilation happens on the first call: make its failure one line
             try:
@@ -332,27 +357,7 @@ def _bench_one(model, mode, dtype, batch, size, repeats, warmup, compile, dev, f
             step()
             _sync(dev)
             times.append(time.perf_counter() - t0)
-    st = _stats(times)
-    ips = batch / (st["p50_ms"] / 1e3)
-    step_flops = flops * batch * (3 if mode == "train" else 1)
-    achieved = step_flops / (st["p50_ms"] / 1e3)
-    row = dict(
-        mode=mode,
-        dtype=dtype,
-        batch=batch,
-        images_per_s=ips,
-        images_per_s_min=batch / (st["max_ms"] / 1e3),
-        images_per_s_max=batch / (st["min_ms"] / 1e3),
-        **st,
-        peak_mem_mib=mem.peak_mib(),
-        peak_mem_how=mem.how,
-        mem_at_start_mib=mem.base,
-        tflops=achieved / 1e12,
-        mfu=(achieved / peak) if peak else None,
-    )
-    if note:
-        row["note"] = note
-    return row
+    return times, mem
 
 
 def format_table(res: dict) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import ConfigError
-from .strict import from_dict, to_dict
+from .strict import from_dict, to_dict, to_hw
 
 Pool = Literal["token", "avg", "none"]
 PosEmbed = Literal["learn", "sincos1d", "sincos2d", "none"]
@@ -68,7 +68,7 @@ class ViTConfig:
     #   patch projection, zero head), 'timm' (trunc normal std .02 for every Linear)
 
     def __post_init__(self):
-        self.img_size = _pair(self.img_size, "img_size")
+        self.img_size = to_hw(self.img_size, "ViTConfig.img_size")
         self.validate()
 
     # ------------------------------------------------------------------------------------------------
@@ -201,20 +201,6 @@ class Preprocess:
     @classmethod
     def from_dict(cls, data: dict, where: str = "Preprocess") -> "Preprocess":
         return from_dict(cls, data, where)
-
-
-def _pair(v, name: str) -> tuple[int, int]:
-    if isinstance(v, bool):
-        raise ConfigError(f"ViTConfig.{name}: expected an int or (H, W), got {v!r}")
-    if isinstance(v, int):
-        v = (v, v)
-    if isinstance(v, list):
-        v = tuple(v)
-    if not (isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
-        raise ConfigError(f"ViTConfig.{name}: expected an int or (H, W), got {v!r}")
-    if min(v) < 1:
-        raise ConfigError(f"ViTConfig.{name}: sizes must be positive, got {v!r}")
-    return v
 
 
 __all__ = ["ViTConfig", "Preprocess"]

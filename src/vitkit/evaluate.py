@@ -20,6 +20,7 @@ import json
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
+from .runtime import label_names, load_model
 
 SPLITS = ("test", "val", "train")
 
@@ -99,40 +101,122 @@ def evaluate(
     ``skipped`` as {"path", "reason"}; with ``strict`` the first one is an error. Returns a dict (see
     the module docstring).
     """
-    from .data import eval_batch
-    from .predict import label_names, load_model
-
     if split is not None and split not in SPLITS:
         raise ConfigError(f"--split: {split!r} is not one of {', '.join(SPLITS)}")
     if batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {batch_size}")
     model = load_model(model_or_path, device)
-    cfg = model.cfg
-    if not cfg.num_classes:
+    if not model.cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
     where = "built-in demo set" if data is None else str(data)
     splits = _open(data, data_format, model, val_fraction, seed, strict, max_pixels)
+    split, ds = _pick_split(splits, split, where)
+    remap = match_classes(model, splits.classes, where)
+    skipped = [dict(path=str(p), reason=r) for p, r in splits.skipped]
+    tally = _score(model, ds, remap, batch_size, strict, skipped)
+    if tally.n == 0:
+        raise DataError(f"{where}: no image of the {split!r} split could be read ({len(skipped)} skipped)")
+    names = label_names(model)
+    res = dict(
+        checkpoint=None if isinstance(model_or_path, torch.nn.Module) else str(model_or_path),
+        data=where,
+        format=splits.format,
+        split=split,
+        num_images=tally.n,
+        skipped_files=len(skipped),
+        skipped=skipped,
+        **_metrics(tally, names),
+        worst=_worst(tally, ds, remap, names, num_worst),
+        files={},
+    )
+    if out is not None:
+        res["files"] = _write_outputs(Path(out), res, ds, remap)
+    return res
+
+
+def _pick_split(splits, split: str | None, where: str):
+    """The split to evaluate (None: 'test' when there is one, else 'val') and its ImageSet; DataError
+    when the data has no such split or it is empty."""
     if split is None:
         split = "test" if splits.test is not None else "val"
     ds = getattr(splits, split)
     if ds is None or len(ds) == 0:
         have = [s for s in SPLITS if getattr(splits, s) is not None]
         raise DataError(f"{where}: has no {split!r} split (it has: {', '.join(have)})")
-    remap = match_classes(model, splits.classes, where)
-    names = label_names(model)
-    K = cfg.num_classes
-    k5 = min(5, K)
-    dev = next(model.parameters()).device
+    return split, ds
 
-    conf = torch.zeros(K, K, dtype=torch.long)
-    loss_sum, top1, top5 = 0.0, 0, 0
-    wrong_prob, wrong_idx, wrong_pred = [], [], []
-    targets_all = []
-    skipped = [dict(path=str(p), reason=r) for p, r in splits.skipped]
-    pool = ThreadPoolExecutor(4) if ds.paths is not None else None  # decode streamed files in parallel
+
+# ---------------------------------------------------------------------------------------- scoring
+@dataclass
+class _Tally:
+    """Running totals over the batches: loss, top-1 / top-k hits, the confusion matrix and every mistake
+    (its probability, dataset index and predicted class)."""
+
+    num_classes: int
+    k5: int  # the "top-5" k: min(5, classes)
+    n: int = 0
+    loss_sum: float = 0.0
+    top1: int = 0
+    top5: int = 0
+    conf: torch.Tensor = field(init=False)  # (K, K) counts, rows: true class, columns: predicted
+    wrong_prob: list = field(default_factory=list)
+    wrong_idx: list = field(default_factory=list)
+    wrong_pred: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.conf = torch.zeros(self.num_classes, self.num_classes, dtype=torch.long)
+
+    def add(self, logits: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> None:
+        """Count one batch: float logits (B, K) on the model's device, CPU labels ``y`` and indices ``idx``."""
+        K = self.num_classes
+        self.loss_sum += float(F.cross_entropy(logits, y.to(logits.device), reduction="sum"))
+        probs = logits.softmax(-1).cpu()
+        top = probs.topk(self.k5, dim=-1).indices
+        pred = top[:, 0]
+        self.top1 += int((pred == y).sum())
+        self.top5 += int((top == y[:, None]).any(1).sum())
+        self.conf += torch.bincount(y * K + pred, minlength=K * K).reshape(K, K)
+        bad = pred != y
+        self.wrong_prob.append(probs[bad].gather(1, pred[bad][:, None])[:, 0])
+        self.wrong_idx.append(idx[bad])
+        self.wrong_pred.append(pred[bad])
+        self.n += len(y)
+
+
+def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict]) -> _Tally:
+    """Run the model over ``ds`` batch by batch through its own preprocessing, counting in a _Tally.
+
+    Streamed files are decoded in 4 threads; one that fails to decode is skipped and listed in ``skipped``
+    (with ``strict`` it raises).
+    """
+    from .data import eval_batch
+
+    cfg = model.cfg
+    dev = next(model.parameters()).device
+    tally = _Tally(cfg.num_classes, min(5, cfg.num_classes))
+    # an executor starts its threads on first use: in-memory data never starts any
+    with ThreadPoolExecutor(4) as pool, torch.no_grad():
+        for start in range(0, len(ds), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(ds)))
+            if ds.paths is not None:
+                idx, imgs = _decode_streamed(pool, ds, idx, strict, skipped)
+                if imgs is None:
+                    continue
+                y = ds.labels[idx]
+            else:
+                imgs, y = ds.get_batch(idx)
+            if remap is not None:
+                y = remap[y]
+            x = eval_batch(imgs.to(dev), cfg.img_size, model.preprocess)
+            tally.add(model(x).float(), y, idx)
+    return tally
+
+
+def _decode_streamed(pool, ds, idx: torch.Tensor, strict: bool, skipped: list[dict]):
+    """The indices among ``idx`` whose files decode, and their images (B, C, H, W); (idx, None) when none
+    does. A streamed file can pass the scan (its header reads) and still fail to decode."""
 
     def decode(i: int):
-        # a streamed file can pass the scan (its header reads) and still fail to decode
         try:
             return ds.get(i)[0]
         except DataError as e:
@@ -141,56 +225,47 @@ def evaluate(
             skipped.append(dict(path=str(ds.paths[i]), reason=str(e)))
             return None
 
-    with torch.no_grad():
-        for start in range(0, len(ds), batch_size):
-            idx = torch.arange(start, min(start + batch_size, len(ds)))
-            if pool is not None:
-                decoded = list(pool.map(decode, idx.tolist()))
-                keep = [j for j, im in enumerate(decoded) if im is not None]
-                if not keep:
-                    continue
-                idx = idx[keep]
-                imgs = torch.stack([decoded[j] for j in keep])
-                y = ds.labels[idx]
-            else:
-                imgs, y = ds.get_batch(idx)
-            if remap is not None:
-                y = remap[y]
-            x = eval_batch(imgs.to(dev), cfg.img_size, model.preprocess)
-            logits = model(x).float()
-            y_dev = y.to(dev)
-            loss_sum += float(F.cross_entropy(logits, y_dev, reduction="sum"))
-            probs = logits.softmax(-1).cpu()
-            top = probs.topk(k5, dim=-1).indices
-            pred = top[:, 0]
-            top1 += int((pred == y).sum())
-            top5 += int((top == y[:, None]).any(1).sum())
-            conf += torch.bincount(y * K + pred, minlength=K * K).reshape(K, K)
-            bad = pred != y
-            wrong_prob.append(probs[bad].gather(1, pred[bad][:, None])[:, 0])
-            wrong_idx.append(idx[bad])
-            wrong_pred.append(pred[bad])
-            targets_all.append(y)
-    if pool is not None:
-        pool.shutdown()
-    if not targets_all:
-        raise DataError(f"{where}: no image of the {split!r} split could be read ({len(skipped)} skipped)")
-    y_all = torch.cat(targets_all)
-    n = len(y_all)
+    decoded = list(pool.map(decode, idx.tolist()))
+    keep = [j for j, im in enumerate(decoded) if im is not None]
+    if not keep:
+        return idx, None
+    return idx[keep], torch.stack([decoded[j] for j in keep])
+
+
+def _metrics(tally: _Tally, names: list[str]) -> dict:
+    """Loss, top-1 / top-k, per-class precision / recall / F1 and their macro averages (over the classes
+    present in the split), the class names and the confusion matrix."""
+    conf, n = tally.conf, tally.n
     per_class, precisions, recalls, f1s = [], [], [], []
-    for j in range(K):
+    for j in range(tally.num_classes):
         tp = int(conf[j, j])
         predicted, actual = int(conf[:, j].sum()), int(conf[j, :].sum())
         p = tp / predicted if predicted else 0.0
         r = tp / actual if actual else 0.0
         f = 2 * p * r / (p + r) if p + r else 0.0
         per_class.append(dict(index=j, name=names[j], precision=p, recall=r, f1=f, support=actual))
-        if actual:  # macro averages over the classes present in the split
+        if actual:
             precisions.append(p)
             recalls.append(r)
             f1s.append(f)
+    return dict(
+        loss=tally.loss_sum / n,
+        top1=tally.top1 / n,
+        top5=tally.top5 / n,
+        top5_k=tally.k5,
+        macro_precision=float(np.mean(precisions)) if precisions else 0.0,
+        macro_recall=float(np.mean(recalls)) if recalls else 0.0,
+        macro_f1=float(np.mean(f1s)) if f1s else 0.0,
+        per_class=per_class,
+        classes=names,
+        confusion=conf.tolist(),
+    )
 
-    wp, wi, wpred = torch.cat(wrong_prob), torch.cat(wrong_idx), torch.cat(wrong_pred)
+
+def _worst(tally: _Tally, ds, remap, names: list[str], num_worst: int) -> list[dict]:
+    """The ``num_worst`` most confidently wrong images: index, true and predicted class, probability (and
+    path for streamed files)."""
+    wp, wi, wpred = torch.cat(tally.wrong_prob), torch.cat(tally.wrong_idx), torch.cat(tally.wrong_pred)
     order = wp.argsort(descending=True)[:num_worst]
     worst = []
     for o in order.tolist():
@@ -200,31 +275,7 @@ def evaluate(
         if ds.paths is not None:
             item["path"] = str(ds.paths[i])
         worst.append(item)
-
-    res = dict(
-        checkpoint=None if isinstance(model_or_path, torch.nn.Module) else str(model_or_path),
-        data=where,
-        format=splits.format,
-        split=split,
-        num_images=n,
-        skipped_files=len(skipped),
-        skipped=skipped,
-        loss=loss_sum / n,
-        top1=top1 / n,
-        top5=top5 / n,
-        top5_k=k5,
-        macro_precision=float(np.mean(precisions)) if precisions else 0.0,
-        macro_recall=float(np.mean(recalls)) if recalls else 0.0,
-        macro_f1=float(np.mean(f1s)) if f1s else 0.0,
-        per_class=per_class,
-        classes=names,
-        confusion=conf.tolist(),
-        worst=worst,
-        files={},
-    )
-    if out is not None:
-        res["files"] = _write_outputs(Path(out), res, ds, remap)
-    return res
+    return worst
 
 
 # ---------------------------------------------------------------------------------------- outputs

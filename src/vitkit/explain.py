@@ -31,6 +31,8 @@ import torch.nn.functional as F
 
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, ShapeError
+from .runtime import label_names, load_model
+from .strict import to_hw
 
 METHODS = ("rollout", "cls", "both")
 FUSIONS = ("mean", "max", "min")
@@ -135,7 +137,7 @@ def _run_size(model, img_hw: tuple[int, int], img_size) -> tuple[tuple[int, int]
     cfg = model.cfg
     P = cfg.patch_size
     if img_size is not None:
-        size = (img_size, img_size) if isinstance(img_size, int) else tuple(int(s) for s in img_size)
+        size = to_hw(img_size, "--img-size")
         if size[0] % P or size[1] % P or min(size) < P:
             raise ConfigError(f"--img-size: {size[0]}x{size[1]} is not a multiple of the patch size {P}")
         if size != tuple(cfg.img_size) and not cfg.dynamic_img_size:
@@ -173,54 +175,72 @@ def explain(
     Returns {"rollout": (gh, gw) float32 array or None, "cls": ... or None, "grid": (gh, gw),
     "input_size": (H, W), "pred": {"index", "label", "prob"}, "class_token": bool, "note": str, "out"}.
     """
-    from .data import decode_image, to_model_input
-    from .data.images import resize_center_crop
-    from .predict import label_names, load_model
+    from .data import to_model_input
 
-    if method not in METHODS:
-        raise ConfigError(f"--method: {method!r} is not one of {', '.join(METHODS)}")
-    if head_fusion not in FUSIONS:
-        raise ConfigError(f"--head-fusion: {head_fusion!r} is not one of {', '.join(FUSIONS)}")
-    if not 0.0 <= discard_ratio < 1.0:
-        raise ConfigError(f"--discard-ratio: must be in [0, 1), got {discard_ratio}")
+    _check_options(method, head_fusion, discard_ratio)
     model = load_model(model_or_path, device)
     cfg = model.cfg
-    if isinstance(image, torch.Tensor):
-        img, source = image, "tensor"
-        if img.ndim != 3 or img.dtype != torch.uint8 or img.shape[0] != cfg.in_chans:
-            raise ShapeError(f"image: expected a uint8 tensor ({cfg.in_chans}, H, W), got {img.dtype} {tuple(img.shape)}")
-    else:
-        img, source = decode_image(image, cfg.in_chans, max_pixels), str(image)
+    img, source = _read_image(image, cfg.in_chans, max_pixels)
     size, run_model = _run_size(model, tuple(img.shape[-2:]), img_size)
-    pre = model.preprocess
-    x = to_model_input(img, size, pre)[None].to(next(model.parameters()).device)
+    x = to_model_input(img, size, model.preprocess)[None].to(next(model.parameters()).device)
     with torch.no_grad():
         logits, maps = run_model.forward_with_attention(x)  # manual attention for this call only
-    probs = logits.float().softmax(-1)[0] if cfg.num_classes else None
-    P = cfg.patch_size
-    grid = (size[0] // P, size[1] // P)
-    prefix = run_model.num_prefix_tokens
+    grid = (size[0] // cfg.patch_size, size[1] // cfg.patch_size)
     note = ("" if cfg.class_token else
             "the model has no class token (average pooling): the maps are the mean over all query tokens")
     res: dict = dict(source=source, method=method, head_fusion=head_fusion, discard_ratio=discard_ratio,
                      input_size=list(size), grid=list(grid), class_token=bool(cfg.class_token), note=note,
-                     rollout=None, cls=None, pred=None, out=None)
-    if probs is not None:
-        i = int(probs.argmax())
-        res["pred"] = dict(index=i, label=label_names(model)[i], prob=float(probs[i]))
+                     rollout=None, cls=None, pred=_prediction(model, logits), out=None)
+    prefix = run_model.num_prefix_tokens
     if method in ("rollout", "both"):
         res["rollout"] = _to_grid(_patch_row(attention_rollout(maps, head_fusion, discard_ratio), prefix)[0], grid)
     if method in ("cls", "both"):
         last = fuse_heads(maps[-1].float(), head_fusion)
         res["cls"] = _to_grid(_patch_row(last, prefix)[0], grid)
     if out is not None:
-        # the region the model saw (resize + centre crop, before normalisation), as RGB
-        seen = resize_center_crop(img[None].float(), size, pre.crop_pct, pre.interpolation)[0]
-        seen = seen.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-        if seen.shape[-1] == 1:
-            seen = np.repeat(seen, 3, axis=-1)
-        res["out"] = str(_write_png(out, seen, res, alpha, display_size))
+        res["out"] = str(_write_png(out, _seen(img, size, model.preprocess), res, alpha, display_size))
     return res
+
+
+def _check_options(method: str, head_fusion: str, discard_ratio: float) -> None:
+    if method not in METHODS:
+        raise ConfigError(f"--method: {method!r} is not one of {', '.join(METHODS)}")
+    if head_fusion not in FUSIONS:
+        raise ConfigError(f"--head-fusion: {head_fusion!r} is not one of {', '.join(FUSIONS)}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ConfigError(f"--discard-ratio: must be in [0, 1), got {discard_ratio}")
+
+
+def _read_image(image, channels: int, max_pixels) -> tuple[torch.Tensor, str]:
+    """The image as uint8 (C, H, W) and where it came from: a tensor as given (checked), or a decoded file."""
+    from .data import decode_image
+
+    if isinstance(image, torch.Tensor):
+        if image.ndim != 3 or image.dtype != torch.uint8 or image.shape[0] != channels:
+            raise ShapeError(f"image: expected a uint8 tensor ({channels}, H, W), "
+                             f"got {image.dtype} {tuple(image.shape)}")
+        return image, "tensor"
+    return decode_image(image, channels, max_pixels), str(image)
+
+
+def _prediction(model, logits: torch.Tensor) -> dict | None:
+    """The top class of a batch of one: {"index", "label", "prob"}; None for a model without a head."""
+    if not model.cfg.num_classes:
+        return None
+    probs = logits.float().softmax(-1)[0]
+    i = int(probs.argmax())
+    return dict(index=i, label=label_names(model)[i], prob=float(probs[i]))
+
+
+def _seen(img: torch.Tensor, size: tuple[int, int], pre) -> np.ndarray:
+    """The region the model saw (resize + centre crop, before normalisation), as uint8 RGB (H, W, 3)."""
+    from .data.images import resize_center_crop
+
+    seen = resize_center_crop(img[None].float(), size, pre.crop_pct, pre.interpolation)[0]
+    seen = seen.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    if seen.shape[-1] == 1:
+        seen = np.repeat(seen, 3, axis=-1)
+    return seen
 
 
 def _write_png(out, seen: np.ndarray, res: dict, alpha: float, display_size: int):

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from .errors import VitkitError
+from .runtime import load_model
 
 FORMATS = ("onnx", "torchscript", "exported-program")
 SUFFIX = {"onnx": ".onnx", "torchscript": ".pt", "exported-program": ".pt2"}
@@ -35,14 +36,6 @@ SUFFIX = {"onnx": ".onnx", "torchscript": ".pt", "exported-program": ".pt2"}
 
 class ExportError(VitkitError, RuntimeError):
     """An export failed, or the exported model does not match the eager one."""
-
-
-def _as_model(model_or_path, device="cpu"):
-    if isinstance(model_or_path, torch.nn.Module):
-        return model_or_path.eval()
-    from .io.checkpoint import load
-
-    return load(model_or_path, device=device)
 
 
 def _check_sizes(model, dynamic_size: bool) -> list[tuple[int, int]]:
@@ -179,41 +172,19 @@ def export(
         raise ExportError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
     if len(set(batch_sizes)) < 2 and check:
         raise ExportError(f"batch_sizes: the check needs at least two batch sizes, got {tuple(batch_sizes)}")
-    model = _as_model(model_or_path)
-    model = model.float().eval().to("cpu")
+    model = load_model(model_or_path, "cpu").float()
     cfg = model.cfg
-    if dynamic_size and not cfg.dynamic_img_size:
-        raise ExportError(
-            f"--dynamic-size: the model was built with dynamic_img_size=False (fixed {cfg.img_size[0]}x"
-            f"{cfg.img_size[1]} input); rebuild it with dynamic_img_size=True, or export at a fixed size"
-        )
     out = Path(out)
-    if fmt == "exported-program" and out.suffix != ".pt2":
-        raise ExportError(f"--out: {out}: an ExportedProgram file must end in .pt2 (torch.export.load requires it)")
-    if out.is_dir():
-        raise ExportError(f"--out: {out} is a directory; give a file name such as model{SUFFIX[fmt]}")
+    _check_target(cfg, fmt, out, dynamic_size)
     from .io.atomic import ensure_dir
 
     ensure_dir(out.parent)
-    # Example batch of 2 (a batch of 1 lets some exporters specialise the batch dimension).
-    example = torch.randn(2, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
     # Write into a private folder next to ``out`` under the final name (torch.export.load wants the
     # .pt2 suffix), check, then rename over ``out``: a failed export or check leaves ``out`` untouched.
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     tmp = tmpdir / out.name
     try:
-        try:
-            if fmt == "onnx":
-                _export_onnx(model, example, tmp, opset, dynamic_size)
-            elif fmt == "torchscript":
-                _export_torchscript(model, example, tmp)
-            else:
-                _export_program(model, example, tmp, dynamic_size)
-        except ExportError:
-            raise
-        except Exception as e:  # noqa: BLE001 - exporter failures become one line
-            hint = _dynamic_hint(cfg) if dynamic_size else ""
-            raise ExportError(f"{fmt} export failed: {type(e).__name__}: {_first_line(e, 300)}{hint}") from None
+        _write(model, fmt, tmp, opset, dynamic_size)
         result = dict(
             format=fmt,
             out=str(out),
@@ -224,21 +195,58 @@ def export(
             check=None,
         )
         if check:
-            res = check_export(model, fmt, tmp, batch_sizes, dynamic_size, atol)
-            result["check"] = res
-            if not res["ok"]:
-                bad = [r for r in res["checks"] if r["max_abs_diff"] is None or r["max_abs_diff"] > atol]
-                first = bad[0]
-                shape = "x".join(map(str, first["shape"]))
-                what = first.get("error") or f"max abs difference {first['max_abs_diff']:.3g} > {atol:g}"
-                hint = _dynamic_hint(cfg) if dynamic_size and first["shape"][2:] != list(cfg.img_size) else ""
-                raise ExportError(f"{fmt} export does not match the eager model on input {shape}: {what}{hint}")
+            result["check"] = _verify(model, fmt, tmp, batch_sizes, dynamic_size, atol)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return result
+
+
+def _check_target(cfg, fmt: str, out: Path, dynamic_size: bool) -> None:
+    """Refuse, before any work, a dynamic size the model cannot take and an ``out`` that cannot be written."""
+    if dynamic_size and not cfg.dynamic_img_size:
+        raise ExportError(
+            f"--dynamic-size: the model was built with dynamic_img_size=False (fixed {cfg.img_size[0]}x"
+            f"{cfg.img_size[1]} input); rebuild it with dynamic_img_size=True, or export at a fixed size"
+        )
+    if fmt == "exported-program" and out.suffix != ".pt2":
+        raise ExportError(f"--out: {out}: an ExportedProgram file must end in .pt2 (torch.export.load requires it)")
+    if out.is_dir():
+        raise ExportError(f"--out: {out} is a directory; give a file name such as model{SUFFIX[fmt]}")
+
+
+def _write(model, fmt: str, file: Path, opset: int, dynamic_size: bool) -> None:
+    """Export ``model`` to ``file``; an exporter's failure becomes a one-line ExportError."""
+    cfg = model.cfg
+    # Example batch of 2 (a batch of 1 lets some exporters specialise the batch dimension).
+    example = torch.randn(2, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
+    try:
+        if fmt == "onnx":
+            _export_onnx(model, example, file, opset, dynamic_size)
+        elif fmt == "torchscript":
+            _export_torchscript(model, example, file)
+        else:
+            _export_program(model, example, file, dynamic_size)
+    except ExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - exporter failures become one line
+        hint = _dynamic_hint(cfg) if dynamic_size else ""
+        raise ExportError(f"{fmt} export failed: {type(e).__name__}: {_first_line(e, 300)}{hint}") from None
+
+
+def _verify(model, fmt: str, file: Path, batch_sizes, dynamic_size: bool, atol: float) -> dict:
+    """``check_export``'s report; ExportError naming the first input shape that does not match."""
+    res = check_export(model, fmt, file, batch_sizes, dynamic_size, atol)
+    if not res["ok"]:
+        cfg = model.cfg
+        first = next(r for r in res["checks"] if r["max_abs_diff"] is None or r["max_abs_diff"] > atol)
+        shape = "x".join(map(str, first["shape"]))
+        what = first.get("error") or f"max abs difference {first['max_abs_diff']:.3g} > {atol:g}"
+        hint = _dynamic_hint(cfg) if dynamic_size and first["shape"][2:] != list(cfg.img_size) else ""
+        raise ExportError(f"{fmt} export does not match the eager model on input {shape}: {what}{hint}")
+    return res
 
 
 def _first_line(e: BaseException, limit: int) -> str:

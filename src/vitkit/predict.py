@@ -20,23 +20,7 @@ import torch
 
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
-from .runtime import resolve_device
-
-
-def load_model(model_or_path, device: str | torch.device = "cpu"):
-    """A module as given (in eval mode), or a model loaded from a checkpoint or run directory."""
-    device = resolve_device(device, what="--device")
-    if isinstance(model_or_path, torch.nn.Module):
-        return model_or_path.to(device).eval()
-    from .io.checkpoint import load
-
-    return load(model_or_path, device=device)
-
-
-def label_names(model) -> list[str]:
-    """Class names of the model's head: its labels, else the class indices as strings."""
-    n = model.cfg.num_classes
-    return list(model.labels) if model.labels is not None else [str(i) for i in range(n)]
+from .runtime import label_names, load_model
 
 
 def _read(path: Path, channels: int, img_size, pre, max_pixels):
@@ -66,24 +50,34 @@ def predict(
     "error"}], "top_k", "num_images"}. Inputs that match nothing and unreadable files go to "errors"
     (or raise DataError with ``strict``).
     """
-    from .data import list_images
-
     if top_k < 1:
         raise ConfigError(f"--top-k: must be >= 1, got {top_k}")
     if batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {batch_size}")
     model = load_model(model_or_path, device)
-    cfg = model.cfg
-    if not cfg.num_classes:
+    if not model.cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to predict")
-    names = label_names(model)
-    k = min(top_k, cfg.num_classes)
+    k = min(top_k, model.cfg.num_classes)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     if not inputs:
         raise DataError("inputs: give at least one image file, folder or glob")
-
     errors: list[dict] = []
+    files = _image_files(inputs, strict, errors)
+    preds: list[dict] = []
+    with ThreadPoolExecutor(max(1, num_workers)) as pool:
+        for start in range(0, len(files), batch_size):
+            good = _decode_batch(pool, model, files[start : start + batch_size], strict, max_pixels, errors)
+            if good:
+                preds += _top_k(model, good, k)
+    return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors)
+
+
+def _image_files(inputs: list, strict: bool, errors: list[dict]) -> list[Path]:
+    """The image files of ``inputs`` in order, each once; an input that matches nothing is an error
+    (raised with ``strict``, else listed in ``errors``)."""
+    from .data import list_images
+
     files: list[Path] = []
     seen: set[Path] = set()
     for item in inputs:
@@ -96,31 +90,35 @@ def predict(
             if strict:
                 raise
             errors.append(dict(path=str(item), error=str(e)))
+    return files
 
-    preds: list[dict] = []
+
+def _decode_batch(pool, model, chunk: list[Path], strict: bool, max_pixels, errors: list[dict]) -> list:
+    """(path, model input) for the files of ``chunk`` that decode (in parallel threads); the others go to
+    ``errors`` (the first one raises with ``strict``)."""
+    cfg = model.cfg
+    decoded = list(pool.map(lambda p: _read(p, cfg.in_chans, cfg.img_size, model.preprocess, max_pixels), chunk))
+    good = []
+    for path, (x, err) in zip(chunk, decoded):
+        if err is not None:
+            if strict:
+                raise DataError(err)
+            errors.append(dict(path=str(path), error=err))
+        else:
+            good.append((path, x))
+    return good
+
+
+def _top_k(model, good: list, k: int) -> list[dict]:
+    """One forward pass over the decoded images: the k most probable classes of each."""
+    names = label_names(model)
     dev = next(model.parameters()).device
-    with ThreadPoolExecutor(max(1, num_workers)) as pool:
-        for start in range(0, len(files), batch_size):
-            chunk = files[start : start + batch_size]
-            decoded = list(pool.map(lambda p: _read(p, cfg.in_chans, cfg.img_size, model.preprocess, max_pixels), chunk))
-            good = []
-            for path, (x, err) in zip(chunk, decoded):
-                if err is not None:
-                    if strict:
-                        raise DataError(err)
-                    errors.append(dict(path=str(path), error=err))
-                else:
-                    good.append((path, x))
-            if not good:
-                continue
-            with torch.no_grad():
-                logits = model(torch.stack([x for _, x in good]).to(dev))
-            probs = logits.float().softmax(-1).cpu()
-            top = probs.topk(k, dim=-1)
-            for (path, _), vals, idx in zip(good, top.values.tolist(), top.indices.tolist()):
-                preds.append(dict(path=str(path),
-                                  top=[dict(index=i, label=names[i], prob=p) for p, i in zip(vals, idx)]))
-    return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors)
+    with torch.no_grad():
+        logits = model(torch.stack([x for _, x in good]).to(dev))
+    probs = logits.float().softmax(-1).cpu()
+    top = probs.topk(k, dim=-1)
+    return [dict(path=str(path), top=[dict(index=i, label=names[i], prob=p) for p, i in zip(vals, idx)])
+            for (path, _), vals, idx in zip(good, top.values.tolist(), top.indices.tolist())]
 
 
-__all__ = ["predict", "load_model", "label_names"]
+__all__ = ["predict"]

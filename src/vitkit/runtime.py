@@ -1,9 +1,12 @@
-"""Runtime choices in one place: the device, the precision, the CPUs, parameter counts.
+"""Runtime choices in one place: the device, the precision, the CPUs, parameter counts, and the model
+a tool runs.
 
 Image sizes are parsed by ``vitkit.strict.to_hw`` (torch-free, so that the config can use it).
 
 Every tool and the trainer ask these functions, so a device is named, checked and refused in one
-wording everywhere, and what the hardware can do is detected at run time, never assumed.
+wording everywhere, and what the hardware can do is detected at run time, never assumed. The tools
+(predict, evaluate, explain, export, bench) get their model from ``load_model``: a module as given or a
+checkpoint, in eval mode on a checked device.
 """
 
 from __future__ import annotations
@@ -94,4 +97,22 @@ def count_params(model: nn.Module, trainable: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
 
 
-__all__ = ["resolve_device", "cpu_has_fast_bf16", "pick_precision", "autocast", "usable_cpus", "count_params"]
+def load_model(model_or_path, device: str | torch.device = "cpu") -> nn.Module:
+    """The model a tool runs, in eval mode on ``device`` (checked as '--device'): a module as given, or
+    the model of a checkpoint or run directory (its best checkpoint)."""
+    device = resolve_device(device, what="--device")
+    if isinstance(model_or_path, nn.Module):
+        return model_or_path.to(device).eval()
+    from .io.checkpoint import load  # the checkpoint reader (and the model) only when a tool loads one
+
+    return load(model_or_path, device=device)
+
+
+def label_names(model: nn.Module) -> list[str]:
+    """Class names of the model's head: its labels, else the class indices as strings."""
+    n = model.cfg.num_classes
+    return list(model.labels) if model.labels is not None else [str(i) for i in range(n)]
+
+
+__all__ = ["resolve_device", "cpu_has_fast_bf16", "pick_precision", "autocast", "usable_cpus", "count_params",
+           "load_model", "label_names"]

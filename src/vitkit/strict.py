@@ -7,6 +7,7 @@ and the training config alike, so that every config file vitkit reads is checked
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import types
 import typing
 from typing import Any, get_args, get_origin
@@ -159,10 +160,16 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return out
 
 
+def _whole(x) -> bool:
+    """A whole number (Python's or numpy's), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def to_hw(value, what: str = "img_size", error: type[Exception] = ConfigError) -> tuple[int, int]:
     """An image size as (H, W): N -> (N, N); (H, W) or [H, W] as given; 'N', 'HxW' or 'H,W' from text.
 
-    Sizes are positive whole numbers; anything else raises ``error`` in one line naming ``what``.
+    Sizes are positive whole numbers; anything else raises ``error`` in one line naming ``what``. Text
+    is told the forms a command line takes (N or HxW), other values the forms code takes (N or (H, W)).
     """
     v = value
     if isinstance(v, str):
@@ -172,13 +179,13 @@ def to_hw(value, what: str = "img_size", error: type[Exception] = ConfigError) -
             v = value
         if isinstance(v, tuple) and len(v) == 1:
             v = (v[0], v[0])
-    elif isinstance(v, int) and not isinstance(v, bool):
+    elif _whole(v):
         v = (v, v)
-    elif isinstance(v, list):
+    elif isinstance(v, (list, tuple)):
         v = tuple(v)
-    ok = isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-    if not ok:
-        raise error(f"{what}: expected N or (H, W), got {value!r}")
+    if not (isinstance(v, tuple) and len(v) == 2 and all(_whole(x) for x in v)):
+        forms = "N or HxW" if isinstance(value, str) else "N or (H, W)"
+        raise error(f"{what}: expected {forms}, got {value!r}")
     if min(v) < 1:
         raise error(f"{what}: sizes must be positive, got {value!r}")
-    return v
+    return int(v[0]), int(v[1])

@@ -41,15 +41,14 @@ def max_pixels(args) -> int | None:
     return DEFAULT_MAX_PIXELS if args.max_pixels is None else (args.max_pixels or None)
 
 
-
 def image_size(text: str) -> tuple[int, int]:
-    """argparse type of --img-size: 'N' -> (N, N); 'HxW' or 'H,W' -> (H, W), positive."""
+    """argparse type of --img-size: 'N' -> (N, N); 'HxW' or 'H,W' -> (H, W), positive (``strict.to_hw``)."""
     import argparse
 
+    from ..errors import ConfigError
+    from ..strict import to_hw
+
     try:
-        parts = [int(v) for v in text.lower().replace("x", ",").split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2) or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"expected N or HxW with positive sizes, got {text!r}")
-    return (parts[0], parts[-1])
+        return to_hw(text, "--img-size")
+    except ConfigError as e:  # argparse puts "argument --img-size: " before the reason itself
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--img-size: ")) from None

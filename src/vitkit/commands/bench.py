@@ -26,7 +26,8 @@ def register(p):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model first")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if present, else cpu)")
+    p.add_argument("--device", default="auto",
+                   help="auto, cpu, cuda, cuda:N or mps (default auto: a CUDA GPU if present, else MPS, else the CPU)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
 
 

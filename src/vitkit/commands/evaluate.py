@@ -17,7 +17,7 @@ def register(p):
     p.add_argument("--out", default=None, help="folder for metrics.json, confusion.json/.png and worst.png")
     p.add_argument("--worst", type=int, default=16, help="how many confidently wrong images to list (default 16)")
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable image (exit 1)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",
                    help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, ShapeError
-from ..strict import from_dict, to_dict
-from .images import _check_uint8, _norm_consts, _pair, resize_center_crop
+from ..errors import ConfigError, DataError, ShapeError
+from ..strict import from_dict, to_dict, to_hw
+from .images import check_uint8, norm_consts, resize_center_crop
 
 
 @dataclass
@@ -439,7 +439,7 @@ class BatchAugment:
         if cfg is None:
             cfg = AugmentConfig()
         self.cfg = cfg if isinstance(cfg, AugmentConfig) else AugmentConfig.from_dict(cfg)
-        self.img_size = _pair(img_size)
+        self.img_size = to_hw(img_size, "img_size", DataError)
         self.pre = pre
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ConfigError(f"BatchAugment: num_classes must be a positive integer, got {num_classes!r}")
@@ -451,7 +451,7 @@ class BatchAugment:
         return f"BatchAugment({self.cfg}, img_size={self.img_size}, num_classes={self.num_classes})"
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator):
-        _check_uint8(images, 4, "BatchAugment")
+        check_uint8(images, 4, "BatchAugment")
         b, c, h, w = images.shape
         if labels.shape != (b,):
             raise ShapeError(f"BatchAugment: labels must have shape ({b},), got {tuple(labels.shape)}")
@@ -480,7 +480,7 @@ class BatchAugment:
         # 3. normalise
         key = (str(dev), c)
         if key not in self._consts:  # built once per device: no host-to-device copy per batch
-            self._consts[key] = _norm_consts(self.pre, c, dev)
+            self._consts[key] = norm_consts(self.pre, c, dev)
         mean, std = self._consts[key]
         x = (x - mean) / std
 
@@ -503,12 +503,12 @@ class BatchAugment:
 def eval_batch(images: torch.Tensor, img_size, pre) -> torch.Tensor:
     """uint8 (B, C, h, w) -> normalised float (B, C, H, W); resized (short side to size / crop_pct) and
     centre cropped only when (h, w) differs from img_size. No randomness."""
-    _check_uint8(images, 4, "eval_batch")
-    img_size = _pair(img_size)
+    check_uint8(images, 4, "eval_batch")
+    img_size = to_hw(img_size, "img_size", DataError)
     x = images.float()
     if tuple(x.shape[-2:]) != img_size:
         x = resize_center_crop(x, img_size, pre.crop_pct, pre.interpolation)
-    mean, std = _norm_consts(pre, images.shape[1], images.device)
+    mean, std = norm_consts(pre, images.shape[1], images.device)
     return (x - mean) / std
 
 

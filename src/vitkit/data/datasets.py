@@ -24,14 +24,15 @@ import torch
 
 from ..errors import DataError
 from ..runtime import usable_cpus
+from ..strict import to_hw
 from .images import (
     DEFAULT_MAX_PIXELS,
-    _decode,
-    _pair,
-    _walk_images,
+    decode_array,
+    header_size,
     is_image_name,
     pil_limits,
     show_path,
+    walk_images,
 )
 
 FORMATS = ("folder", "split-folder", "mnist", "cifar10", "cifar100", "demo")
@@ -69,7 +70,7 @@ class ImageSet:
         if self.images is not None:
             return self.images[i], int(self.labels[i])
         with pil_limits(self.max_pixels):
-            a = _decode(self.paths[i], self.channels, self.max_pixels, self.size)
+            a = decode_array(self.paths[i], self.channels, self.max_pixels, self.size)
         return torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1))), int(self.labels[i])
 
     def get_batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +185,7 @@ def open_dataset(
     if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction: must be in [0, 1), got {val_fraction!r}")
     if img_size is not None:
-        img_size = _pair(img_size)
+        img_size = to_hw(img_size, "img_size", DataError)
     opts = _Opts(channels, img_size, strict, in_memory, max_pixels, num_workers)
 
     if path is None:
@@ -309,7 +310,7 @@ def _class_items(root: Path, classes: list[str] | None, skipped: list) -> tuple[
     index = {c: i for i, c in enumerate(classes)}
     items: list[tuple[Path, int]] = []
     for d in dirs:
-        found = _walk_images(d)
+        found = walk_images(d)
         if not found:
             raise DataError(f"{show_path(d)}: class folder has no images (.jpg .png .bmp .webp .gif .tif ...)")
         items.extend((p, index[d.name]) for p in found)
@@ -353,34 +354,6 @@ def _workers(n: int | None, count: int) -> int:
     return max(1, min(8, usable_cpus(), count // 512 or 1))
 
 
-def _header(path: Path, max_pixels):
-    """(H, W) of an image file after EXIF rotation, reading the header only; raises DataError."""
-    from PIL import Image
-
-    from .images import _BOMB, _check_path, bomb_message, open_pil
-
-    shown = show_path(path)
-    _check_path(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(512)
-            if not head:
-                raise DataError(f"{shown}: empty file (0 bytes)")
-            im = open_pil(f, head, path, shown)
-            w, h = im.size
-            if max_pixels is not None and w * h > max_pixels:
-                raise DataError(f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} {_BOMB}")
-            if im.format in ("JPEG", "TIFF", "WEBP", "PNG") and im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
-                w, h = h, w
-            return h, w
-    except DataError:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise DataError(bomb_message(shown, e, max_pixels)) from None
-    except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file
-        raise DataError(f"{shown}: cannot read image header ({type(e).__name__}: {' '.join(str(e).split())})") from None
-
-
 def _work_chunk(args) -> list:
     """Decode (kind 'decode') or read the header of (kind 'header') each path of a chunk; runs in a worker
     process. Returns [(value, None) | (None, error message)]."""
@@ -389,7 +362,7 @@ def _work_chunk(args) -> list:
     with pil_limits(max_pixels):
         for p in paths:
             try:
-                v = _decode(p, channels, max_pixels, size) if kind == "decode" else _header(p, max_pixels)
+                v = decode_array(p, channels, max_pixels, size) if kind == "decode" else header_size(p, max_pixels)
                 out.append((v, None))
             except DataError as e:
                 out.append((None, str(e)))
@@ -428,7 +401,7 @@ def _materialize(items: list[tuple[Path, int]], classes: list[str], o: _Opts, sk
             probe = size
             for p, _ in items[:16]:
                 try:
-                    probe = probe or _header(p, o.max_pixels)
+                    probe = probe or header_size(p, o.max_pixels)
                     break
                 except DataError:
                     continue

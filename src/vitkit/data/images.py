@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
+from ..strict import to_hw
 
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own limit (about 9459 x 9459); larger images are refused as
 #   possible decompression bombs unless the caller passes a larger max_pixels (or None = no limit)
@@ -93,6 +94,12 @@ def _sniff(head: bytes) -> str:
 
 
 _BOMB = "(possible decompression bomb; raise max_pixels if the file is trusted)"
+
+
+def _check_pixels(shown: str, w: int, h: int, max_pixels: int | None) -> None:
+    """vitkit's own decompression-bomb check on the header's size, before any pixel is decoded."""
+    if max_pixels is not None and w * h > max_pixels:
+        raise DataError(f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} {_BOMB}")
 
 
 def bomb_message(shown: str, err: Exception, max_pixels) -> str:
@@ -203,8 +210,9 @@ def _fit_box(w: int, h: int, out_h: int, out_w: int) -> tuple[float, float, floa
     return left, top, left + cw, top + ch
 
 
-def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] | None = None) -> np.ndarray:
-    """decode_image without the warning context (callers enter ``pil_limits`` once around many calls).
+def decode_array(path, channels: int, max_pixels: int | None, size: tuple[int, int] | None = None) -> np.ndarray:
+    """decode_image without the warning context, as a numpy array: the dataset readers enter
+    ``pil_limits`` once around many calls.
 
     Returns uint8 (H, W, C). With ``size`` = (H, W) the image is resized (short side) and centre cropped.
     """
@@ -233,8 +241,7 @@ def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] |
             w, h = im.size
             if w < 1 or h < 1:
                 raise DataError(f"{shown}: image has no pixels ({w}x{h})")
-            if max_pixels is not None and w * h > max_pixels:
-                raise DataError(f"{shown}: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} {_BOMB}")
+            _check_pixels(shown, w, h, max_pixels)
             if getattr(im, "n_frames", 1) > 1:
                 im.seek(0)  # animations: the first frame
             if size is not None and im.format == "JPEG":
@@ -266,6 +273,30 @@ def _decode(path, channels: int, max_pixels: int | None, size: tuple[int, int] |
     return a
 
 
+def header_size(path: Path, max_pixels: int | None) -> tuple[int, int]:
+    """(H, W) of an image file after EXIF rotation, reading the header only; raises DataError."""
+    Image = _img()
+    shown = show_path(path)
+    _check_path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+            if not head:
+                raise DataError(f"{shown}: empty file (0 bytes)")
+            im = open_pil(f, head, path, shown)
+            w, h = im.size
+            _check_pixels(shown, w, h, max_pixels)
+            if im.format in ("JPEG", "TIFF", "WEBP", "PNG") and im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
+                w, h = h, w
+            return h, w
+    except DataError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DataError(bomb_message(shown, e, max_pixels)) from None
+    except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file
+        raise DataError(f"{shown}: cannot read image header ({type(e).__name__}: {' '.join(str(e).split())})") from None
+
+
 def decode_image(path, channels: int, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
     """Read one image file as uint8 (C, H, W) with C = ``channels`` (1 grey, 3 RGB).
 
@@ -274,7 +305,7 @@ def decode_image(path, channels: int, max_pixels: int | None = DEFAULT_MAX_PIXEL
     are refused (decompression bombs; None = no limit). Raises DataError("<path>: <why>").
     """
     with pil_limits(max_pixels):
-        a = _decode(path, channels, max_pixels)
+        a = decode_array(path, channels, max_pixels)
     return torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))
 
 
@@ -303,7 +334,7 @@ def list_images(inputs: list[str], recursive: bool = True) -> list[Path]:
         found: list[Path] = []
         p = Path(item)
         if p.is_dir():
-            found = _walk_images(p, recursive)
+            found = walk_images(p, recursive)
             if not found:
                 raise DataError(f"{show_path(p)}: folder has no image files ({_ext_hint()})")
         elif p.is_file() or p.is_symlink():
@@ -313,7 +344,7 @@ def list_images(inputs: list[str], recursive: bool = True) -> list[Path]:
             for m in matches:
                 mp = Path(m)
                 if mp.is_dir():
-                    found.extend(_walk_images(mp, recursive))
+                    found.extend(walk_images(mp, recursive))
                 elif is_image_name(mp.name):
                     found.append(mp)
             if not found:
@@ -346,7 +377,7 @@ def _ext_hint() -> str:
     return "looked for " + ", ".join(sorted({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif"}))
 
 
-def _walk_images(root: Path, recursive: bool = True) -> list[Path]:
+def walk_images(root: Path, recursive: bool = True) -> list[Path]:
     """Image files under ``root`` in a stable sorted order; hidden entries skipped."""
     found = []
     if recursive:
@@ -402,14 +433,16 @@ def resize_center_crop(x: torch.Tensor, img_size: tuple[int, int], crop_pct: flo
     return x[..., top : top + out_h, left : left + out_w]
 
 
-def _norm_consts(pre, channels: int, device, dtype=torch.float32):
+def norm_consts(pre, channels: int, device, dtype=torch.float32):
+    """The model's mean and std for ``channels``, scaled to pixel values 0..255, shaped (C, 1, 1)."""
     p = pre.for_channels(channels)
     mean = torch.tensor(p.mean, dtype=dtype, device=device).view(-1, 1, 1) * 255.0
     std = torch.tensor(p.std, dtype=dtype, device=device).view(-1, 1, 1) * 255.0
     return mean, std
 
 
-def _check_uint8(img: torch.Tensor, ndim: int, what: str) -> None:
+def check_uint8(img: torch.Tensor, ndim: int, what: str) -> None:
+    """ShapeError (naming ``what``) unless ``img`` is a uint8 tensor of ``ndim`` dimensions."""
     from ..errors import ShapeError
 
     if not isinstance(img, torch.Tensor) or img.ndim != ndim:
@@ -423,26 +456,13 @@ def _check_uint8(img: torch.Tensor, ndim: int, what: str) -> None:
 def to_model_input(img: torch.Tensor, img_size: tuple[int, int], pre) -> torch.Tensor:
     """uint8 (C, H, W) of any size -> float (C, img_h, img_w), the model's own preprocessing: resize the
     short side to size / pre.crop_pct with pre.interpolation, centre crop, scale to [0, 1], (x - mean) / std."""
-    _check_uint8(img, 3, "to_model_input")
-    img_size = _pair(img_size)
+    check_uint8(img, 3, "to_model_input")
+    img_size = to_hw(img_size, "img_size", DataError)
     x = resize_center_crop(img[None].float(), img_size, pre.crop_pct, pre.interpolation)
-    mean, std = _norm_consts(pre, img.shape[0], img.device)
+    mean, std = norm_consts(pre, img.shape[0], img.device)
     return ((x - mean) / std)[0]
 
 
-def _pair(s) -> tuple[int, int]:
-    if isinstance(s, bool):
-        raise DataError(f"img_size: expected an int or (H, W), got {s!r}")
-    if isinstance(s, int):
-        s = (s, s)
-    try:
-        s = tuple(int(v) for v in s)
-    except (TypeError, ValueError):
-        raise DataError(f"img_size: expected an int or (H, W), got {s!r}") from None
-    if len(s) != 2 or min(s) < 1:
-        raise DataError(f"img_size: expected an int or (H, W) of positive sizes, got {s!r}")
-    return s
-
-
-__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTS", "decode_image", "list_images", "to_model_input",
-           "resize_center_crop", "show_path", "pil_limits"]
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTS", "decode_image", "decode_array", "header_size", "list_images",
+           "walk_images", "is_image_name", "to_model_input", "resize_center_crop", "norm_consts", "check_uint8",
+           "show_path", "pil_limits"]
