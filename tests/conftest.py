@@ -1,9 +1,17 @@
-"""Shared fixtures. Every test gets torch's thread count back as it found it; modules of tiny models run
-on one thread (``pytestmark = pytest.mark.usefixtures("one_thread")``): many small kernels gain nothing
-from more threads, and on a shared, oversubscribed CPU extra threads only wait."""
+"""Shared fixtures (shared functions live in helpers.py). Every test starts from the same global RNG state
+and gets torch's thread count back as it found it; modules of tiny models run on one thread
+(``pytestmark = pytest.mark.usefixtures("one_thread")``): many small kernels gain nothing from more
+threads, and on a shared, oversubscribed CPU extra threads only wait."""
 
 import pytest
 import torch
+
+
+@pytest.fixture(autouse=True)
+def _seed_torch():
+    """torch.manual_seed(0) before every test: random inputs drawn in a test do not depend on which tests
+    ran before it."""
+    torch.manual_seed(0)
 
 
 @pytest.fixture(autouse=True)

@@ -12,14 +12,13 @@ from vitkit import CheckpointError
 from vitkit.io.atomic import atomic_write_bytes
 from vitkit.io.checkpoint import load_state_dict_file
 
+from helpers import Payload, tiny_model
+
 
 @pytest.fixture()
 def ckpt(tmp_path):
-    m = vitkit.create_model("vit_test", seed=0, num_classes=3)
-    torch.nn.init.normal_(m.head.weight)
-    m.labels = ["cat", "dog", "eel"]
-    path = vitkit.save(m, tmp_path / "ckpt")
-    return m.eval(), path
+    m = tiny_model(num_classes=3, head_std=1.0, labels=["cat", "dog", "eel"])
+    return m, vitkit.save(m, tmp_path / "ckpt")
 
 
 def test_round_trip(ckpt):
@@ -122,21 +121,11 @@ def test_weights_that_do_not_fit_list_the_keys(ckpt):
     assert "mis-shaped: head.bias (4,) != (3,)" in msg and "\n" not in msg
 
 
-class _Payload:
-    """Unpickling this object would create a file: the loader must refuse it without running it."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     bad = tmp_path / "evil.pth"
     with open(bad, "wb") as f:
-        pickle.dump({"w": _Payload(str(marker))}, f)
+        pickle.dump({"w": Payload(marker)}, f)
     with pytest.raises(CheckpointError, match=r"evil.pth: refused to load"):
         load_state_dict_file(bad)
     assert not marker.exists()
@@ -145,7 +134,7 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
 def test_torch_save_zip_payload_is_refused(tmp_path):
     marker = tmp_path / "pwned2"
     bad = tmp_path / "evil2.pt"
-    torch.save({"state_dict": {"w": torch.zeros(1)}, "x": _Payload(str(marker))}, bad)
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "x": Payload(marker)}, bad)
     with pytest.raises(CheckpointError, match=r"evil2.pt: refused to load: not a plain weights file \(it imports "):
         load_state_dict_file(bad)
     assert not marker.exists()

@@ -1,32 +1,21 @@
 """HF ViT directories: config.json fields, key tables, file variants and errors (no transformers needed)."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
 
 import vitkit
-from vitkit import ViTConfig, VisionTransformer
 from vitkit.cli import main
 from vitkit.errors import CheckpointError
 from vitkit.io.convert import from_hf, to_hf
 from vitkit.io.hf import to_hf_state
 
+from helpers import assert_same_logits, random_model
 
-def rand_model(seed=0, **kw) -> VisionTransformer:
-    base = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=3, mlp_ratio=2.0)
-    model = VisionTransformer(ViTConfig(**{**base, **kw}))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
-def same_logits(a, b):
-    x = torch.randn(2, a.cfg.in_chans, *a.cfg.img_size, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        return torch.equal(a(x), b(x))
+# vit_test with 4 heads and 3 classes (what config.json and the key counts below say), every weight random
+rand_model = partial(random_model, num_heads=4, num_classes=3)
 
 
 def test_config_json_describes_the_model(tmp_path):
@@ -40,7 +29,7 @@ def test_config_json_describes_the_model(tmp_path):
     assert c["id2label"] == {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}
     back = from_hf(tmp_path)
     assert back.cfg == model.cfg.replace(fc_norm=back.cfg.fc_norm)  # fc_norm None or False: both off
-    assert same_logits(model, back)
+    assert_same_logits(model, back)
 
 
 def test_hf_keys_and_qkv_split():
@@ -74,7 +63,7 @@ def test_default_eps_is_hf_default_and_modern_names_in_a_bin(tmp_path):
     torch.save(modern, tmp_path / "pytorch_model.bin")
     back = from_hf(tmp_path)
     assert back.cfg.norm_eps == 1e-12
-    assert same_logits(model, back)
+    assert_same_logits(model, back)
 
 
 def test_sharded_index(tmp_path):
@@ -90,7 +79,7 @@ def test_sharded_index(tmp_path):
         save_file({k: sd[k] for k in ks}, tmp_path / name)
     index = {"weight_map": {k: name for name, ks in half.items() for k in ks}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert same_logits(model, from_hf(tmp_path))
+    assert_same_logits(model, from_hf(tmp_path))
 
 
 def test_vitmodel_without_head(tmp_path):
@@ -102,7 +91,7 @@ def test_vitmodel_without_head(tmp_path):
 
     keys = load_file(tmp_path / "model.safetensors").keys()
     assert "pooler.dense.weight" in keys and not any(k.startswith("vit.") for k in keys)
-    assert same_logits(model, from_hf(tmp_path))
+    assert_same_logits(model, from_hf(tmp_path))
 
 
 def test_errors(tmp_path):
@@ -144,4 +133,4 @@ def test_cli_round_trip_with_labels(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--from", "hf"]) == 0
     back = vitkit.load(tmp_path / "back")
     assert back.labels == ["ant", "bee", "cow"]
-    assert same_logits(model, back)
+    assert_same_logits(model, back)

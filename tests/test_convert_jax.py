@@ -15,6 +15,8 @@ import torch
 from vitkit.errors import CheckpointError
 from vitkit.io.convert import convert, from_jax
 
+from helpers import assert_same_logits
+
 TOL = 1e-5
 BLOCK = {  # sub-module names inside an encoder block, as each codebase names them
     "vit_jax": ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),
@@ -145,12 +147,8 @@ def sub_of(d: dict, name: str) -> dict:
 
 def check(model, a, naming, img=(32, 32), C=3, approximate_gelu=True):
     imgs = np.random.default_rng(7).standard_normal((2, *img, C)).astype(np.float32)
-    ref = np_forward(a, imgs, naming, approximate_gelu)
-    with torch.no_grad():
-        out = model(torch.from_numpy(imgs).permute(0, 3, 1, 2)).double().numpy()
-    diff = np.abs(out - ref).max()
-    assert diff <= TOL, f"max abs diff {diff}"
-    return diff
+    ref = torch.from_numpy(np_forward(a, imgs, naming, approximate_gelu))  # float64
+    return assert_same_logits(lambda x: model(x).double(), ref, torch.from_numpy(imgs).permute(0, 3, 1, 2), tol=TOL)
 
 
 def save(tmp_path, a, name="w.npz"):

@@ -13,21 +13,8 @@ from vitkit.errors import CheckpointError, ConfigError
 from vitkit.io.convert import from_timm, to_timm
 from vitkit.io.timm import save_timm
 
-
-def rand_model(seed=0, **kw) -> VisionTransformer:
-    base = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10, mlp_ratio=2.0)
-    model = VisionTransformer(ViTConfig(**{**base, **kw}))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
-def same_logits(a, b):
-    x = torch.randn(2, a.cfg.in_chans, *a.cfg.img_size, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        return torch.equal(a(x), b(x))
+from helpers import Payload, assert_same_logits
+from helpers import random_model as rand_model  # vit_test (2 heads, 10 classes), every weight random
 
 
 @pytest.mark.parametrize("kw", [
@@ -45,14 +32,14 @@ def test_round_trip_infers_the_architecture(kw):
         assert getattr(b, f) == getattr(c, f), f
     assert (b.layer_scale is None) == (c.layer_scale is None)
     assert b.no_embed_class is False  # written with a class slot (zeros when vitkit adds none)
-    assert same_logits(model, back)
+    assert_same_logits(model, back)
 
 
 def test_patch_only_position_table_is_read_as_no_embed_class():
     model = rand_model(no_embed_class=True)
     back = from_timm(model.state_dict(), overrides={"num_heads": 2})  # timm's no_embed_class layout
     assert back.cfg.no_embed_class and back.cfg.img_size == (32, 32)
-    assert same_logits(model, back)
+    assert_same_logits(model, back)
 
 
 @pytest.mark.parametrize("width, heads", [(192, 3), (384, 6), (1024, 16), (128, 2)])
@@ -96,7 +83,7 @@ def test_non_square_grid_needs_the_image_size():
                                               r"makes 16 patches \(\+1 class slot\)"):
         from_timm(sd, overrides={"num_heads": 2, "img_size": 32})
     back = from_timm(sd, overrides={"num_heads": 2, "img_size": [16, 40]})
-    assert same_logits(model, back)
+    assert_same_logits(model, back)
 
 
 def test_bad_state_dict_is_one_line_listing_the_problems():
@@ -134,11 +121,8 @@ def test_what_timm_cannot_hold_is_refused(kw, what, tmp_path):
 
 
 def test_pickles_that_run_code_are_refused(tmp_path):
-    class Evil:
-        def __reduce__(self):
-            return (print, ("ran",))
-
-    torch.save({"patch_embed.proj.weight": torch.zeros(1), "x": Evil()}, tmp_path / "evil.pth", pickle_module=pickle)
+    torch.save({"patch_embed.proj.weight": torch.zeros(1), "x": Payload(tmp_path / "ran")}, tmp_path / "evil.pth",
+               pickle_module=pickle)
     with pytest.raises(CheckpointError, match=r"evil\.pth: refused to load"):
         from_timm(tmp_path / "evil.pth")
 
@@ -147,7 +131,7 @@ def test_load_into_a_given_model():
     model = rand_model()
     target = VisionTransformer(model.cfg)
     assert from_timm(to_timm(model), model=target) is target
-    assert same_logits(model, target)
+    assert_same_logits(model, target)
 
 
 # -------------------------------------------------------------------------------------------- CLI
@@ -163,7 +147,7 @@ def test_cli_timm_to_vitkit_and_back(tmp_path, capsys):
     assert report["config"]["num_heads"] == 4 and report["assumed"] == {
         "norm_eps": 1e-6, "act": "gelu", "global_pool": "token"}
     assert out[1].startswith("model: width 32, depth 2, heads 4, patch 8, image 32x32, classes 10, pool token")
-    assert same_logits(model, vitkit.load(tmp_path / "ckpt"))
+    assert_same_logits(model, vitkit.load(tmp_path / "ckpt"))
 
     rc = main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "back.safetensors"), "--to", "timm"])
     assert rc == 0

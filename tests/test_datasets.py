@@ -14,6 +14,8 @@ from vitkit.errors import DataError
 from vitkit.data import open_dataset
 from vitkit.data.datasets import DEMO_DIR, ImageSet, safe_unpickle
 
+from helpers import idx_bytes
+
 
 def _img(path, value, size=(8, 8), mode="RGB"):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,10 +201,7 @@ def test_folder_errors(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # MNIST IDX
 def _idx(path, arr, magic=None, gz=True, extra=b""):
-    arr = np.asarray(arr, np.uint8)
-    head = struct.pack(">I", magic if magic is not None else 0x800 + arr.ndim)
-    head += b"".join(struct.pack(">I", s) for s in arr.shape)
-    data = head + arr.tobytes() + extra
+    data = idx_bytes(arr, magic) + extra
     path.write_bytes(gzip.compress(data) if gz else data)
 
 

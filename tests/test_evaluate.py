@@ -12,6 +12,8 @@ from vitkit.cli import main
 from vitkit.data import decode_image, eval_batch
 from vitkit.evaluate import evaluate
 
+from helpers import idx_bytes, image_folder, tiny_model
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -19,25 +21,13 @@ CLASSES = ["cat", "dog", "fox"]
 
 
 def _model(seed=0):
-    m = vitkit.create_model("vit_test", seed=seed, num_classes=3)
-    with torch.no_grad():
-        m.head.weight.normal_(0, 3.0, generator=torch.Generator().manual_seed(seed))
-    m.labels = list(CLASSES)
-    return m
+    return tiny_model(seed=seed, num_classes=3, head_std=3.0, labels=CLASSES)
 
 
 @pytest.fixture()
 def data(tmp_path):
     """split-folder data: train/ and test/, 3 classes, 32x32 RGB images."""
-    rng = np.random.default_rng(0)
-    root = tmp_path / "data"
-    for part, n in (("train", 4), ("test", 6)):
-        for c in CLASSES:
-            d = root / part / c
-            d.mkdir(parents=True)
-            for i in range(n):
-                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(d / f"{i}.png")
-    return root
+    return image_folder(tmp_path / "data", CLASSES, n=4, test=6)
 
 
 def _reference(model, root):
@@ -142,25 +132,15 @@ def test_out_folder_and_cli(tmp_path, data, capsys):
     assert "nodata" in capsys.readouterr().err
 
 
-def _idx(path, arr):
-    import struct
-
-    arr = np.asarray(arr, dtype=np.uint8)
-    magic = 0x00000800 | arr.ndim  # unsigned bytes, ndim dimensions
-    path.write_bytes(struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in arr.shape) + arr.tobytes())
-
-
 def test_array_dataset_lists_mistakes_by_index_and_grey_model(tmp_path):
     """MNIST IDX files (grey 28x28) on a grey model of another size: resized by eval_batch."""
     rng = np.random.default_rng(0)
     root = tmp_path / "mnist"
     root.mkdir()
     for part, n in (("train", 30), ("t10k", 12)):
-        _idx(root / f"{part}-images-idx3-ubyte", rng.integers(0, 255, (n, 28, 28)))
-        _idx(root / f"{part}-labels-idx1-ubyte", np.arange(n) % 10)
-    m = vitkit.create_model("vit_test", seed=0, in_chans=1)
-    with torch.no_grad():
-        m.head.weight.normal_(0, 3.0, generator=torch.Generator().manual_seed(0))
+        (root / f"{part}-images-idx3-ubyte").write_bytes(idx_bytes(rng.integers(0, 255, (n, 28, 28))))
+        (root / f"{part}-labels-idx1-ubyte").write_bytes(idx_bytes(np.arange(n) % 10))
+    m = tiny_model(in_chans=1, head_std=3.0)
     res = evaluate(m, root, out=tmp_path / "ev")
     assert res["format"] == "mnist" and res["split"] == "test" and res["num_images"] == 12
     assert sum(map(sum, res["confusion"])) == 12 and [c["support"] for c in res["per_class"]] == [2, 2] + [1] * 8

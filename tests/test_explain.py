@@ -11,21 +11,20 @@ import vitkit
 from vitkit.cli import main
 from vitkit.explain import attention_rollout, colormap, explain
 
+from helpers import noise_image, tiny_model
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(tmp_path, name="ckpt", **over):
-    m = vitkit.create_model("vit_test", seed=0, init="timm", **over)
-    m.labels = [f"c{i}" for i in range(10)]
-    return vitkit.save(m, tmp_path / name)
+    return vitkit.save(tiny_model(init="timm", labels=[f"c{i}" for i in range(10)], **over), tmp_path / name)
 
 
 @pytest.fixture()
 def image(tmp_path):
-    rng = np.random.default_rng(0)
     p = tmp_path / "img.png"
-    Image.fromarray(rng.integers(0, 255, (40, 60, 3), dtype=np.uint8)).save(p)
+    noise_image(40, 60).save(p)
     return p
 
 

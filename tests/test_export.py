@@ -9,15 +9,15 @@ import vitkit
 from vitkit.cli import main
 from vitkit.export import ExportError, export
 
+from helpers import tiny_model
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tiny(tmp_path, name="ckpt", **over):
-    m = vitkit.create_model("vit_test", seed=0, **over)
-    with torch.no_grad():  # the paper's zero head gives all-zero logits: make the outputs informative
-        m.head.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(1))
-    m.labels = [f"c{i}" for i in range(10)]
+    # the paper's zero head gives all-zero logits: a random head makes the outputs informative
+    m = tiny_model(head_std=1.0, head_seed=1, labels=[f"c{i}" for i in range(10)], **over)
     return vitkit.save(m, tmp_path / name), m
 
 

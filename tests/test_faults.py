@@ -18,15 +18,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
-from PIL import Image
-from safetensors.torch import load_file
 
 import vitkit
 from vitkit.cli import main
 from vitkit.train import checkpoint as tck
+
+from helpers import assert_same_weights, image_folder
 
 ARGS = ["--model", "vit_test", "--epochs", "2", "--batch-size", "8", "--ckpt-every", "2", "--threads", "1",
         "--device", "cpu", "--precision", "fp32", "--set", "plots=false", "--set", "log_every=1",
@@ -254,23 +252,12 @@ DRIVER = textwrap.dedent(r'''
 ''')
 
 
-def _make_data(root: Path) -> Path:
-    """train/ (16 images per class) and test/ (2 per class): a held-out part, so no validation split is carved."""
-    rng = np.random.default_rng(0)
-    for part, n in (("train", 16), ("test", 2)):
-        for c, cls in enumerate(("dark", "light")):
-            (root / part / cls).mkdir(parents=True)
-            for i in range(n):
-                a = (rng.integers(0, 60, (32, 32, 3)) + 150 * c).astype(np.uint8)
-                Image.fromarray(a).save(root / part / cls / f"{i}.png")
-    return root
-
-
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):
     """Run every fault once (in one driver process); return its report, keyed by fault name."""
     work = tmp_path_factory.mktemp("faults")
-    data = _make_data(work / "data")
+    # train/ (16 images per class) and test/ (2 per class): a held-out part, so no validation split is carved
+    data = image_folder(work / "data", ("dark", "light"), n=16, test=2)
     driver = work / "driver.py"
     driver.write_text(DRIVER)
     plan = {"kills": KILLS, "timed": TIMED, "tmpfs": False}
@@ -291,17 +278,6 @@ def faults(tmp_path_factory):
     report["_data"] = str(data)
     report["_tmpfs"] = plan["tmpfs"]
     return report
-
-
-def weights(run) -> dict:
-    return load_file(Path(run) / "last" / "model.safetensors")
-
-
-def assert_same_weights(a, b):
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    bad = [k for k in wa if not torch.equal(wa[k], wb[k])]
-    assert not bad, f"{len(bad)} tensors differ, e.g. {bad[:3]}"
 
 
 def resume(run, capsys, *extra) -> tuple[int, str, str]:

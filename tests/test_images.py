@@ -2,8 +2,6 @@
 
 import io
 import os
-import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -15,35 +13,18 @@ from vitkit.errors import DataError, ShapeError
 from vitkit.data import decode_image, list_images, to_model_input
 from vitkit.data.images import DEFAULT_MAX_PIXELS, show_path
 
+from helpers import noise_image, png_header_only
+
 
 def _save(path, im, **kw):
     im.save(path, **kw)
     return path
 
 
-def _noise(h, w, mode="RGB", seed=0):
-    rng = np.random.default_rng(seed)
-    c = {"RGB": 3, "L": 1}[mode]
-    a = rng.integers(0, 256, (h, w, c), dtype=np.uint8)
-    return Image.fromarray(a[:, :, 0] if c == 1 else a, mode)
-
-
-def _png_header_only(path, w, h):
-    """A PNG whose header claims w x h pixels, with almost no data (a cheap decompression-bomb stand-in)."""
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
-    idat = zlib.compress(b"\x00" * 64)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
-    return path
-
-
 # ------------------------------------------------------------------------------------------------
 # good images in every mode
 def test_rgb_and_grey_png_exact(tmp_path):
-    im = _noise(5, 7)
+    im = noise_image(5, 7)
     p = _save(tmp_path / "a.png", im)
     x = decode_image(p, 3)
     assert x.dtype == torch.uint8 and x.shape == (3, 5, 7)
@@ -52,7 +33,7 @@ def test_rgb_and_grey_png_exact(tmp_path):
     assert g.shape == (1, 5, 7)
     assert torch.equal(g[0], torch.from_numpy(np.array(im.convert("L"))))
     # grey file to 3 channels: the value repeated
-    q = _save(tmp_path / "g.png", _noise(4, 4, "L"))
+    q = _save(tmp_path / "g.png", noise_image(4, 4, channels=1))
     x3 = decode_image(q, 3)
     assert torch.equal(x3[0], x3[1]) and torch.equal(x3[1], x3[2])
 
@@ -175,7 +156,7 @@ def test_zero_byte_file(tmp_path):
 def test_truncated_jpeg_and_png(tmp_path):
     for ext in ("jpg", "png"):
         buf = io.BytesIO()
-        _noise(64, 64).save(buf, format="JPEG" if ext == "jpg" else "PNG")
+        noise_image(64, 64).save(buf, format="JPEG" if ext == "jpg" else "PNG")
         p = tmp_path / f"cut.{ext}"
         p.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
         with pytest.raises(DataError, match=rf"cut\.{ext}: truncated or corrupt image data"):
@@ -209,11 +190,11 @@ def test_directory_missing_and_broken_symlink(tmp_path):
 
 
 def test_decompression_bomb_refused_unless_allowed(tmp_path):
-    p = _png_header_only(tmp_path / "bomb.png", 20000, 20000)
+    p = png_header_only(tmp_path / "bomb.png", 20000, 20000)
     with pytest.raises(DataError, match=r"bomb\.png: 400000000 pixels exceeds max_pixels=89478485 \(possible decompression bomb; raise max_pixels if the file is trusted\)$"):
         decode_image(p, 1)
     # between Pillow's warning and error thresholds: the warning is an error too
-    q = _png_header_only(tmp_path / "big.png", 10000, 10000)
+    q = png_header_only(tmp_path / "big.png", 10000, 10000)
     with pytest.raises(DataError, match=r"big\.png: 100000000 pixels exceeds max_pixels=89478485 \(possible decompression bomb"):
         decode_image(q, 1)
     with pytest.raises(DataError, match=r"big\.png: 100000000 pixels exceeds max_pixels=1000 \(possible decompression bomb"):
@@ -299,7 +280,7 @@ def test_damaged_files_only_ever_raise_data_error(tmp_path):
         if fmt == "WEBP" and not features.check("webp"):
             continue
         buf = io.BytesIO()
-        _noise(12, 12).save(buf, format=fmt)
+        noise_image(12, 12).save(buf, format=fmt)
         srcs[ext] = buf.getvalue()
     r = random.Random(0)
     outcomes = {"ok": 0, "error": 0}

@@ -11,12 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_train_cli import FAST, make_folder
-
 from vitkit.cli import main
 from vitkit.commands import launch as launch_mod
 from vitkit.commands.train import check_processes
 from vitkit.errors import ConfigError
+
+from helpers import FAST_TRAIN_ARGS as FAST
+from helpers import image_folder, step_losses
 
 # no augmentation, no label smoothing: the 2-process run then follows the 1-process run (same global batch)
 PLAIN = ["--set", "augment.crop=none", "--set", "augment.label_smoothing=0", "--set", "augment.hflip=0"]
@@ -29,13 +30,8 @@ def vitkit(*argv, timeout=180, **kw):
                           timeout=timeout, env=ENV, **kw)
 
 
-def step_losses(run):
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["type"] == "step"]
-
-
 def test_two_launched_processes_match_one(tmp_path, capsys):
-    data = make_folder(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     common = ["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "2", "--set", "log_every=1", "--json"]
     r = vitkit(*common, "--nproc", "2", "--out", str(tmp_path / "two"))
     assert r.returncode == 0, r.stderr
@@ -61,7 +57,7 @@ def test_an_error_in_every_process_is_shown_once(tmp_path):
 
 
 def test_ctrl_c_stops_every_process_and_the_run_resumes(tmp_path):
-    data = make_folder(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "vitkit", "train", "--data", str(data), *FAST, "--epochs", "1000",
             "--max-minutes", "0.2", "--nproc", "2", "--out", str(run)]  # a budget bounds the resumed part too
@@ -108,7 +104,7 @@ def test_a_failing_rank_is_reported_with_its_output(tmp_path, capsys):
 def test_a_launched_run_reports_what_its_checkpoint_scores(tmp_path):
     """BatchNorm statistics move on each rank with its own batches; the accuracy and loss a 2-process
     run reports are those of the checkpoint it saves (rank 0's buffers), as `vitkit eval` finds them."""
-    data = make_folder(tmp_path / "data")
+    data = image_folder(tmp_path / "data")
     run = tmp_path / "run"
     r = vitkit("train", "--data", str(data), *FAST, "--epochs", "2", "--nproc", "2", "--json", "--out", str(run),
                "--set", "model_args.stem=conv", "--set", "model_args.stem_width=8")

@@ -1,4 +1,5 @@
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -7,18 +8,12 @@ import vitkit
 from vitkit import ConfigError, ShapeError, ViTConfig, VisionTransformer
 from vitkit.variants import REGISTRY
 
+from helpers import tiny_model
+
 ATOL = 1e-5
 
-
-def tiny(**kw) -> VisionTransformer:
-    base = dict(img_size=32, patch_size=8, num_classes=5, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
-    base.update(kw)
-    torch.manual_seed(0)
-    m = VisionTransformer(ViTConfig(**base))
-    # the paper's zero head makes every logit 0; randomise it so that tests see real outputs
-    if isinstance(m.head, torch.nn.Linear):
-        torch.nn.init.normal_(m.head.weight, std=0.1)
-    return m.eval()
+# vit_test with 5 classes; the paper's zero head makes every logit 0, so the head is random: tests see real outputs
+tiny = partial(tiny_model, num_classes=5, head_std=0.1)
 
 
 # ---------------------------------------------------------------------------------------- sizes

@@ -7,6 +7,8 @@ from vitkit import ViTConfig, VisionTransformer
 from vitkit.errors import CheckpointError
 from vitkit.io.convert import from_hf, to_hf
 
+from helpers import assert_same_logits, random_images, randomize
+
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-5
@@ -22,32 +24,13 @@ CONFIGS = {
 }
 
 
-def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter random (LayerNorm scales around 1), so a wrong transpose or swap shows."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.1 * r if name.endswith(("norm1.weight", "norm2.weight", "norm.weight", "layernorm_before.weight",
-                                                  "layernorm_after.weight", "layernorm.weight")) else 0.2 * r)
-    return model.eval()
-
-
-def images(cfg: ViTConfig, n: int = 2) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(n, cfg.in_chans, *cfg.img_size, generator=g)
-
-
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_vitkit_to_hf(name, tmp_path):
     cfg = ViTConfig(**CONFIGS[name])
     model = randomize(VisionTransformer(cfg))
     to_hf(model, tmp_path)
     ref = transformers.ViTForImageClassification.from_pretrained(tmp_path).eval()
-    x = images(cfg)
-    with torch.no_grad():
-        diff = (model(x) - ref(pixel_values=x).logits).abs().max().item()
-    assert diff <= TOL, f"{name}: max abs diff {diff}"
+    assert_same_logits(model, lambda x: ref(pixel_values=x).logits, random_images(cfg), tol=TOL)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -66,10 +49,7 @@ def test_hf_to_vitkit(name, tmp_path):
     model = from_hf(tmp_path)
     assert model.cfg.num_heads == c.num_heads and model.cfg.img_size == c.img_size
     assert model.cfg.norm_eps == (1e-12 if name == "base_like" else c.norm_eps)
-    x = images(c)
-    with torch.no_grad():
-        diff = (model(x) - ref(pixel_values=x).logits).abs().max().item()
-    assert diff <= TOL, f"{name}: max abs diff {diff}"
+    assert_same_logits(model, lambda x: ref(pixel_values=x).logits, random_images(c), tol=TOL)
 
 
 def test_vitmodel_pooler_is_pre_logits(tmp_path):
@@ -80,15 +60,14 @@ def test_vitmodel_pooler_is_pre_logits(tmp_path):
     ref.save_pretrained(tmp_path / "hf")
     model = from_hf(tmp_path / "hf")
     assert model.cfg.representation_size == 24 and model.cfg.num_classes == 0
-    x = images(model.cfg)
+    x = random_images(model.cfg)
     with torch.no_grad():
         out = ref(pixel_values=x)
-        assert (model(x) - out.pooler_output).abs().max().item() <= TOL
-        assert (model.forward_features(x) - out.last_hidden_state).abs().max().item() <= TOL
+    assert_same_logits(model, out.pooler_output, x, tol=TOL)
+    assert_same_logits(model.forward_features, out.last_hidden_state, x, tol=TOL)
     to_hf(model, tmp_path / "back")
     back = transformers.ViTModel.from_pretrained(tmp_path / "back").eval()
-    with torch.no_grad():
-        assert (back(pixel_values=x).pooler_output - out.pooler_output).abs().max().item() <= TOL
+    assert_same_logits(lambda x: back(pixel_values=x).pooler_output, out.pooler_output, x, tol=TOL)
 
 
 @pytest.mark.parametrize("pos", ["sincos2d", "no_embed_class"])
@@ -98,9 +77,7 @@ def test_position_tables_hf_cannot_hold_are_written_as_learned(pos, tmp_path):
     model = randomize(VisionTransformer(cfg))
     to_hf(model, tmp_path)
     ref = transformers.ViTForImageClassification.from_pretrained(tmp_path).eval()
-    x = images(cfg)
-    with torch.no_grad():
-        assert (model(x) - ref(pixel_values=x).logits).abs().max().item() <= TOL
+    assert_same_logits(model, lambda x: ref(pixel_values=x).logits, random_images(cfg), tol=TOL)
 
 
 def test_labels_and_preprocess_round_trip(tmp_path):

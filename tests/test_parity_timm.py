@@ -11,6 +11,8 @@ from vitkit.errors import CheckpointError
 from vitkit.io.convert import from_timm, to_timm
 from vitkit.io.timm import save_timm, timm_model_kwargs
 
+from helpers import assert_same_logits, random_images, randomize
+
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
 
 TOL = 1e-5
@@ -28,32 +30,13 @@ CONFIGS = {
 }
 
 
-def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter random (norm scales and LayerScale around 1), so a wrong key or transpose shows."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.1 * r if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "gamma")) else 0.2 * r)
-    return model.eval()
-
-
-def images(cfg: ViTConfig, n: int = 2) -> torch.Tensor:
-    return torch.randn(n, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(1))
-
-
-def max_diff(a, b, x) -> float:
-    with torch.no_grad():
-        return (a(x) - b(x)).abs().max().item()
-
-
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_vitkit_to_timm(name):
     cfg = ViTConfig(**CONFIGS[name])
     model = randomize(VisionTransformer(cfg))
     ref = timm_vit.VisionTransformer(**timm_model_kwargs(cfg)).eval()
     ref.load_state_dict(to_timm(model), strict=True)
-    assert max_diff(model, ref, images(cfg)) <= TOL
+    assert_same_logits(model, ref, random_images(cfg), tol=TOL)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -69,7 +52,7 @@ def test_timm_to_vitkit(name, tmp_path):
                   "qkv_bias", "num_classes", "img_size", "mlp_hidden"):
         assert getattr(model.cfg, field) == getattr(cfg, field), field
     assert (model.cfg.layer_scale is None) == (cfg.layer_scale is None)
-    assert max_diff(model, ref, images(cfg)) <= TOL
+    assert_same_logits(model, ref, random_images(cfg), tol=TOL)
 
 
 @pytest.mark.parametrize("pos", ["sincos2d", "sincos1d", "none", "no_embed_class"])
@@ -79,7 +62,7 @@ def test_fixed_and_patch_only_position_tables_become_learned(pos):
     model = randomize(VisionTransformer(cfg))
     ref = timm_vit.VisionTransformer(**timm_model_kwargs(cfg)).eval()
     ref.load_state_dict(to_timm(model), strict=True)
-    assert max_diff(model, ref, images(cfg)) <= TOL
+    assert_same_logits(model, ref, random_images(cfg), tol=TOL)
 
 
 def test_resampled_position_table_matches_timm_with_antialias(tmp_path):
@@ -97,14 +80,14 @@ def test_resampled_position_table_matches_timm_with_antialias(tmp_path):
 def test_save_timm_files_load_in_timm(tmp_path):
     cfg = ViTConfig(**CONFIGS["avg_fc_norm"])
     model = randomize(VisionTransformer(cfg))
-    x = images(cfg)
+    x = random_images(cfg)
     for name in ("w.safetensors", "w.pth"):
         save_timm(model, tmp_path / name)
         ref = timm_vit.VisionTransformer(**timm_model_kwargs(cfg)).eval()
         from vitkit.io.checkpoint import load_state_dict_file
 
         ref.load_state_dict(load_state_dict_file(tmp_path / name), strict=True)
-        assert max_diff(model, ref, x) <= TOL
+        assert_same_logits(model, ref, x, tol=TOL)
 
 
 def test_timm_features_vitkit_lacks_are_named():

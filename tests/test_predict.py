@@ -14,6 +14,8 @@ from vitkit.cli import main
 from vitkit.data import decode_image, to_model_input
 from vitkit.predict import predict
 
+from helpers import tiny_model
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,11 +24,7 @@ LABELS = [f"class_{i}" for i in range(10)]
 
 @pytest.fixture()
 def ckpt(tmp_path):
-    m = vitkit.create_model("vit_test", seed=0)
-    with torch.no_grad():
-        m.head.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(1))
-    m.labels = LABELS
-    return vitkit.save(m, tmp_path / "ckpt")
+    return vitkit.save(tiny_model(head_std=1.0, head_seed=1, labels=LABELS), tmp_path / "ckpt")
 
 
 @pytest.fixture()

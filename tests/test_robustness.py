@@ -17,9 +17,7 @@ import os
 import pickle
 import re
 import shutil
-import struct
 import tempfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,8 @@ from PIL import Image
 import vitkit
 from vitkit.cli import main
 from vitkit.errors import CheckpointError, ConfigError, DataError
+
+from helpers import Payload, idx_bytes, image_folder, noise_image, png_header_only, tiny_model
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -57,22 +57,6 @@ def assert_clean(err_lines, *, prefix="vitkit: error: ", names=None):
     if names is not None:
         assert re.search(names, err_lines[0]), (names, text)
     return err_lines[0]
-
-
-def _png_header_only(path, w, h):
-    """A PNG whose header claims w x h pixels with almost no data (a cheap decompression bomb)."""
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
-
-
-def _noise(h, w, seed=0, c=3):
-    a = np.random.default_rng(seed).integers(0, 256, (h, w, c), dtype=np.uint8)
-    return Image.fromarray(a if c == 3 else a[:, :, 0])
 
 
 def _encoded(im, fmt, **kw):
@@ -123,23 +107,24 @@ def _w_dangling(p):
 GOOD_IMAGES = {
     "deep16.png": (_w_img(Image.fromarray(np.arange(0, 65536, 257, dtype=np.uint16).reshape(16, 16))), (3, 16, 16)),
     "cmyk.jpg": (_w_img(Image.new("CMYK", (10, 7), (0, 255, 255, 0)), quality=95), (3, 7, 10)),
-    "rgba.png": (_w_img(Image.fromarray(np.dstack([np.asarray(_noise(9, 11)), np.full((9, 11), 100, np.uint8)]))), (3, 9, 11)),
+    "rgba.png": (_w_img(Image.fromarray(np.dstack([np.asarray(noise_image(9, 11)), np.full((9, 11), 100, np.uint8)]))),
+                 (3, 9, 11)),
     "palette_transparent.png": (_w_palette_transparent, (3, 4, 6)),
     "exif_rotated.jpg": (_w_exif_rotated, (3, 16, 8)),
     "one_pixel.png": (_w_img(Image.new("RGB", (1, 1), (9, 9, 9))), (3, 1, 1)),
     "animated.gif": (_w_anim, (3, 6, 6)),
-    b"caf\xe9.png": (_w_img(_noise(12, 12, 3)), (3, 12, 12)),
-    "plain.png": (_w_img(_noise(40, 30, 4)), (3, 40, 30)),
+    b"caf\xe9.png": (_w_img(noise_image(12, 12, 3)), (3, 12, 12)),
+    "plain.png": (_w_img(noise_image(40, 30, 4)), (3, 40, 30)),
 }
 BAD_IMAGES = {
     "zero.jpg": (_w_bytes(b""), r"empty file \(0 bytes\)"),
-    "truncated.jpg": (_w_bytes(_encoded(_noise(64, 64, 5), "JPEG")[:600]), r"truncated or corrupt image data"),
-    "truncated.png": (_w_bytes(_encoded(_noise(64, 64, 6), "PNG")[:900]), r"truncated or corrupt image data"),
+    "truncated.jpg": (_w_bytes(_encoded(noise_image(64, 64, 5), "JPEG")[:600]), r"truncated or corrupt image data"),
+    "truncated.png": (_w_bytes(_encoded(noise_image(64, 64, 6), "PNG")[:900]), r"truncated or corrupt image data"),
     "page.jpg": (_w_bytes(b"<!DOCTYPE html><html><body>404</body></html>"), r"an HTML page, not an image"),
     "notes.jpg": (_w_bytes(b"just some text\n"), r"a text file, not an image"),
     "folder.png": (_w_dir, r"is a directory, not an image file"),
     "dangling.png": (_w_dangling, r"broken symbolic link"),
-    "bomb.png": (lambda p: _png_header_only(p, 20000, 20000),
+    "bomb.png": (lambda p: png_header_only(p, 20000, 20000),
                  r"400000000 pixels exceeds max_pixels=89478485 \(possible decompression bomb"),
     b"bad\xff.jpg": (_w_bytes(b"not an image either"), r"a text file, not an image"),
 }
@@ -179,9 +164,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """A tiny two-class RGB checkpoint (32 x 32), labels 'a' and 'b'."""
-    m = vitkit.create_model("vit_test", seed=0, num_classes=2)
-    m.labels = ["a", "b"]
-    return str(vitkit.save(m, tmp_path_factory.mktemp("ckpt") / "ckpt"))
+    return str(vitkit.save(tiny_model(num_classes=2, labels=["a", "b"]), tmp_path_factory.mktemp("ckpt") / "ckpt"))
 
 
 # ------------------------------------------------------------------------------------ images: Python API
@@ -281,7 +264,7 @@ def make_dataset(root: Path, corpus_entries=CORPUS, n_good=4, size=32) -> dict:
             d = root / part / cls
             d.mkdir(parents=True)
             for i in range(n_good):
-                _noise(size, size, seed=100 * c + 10 * (part == "test") + i).save(d / f"g{i}.png")
+                noise_image(size, size, seed=100 * c + 10 * (part == "test") + i).save(d / f"g{i}.png")
     return {"train": write_corpus(root / "train" / "a", corpus_entries),
             "test": write_corpus(root / "test" / "b", corpus_entries)}
 
@@ -369,7 +352,7 @@ def test_symlink_cycles_are_searched_once(ckpt, tmp_path, capsys):
     for c in ("a", "b"):
         (d / c).mkdir(parents=True)
         for i in range(2):
-            _noise(8, 8, i).save(d / c / f"{i}.png")
+            noise_image(8, 8, i).save(d / c / f"{i}.png")
         os.symlink("..", d / c / "up")
     assert sorted(p.relative_to(d).as_posix() for p in list_images([str(d)])) == ["a/0.png", "a/1.png", "b/0.png",
                                                                                   "b/1.png"]
@@ -382,7 +365,7 @@ def test_recursive_glob_through_a_symlink_cycle_lists_each_file_once(tmp_path):
 
     d = tmp_path / "cyclic"
     (d / "a").mkdir(parents=True)
-    _noise(8, 8).save(d / "a" / "0.png")
+    noise_image(8, 8).save(d / "a" / "0.png")
     os.symlink("..", d / "a" / "up")
     (d / "a" / "b").mkdir()
     os.symlink("../..", d / "a" / "b" / "up2")  # two cycles: a plain glob.glob expansion never ends
@@ -390,18 +373,12 @@ def test_recursive_glob_through_a_symlink_cycle_lists_each_file_once(tmp_path):
 
 
 # ================================================================================ the dataset corpus
-def _idx(data: np.ndarray, magic_override=None) -> bytes:
-    dims = data.shape
-    magic = magic_override if magic_override is not None else (0x0800 | len(dims))
-    return struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + data.astype(np.uint8).tobytes()
-
-
 def _mnist(root: Path, imgs=None, labels=None, img_bytes=None, lab_bytes=None):
     root.mkdir(parents=True)
     imgs = np.zeros((20, 28, 28), np.uint8) if imgs is None else imgs
     labels = (np.arange(20) % 10).astype(np.uint8) if labels is None else labels
-    (root / "train-images-idx3-ubyte").write_bytes(img_bytes if img_bytes is not None else _idx(imgs))
-    (root / "train-labels-idx1-ubyte").write_bytes(lab_bytes if lab_bytes is not None else _idx(labels))
+    (root / "train-images-idx3-ubyte").write_bytes(img_bytes if img_bytes is not None else idx_bytes(imgs))
+    (root / "train-labels-idx1-ubyte").write_bytes(lab_bytes if lab_bytes is not None else idx_bytes(labels))
 
 
 def _cifar(root: Path, data=None, labels=None):
@@ -428,7 +405,7 @@ def _ds_class_no_images(root):
     d = root / "noimg"
     for c in ("a", "b"):
         (d / c).mkdir(parents=True)
-    _noise(8, 8).save(d / "a" / "x.png")
+    noise_image(8, 8).save(d / "a" / "x.png")
     (d / "b" / "readme.txt").write_text("nothing here")
     return d, re.escape(str(d / "b")) + r": class folder has no images"
 
@@ -437,27 +414,27 @@ def _ds_top_level_files(root):
     d = root / "flat"
     d.mkdir()
     for i in range(3):
-        _noise(8, 8, i).save(d / f"{i}.png")
+        noise_image(8, 8, i).save(d / f"{i}.png")
     return d, r"image\(s\) at the top level but no class folders"
 
 
 def _ds_mnist_magic(root):
     d = root / "mnist_magic"
-    _mnist(d, img_bytes=_idx(np.zeros((20, 28, 28)), magic_override=0x0801))
+    _mnist(d, img_bytes=idx_bytes(np.zeros((20, 28, 28)), magic=0x0801))
     return d, re.escape(str(d / "train-images-idx3-ubyte")) + r": bad magic number"
 
 
 def _ds_mnist_size(root):
     d = root / "mnist_size"
-    _mnist(d, img_bytes=_idx(np.zeros((20, 28, 28)))[:-100])
+    _mnist(d, img_bytes=idx_bytes(np.zeros((20, 28, 28)))[:-100])
     return d, re.escape(str(d / "train-images-idx3-ubyte")) + r": wrong size"
 
 
 def _ds_mnist_gz_cut(root):
     d = root / "mnist_gz"
     d.mkdir()
-    (d / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(_idx(np.zeros((20, 28, 28))))[:-30])
-    (d / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(_idx((np.arange(20) % 10).astype(np.uint8))))
+    (d / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx_bytes(np.zeros((20, 28, 28))))[:-30])
+    (d / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_bytes((np.arange(20) % 10).astype(np.uint8))))
     return d, re.escape(str(d / "train-images-idx3-ubyte.gz")) + r": "
 
 
@@ -521,8 +498,8 @@ def test_files_at_the_top_of_a_class_tree_are_listed_and_ignored(via, tmp_path, 
     for c in ("a", "b"):
         (d / c).mkdir(parents=True)
         for i in range(4):
-            _noise(32, 32, seed=10 * (c == "b") + i).save(d / c / f"{i}.png")
-    _noise(32, 32).save(d / "stray.png")
+            noise_image(32, 32, seed=10 * (c == "b") + i).save(d / c / f"{i}.png")
+    noise_image(32, 32).save(d / "stray.png")
     (d / "notes.txt").write_text("x")
     why = "file at the top level of a class-folder tree, not in a class folder; ignored"
     if via == "api":
@@ -613,13 +590,7 @@ CHECKPOINTS = {f.__name__[4:]: f for f in (_ck_missing_config, _ck_unknown_field
 
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("small")
-    for part in ("train", "test"):
-        for c, cls in enumerate("ab"):
-            (root / part / cls).mkdir(parents=True)
-            for i in range(4):
-                Image.fromarray(np.full((32, 32, 3), 60 + 120 * c + i, np.uint8)).save(root / part / cls / f"{i}.png")
-    return root
+    return image_folder(tmp_path_factory.mktemp("small"), ("a", "b"), n=4, test=4)
 
 
 FAST_TRAIN = ["--threads", "1", "--quiet", "--device", "cpu", "--precision", "fp32", "--batch-size", "4",
@@ -730,18 +701,8 @@ def test_bad_run_directory_resume(case, run_dir, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- pickles that would run code
-class _Payload:
-    """Unpickling this creates a file (the file named by ``marker``)."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.mkdir, (self.marker,))
-
-
 def _evil_pickle(path: Path, marker: Path, style: str):
-    obj = {"state_dict": {"head.weight": _Payload(marker)}}
+    obj = {"state_dict": {"head.weight": Payload(marker)}}
     if style == "torch-zip":
         torch.save(obj, path)
     else:
@@ -1083,7 +1044,7 @@ def test_max_pixels_flag_raises_or_lifts_the_bomb_limit(command, tmp_path, ckpt,
     for c in ("a", "b"):
         (d / c).mkdir(parents=True)
         for i in range(2):
-            _noise(48, 48, seed=i).save(d / c / f"{i}.png")
+            noise_image(48, 48, seed=i).save(d / c / f"{i}.png")
     target = {"predict": [d / "a" / "0.png"], "explain": [d / "a" / "0.png", "--out", tmp_path / "x.png"],
               "eval": ["--data", d, "--split", "train"]}[command]
     rc, out, err = cli(capsys, command, ckpt, *target, "--max-pixels", "1000")

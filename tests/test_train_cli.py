@@ -3,25 +3,11 @@
 import json
 
 import pytest
-import torch
-from PIL import Image
 
 from vitkit.cli import main
 
-FAST = ["--model", "vit_test", "--batch-size", "8", "--threads", "1", "--quiet", "--device", "cpu",
-        "--precision", "fp32", "--set", "plots=false"]
-
-
-def make_folder(root, classes=("cat", "dog"), n=12, test=4, size=32):
-    g = torch.Generator().manual_seed(0)
-    for part, count in (("train", n), ("test", test)):
-        for c, name in enumerate(classes):
-            d = root / part / name
-            d.mkdir(parents=True)
-            for i in range(count):
-                px = (torch.randint(0, 60, (size, size, 3), generator=g) + 150 * c).clamp(0, 255).to(torch.uint8)
-                Image.fromarray(px.numpy()).save(d / f"{i}.png")
-    return root
+from helpers import FAST_TRAIN_ARGS as FAST
+from helpers import image_folder as make_folder
 
 
 def last_json(capsys):

@@ -1,6 +1,5 @@
 """Two processes (gloo, CPU) follow the same loss trajectory as one process with the same global batch."""
 
-import json
 import os
 import socket
 import sys
@@ -9,6 +8,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
+from helpers import step_losses, tiny_run_config, tiny_splits  # noqa: E402
 
 # Augmentation off and no dropout: with them on, each process draws its own random numbers, so the
 # two runs would differ by design (the data order and the batch split do not depend on the process count).
@@ -17,21 +17,12 @@ PLAIN = dict(augment=dict(crop="none", hflip=0.0, label_smoothing=0.0), epochs=2
 
 def _worker(rank, world, out):
     torch.set_num_threads(1)
-    from test_train_loop import cfg, tiny_splits
-
     from vitkit.train import DistInfo, train
 
-    train(cfg(**PLAIN), out, dist=DistInfo(rank, world, rank), splits=tiny_splits(), log=lambda m: None)
-
-
-def _losses(run):
-    return [json.loads(l)["loss"] for l in (run / "metrics.jsonl").read_text().splitlines()
-            if json.loads(l)["type"] == "step"]
+    train(tiny_run_config(**PLAIN), out, dist=DistInfo(rank, world, rank), splits=tiny_splits(), log=lambda m: None)
 
 
 def test_two_processes_match_one(tmp_path, monkeypatch):
-    from test_train_loop import cfg, tiny_splits
-
     from vitkit.train import train
     from vitkit.train.checkpoint import load_trainer_state
 
@@ -45,10 +36,10 @@ def test_two_processes_match_one(tmp_path, monkeypatch):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train(cfg(**PLAIN), tmp_path / "one", splits=tiny_splits(), log=lambda m: None)
+        train(tiny_run_config(**PLAIN), tmp_path / "one", splits=tiny_splits(), log=lambda m: None)
     finally:
         torch.set_num_threads(n)
-    one, two = _losses(tmp_path / "one"), _losses(tmp_path / "ddp")
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "ddp")
     assert len(one) == len(two) == 8
     # the same global batch of 8: per-process means of 4 averaged, gradients all-reduced; only the
     # order of floating-point sums differs

@@ -9,40 +9,16 @@ import textwrap
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import vitkit
-from vitkit.data import DataSplits, ImageSet
 from vitkit.errors import CheckpointError, DataError, TrainingError
 from vitkit.train import RunConfig, train
 from vitkit.train import checkpoint as tck
 
-TINY = dict(model="vit_test", epochs=2, plots=False, batch_size=8, log_every=1, precision="fp32", device="cpu",
-            augment=dict(crop="pad", pad=2, hflip=0.5, label_smoothing=0.1),
-            optim=dict(lr=3e-3), schedule=dict(warmup_steps=2, warmup_fraction=0.0))
-
+from helpers import assert_same_weights, step_losses, tiny_set, tiny_splits
+from helpers import tiny_run_config as cfg  # vit_test, 2 epochs of 4 steps (batch 8) on tiny_splits()
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny_set(n, classes=("a", "b"), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.arange(n) % len(classes)
-    base = (labels * 200 // max(len(classes) - 1, 1)).to(torch.uint8).view(n, 1, 1, 1)
-    noise = torch.randint(0, 40, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
-    images = (base.expand(n, 3, 32, 32) // 2 + noise).to(torch.uint8)
-    return ImageSet(labels=labels, classes=list(classes), images=images, paths=None, size=(32, 32), channels=3)
-
-
-def tiny_splits(classes=("a", "b")):
-    return DataSplits(train=tiny_set(32, classes), val=tiny_set(16, classes, 1), test=tiny_set(16, classes, 2),
-                      classes=list(classes), format="folder")
-
-
-def cfg(**kw):
-    d = dict(TINY)
-    d.update(kw)
-    return RunConfig.from_dict(d)
 
 
 def test_run_directory_contents(tmp_path):
@@ -142,15 +118,14 @@ def test_stop_request_saves_and_resumes_exactly(tmp_path):
     assert s["status"] == "interrupted" and s["step"] == 5
     assert any(f"continue with: vitkit train --resume {out}" in m for m in msgs)
     train(cfg(epochs=3), out, resume=True, splits=tiny_splits(), log=lambda m: None)
-    a, b = load_file(ref / "last" / "model.safetensors"), load_file(out / "last" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_weights(ref, out)
 
 
 DRIVER = textwrap.dedent('''
     import os, signal, sys, torch
     torch.set_num_threads(1)
     sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))
-    from test_train_loop import tiny_splits, cfg
+    from helpers import tiny_run_config as cfg, tiny_splits
     import vitkit.train.loop as loop
     from vitkit.train import train
     if sys.argv[3] == "kill":
@@ -184,13 +159,10 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     assert p.returncode == 0, p.stderr
     train(cfg(epochs=3, ckpt_every=3, model_args=dict(drop_rate=0.1, drop_path_rate=0.1)), ref,
           splits=tiny_splits(), log=lambda m: None)  # uninterrupted, in this process (also one thread)
-    a, b = load_file(ref / "last" / "model.safetensors"), load_file(out / "last" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_weights(ref, out)
     sa, sb = tck.load_trainer_state(ref / "last"), tck.load_trainer_state(out / "last")
     assert sa["step"] == sb["step"] == 12
-    steps = lambda d: [json.loads(l)["loss"] for l in (d / "metrics.jsonl").read_text().splitlines()  # noqa: E731
-                       if json.loads(l)["type"] == "step"]
-    assert steps(ref) == steps(out)  # the log has no gap or duplicate either
+    assert step_losses(ref) == step_losses(out)  # the log has no gap or duplicate either
 
 
 def test_disk_full_while_saving_is_one_line_and_keeps_previous(tmp_path, monkeypatch):
