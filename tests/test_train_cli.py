@@ -120,10 +120,10 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
     import os
     import signal
 
-    import vitkit.train.loop as loop
+    import vitkit.train.trainer as trainer
 
     data = make_folder(tmp_path / "data")
-    real = loop.save_checkpoint
+    real = trainer.save_checkpoint
     sent = []
 
     def save_then_term(run_dir, name, *a, **k):
@@ -133,7 +133,7 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)  # the handler of `vitkit train` turns it into a clean stop
         return out
 
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_term)
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_term)
     run = tmp_path / "run"
     code = main(["train", "--data", str(data), "--epochs", "50", "--ckpt-every", "2", "--out", str(run), "--json",
                  *[a for a in FAST if a != "--quiet"]])
