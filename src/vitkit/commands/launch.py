@@ -85,14 +85,16 @@ def launch(argv: list[str], nproc: int, poll_s: float = 0.1) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     try:
-        return _report(codes, logs, nproc)
+        return report_exit(codes, logs, nproc)
     finally:
         for log in logs:
             if log is not None:
                 log.close()
 
 
-def _report(codes: list[int], logs: list, nproc: int) -> int:
+def report_exit(codes: list[int], logs: list, nproc: int) -> int:
+    """The launch's exit code from the processes' ``codes``: rank 0's failure (its output is on the
+    terminal already), else the first other failure, shown with the tail of that rank's ``logs``."""
     if codes[0] != 0:
         return codes[0]
     for rank, code in enumerate(codes):
@@ -106,4 +108,4 @@ def _report(codes: list[int], logs: list, nproc: int) -> int:
     return 0
 
 
-__all__ = ["launch", "free_port"]
+__all__ = ["launch", "free_port", "report_exit"]
