@@ -142,3 +142,21 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
     assert f"stopped at step 3 (epoch 1); saved {run / 'last'}; continue with: vitkit train --resume {run}" in out
     assert json.loads(out.strip().splitlines()[-1])["status"] == "interrupted"
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler is removed again
+
+
+@pytest.mark.parametrize("override, message", [
+    ("augment.flip=0.5", r"config.augment: unknown field\(s\) 'flip'"),
+    ("augment.hflip=2", r"AugmentConfig.hflip: is a probability, expected 0..1, got 2"),
+])
+def test_a_bad_augment_key_is_one_error_before_any_process_starts(tmp_path, capsys, monkeypatch, override, message):
+    import re
+
+    import vitkit.commands.launch as launch
+
+    started = []
+    monkeypatch.setattr(launch, "launch", lambda argv, n: started.append(n) or 0)
+    code = main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--nproc", "2", "--threads", "1",
+                 "--set", override])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and not started
+    assert len(err.splitlines()) == 1 and err.startswith("vitkit: error: ") and re.search(message, err), err
