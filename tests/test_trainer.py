@@ -26,7 +26,7 @@ def make_trainer(where, log=None, **kw) -> Trainer:
     splits = tiny_splits()
     model = prepare_model(c, model_config(c), splits.classes, splits.train)
     (where / "run").mkdir(parents=True, exist_ok=True)
-    return Trainer(c, model, splits.train, where / "run", val_set=splits.val, log=log)
+    return Trainer(c, model, splits.train, where / "run", val_set=splits.val, log=log or (lambda m: None))
 
 
 def first_batch(trainer):

@@ -59,7 +59,7 @@ def train(
         classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
         model = prepare_model(cfg, mcfg, classes, splits.train, resume_from)
         trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
-                          precision=precision, log=say, stop=stop, progress=progress)
+                          precision=precision, log=log, stop=stop, progress=progress)
         if saved is not None:
             trainer.restore(saved)
         trainer.open_run(resumed=saved is not None)

@@ -123,9 +123,9 @@ class Trainer:
     """Trains ``model`` on ``train_set`` as ``cfg`` says, writing ``run_dir``.
 
     ``model`` is ready to train (its head, labels and preprocess set: ``build.prepare_model``); the
-    trainer moves it to ``device`` and builds the rest. ``log`` prints a line (give it only to the main
-    process: ``main_log``); ``stop`` is polled once per step; ``progress`` shows a progress bar.
-    Constructing a trainer seeds this process's global RNGs; ``restore`` continues a saved run.
+    trainer moves it to ``device`` and builds the rest. ``log`` prints the main process's lines
+    (default: print); ``stop`` is polled once per step; ``progress`` shows a progress bar on the main
+    process. Constructing a trainer seeds this process's global RNGs; ``restore`` continues a saved run.
     """
 
     def __init__(self, cfg: RunConfig, model: nn.Module, train_set, run_dir: str | Path, *, val_set=None,
@@ -137,7 +137,7 @@ class Trainer:
         self.dist = dist
         self.device = device
         self.precision = precision
-        self.say = log or (lambda message: None)
+        self.say = main_log(log, dist)
         self.stop_requested = stop or (lambda: False)
         self.progress = progress
         self.model = model.to(device).train()
