@@ -51,7 +51,7 @@ DRIVER = textwrap.dedent(r'''
     import json, os, signal, sys, time, shutil, subprocess
     import torch
     torch.set_num_threads(1)
-    import vitkit.cli, vitkit.train.loop as loop, vitkit.train.checkpoint as tck, vitkit.io.checkpoint as cio
+    import vitkit.cli, vitkit.train.trainer as trainer, vitkit.train.checkpoint as tck, vitkit.io.checkpoint as cio
     from vitkit.io.atomic import atomic_path
     # import now what a run imports lazily (torch._dynamo through the first optimizer: seconds), so that
     # each forked child starts warm; no torch computation happens in this process (fork-safe)
@@ -73,7 +73,7 @@ DRIVER = textwrap.dedent(r'''
             count[e] = count.get(e, 0) + 1
             return e == event and count[e] == n
 
-        real_save = loop.save_checkpoint
+        real_save = trainer.save_checkpoint
         def save(run_dir, name, *a, **k):
             out = real_save(run_dir, name, *a, **k)
             if name == "last":
@@ -82,9 +82,9 @@ DRIVER = textwrap.dedent(r'''
                 if event == "fill-disk" and hit("fill-disk"):
                     fill_disk()
             return out
-        loop.save_checkpoint = save
+        trainer.save_checkpoint = save
 
-        real_mb = loop.micro_batches
+        real_mb = trainer.micro_batches
         def micro_batches(*a, **k):
             if hit("step"):
                 die()
@@ -94,7 +94,7 @@ DRIVER = textwrap.dedent(r'''
                 os.kill(os.getpid(), signal.SIGINT)
                 state["armed"] = True
             return real_mb(*a, **k)
-        loop.micro_batches = micro_batches
+        trainer.micro_batches = micro_batches
         state = {"armed": False}
 
         real_bytes = cio.atomic_write_bytes
@@ -142,7 +142,7 @@ DRIVER = textwrap.dedent(r'''
                 except OSError:
                     pass
 
-        real_json = loop.write_json
+        real_json = trainer.write_json
         def write_json(path, obj):
             if str(path).endswith("config.json") and hit("run-config"):
                 with atomic_path(path) as tmp:
@@ -153,7 +153,7 @@ DRIVER = textwrap.dedent(r'''
             if str(path).endswith("classes.json") and event == "fill-disk-start":
                 fill_disk()  # before the first step: the training log is the first file to grow
             return out
-        loop.write_json = write_json
+        trainer.write_json = write_json
 
         real_state = tck._write_trainer_state
         def write_state(st, path):
@@ -434,17 +434,17 @@ def test_second_run_on_a_run_directory_in_use_is_refused(faults, tmp_path, capsy
 def test_nonfinite_loss_through_the_cli(faults, tmp_path, capsys, monkeypatch):
     """A NaN loss at step 5 stops the run naming the step and keeping the last good checkpoint (step 4);
     --skip-nonfinite 1 lets the same run finish."""
-    import vitkit.train.loop as loop
+    import dataclasses
 
-    real = loop.F.cross_entropy
-    calls = {"n": 0}
+    from vitkit.train import Trainer
 
-    def poisoned(*a, **k):
-        calls["n"] += 1
-        y = real(*a, **k)
-        return y * float("nan") if calls["n"] == 5 else y
+    real = Trainer.train_step
 
-    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    def poisoned(self, batch):  # step 5 computes a NaN loss, as a diverging run would
+        result = real(self, batch)
+        return dataclasses.replace(result, loss=float("nan"), nonfinite=True) if self.state.step == 4 else result
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
     argv = ["train", "--data", faults["_data"], *ARGS, "--quiet", "--set", "augment.label_smoothing=0"]
     rc = main([*argv, "--out", str(tmp_path / "nan")])
     err = capsys.readouterr().err.splitlines()
@@ -452,7 +452,6 @@ def test_nonfinite_loss_through_the_cli(faults, tmp_path, capsys, monkeypatch):
     assert re.fullmatch(r"vitkit: error: loss is nan at step 5 \(epoch 2\); stopped; the last good checkpoint "
                         r".*/last \(step 4\) is kept\. .*--skip-nonfinite N", err[0]), err[0]
     assert tck.load_trainer_state(tmp_path / "nan" / "last")["step"] == 4
-    calls["n"] = 0
     rc = main([*argv, "--out", str(tmp_path / "skip"), "--skip-nonfinite", "1"])
     capsys.readouterr()
     assert rc == 0 and tck.load_trainer_state(tmp_path / "skip" / "last")["skipped"] == 1

@@ -94,7 +94,7 @@ def test_process_counts_the_device_cannot_host(monkeypatch):
 def test_a_failing_rank_is_reported_with_its_output(tmp_path, capsys):
     logs = [None, open(tmp_path / "log", "w+b")]
     logs[1].write(b"Traceback (most recent call last):\nRuntimeError: boom\n")
-    assert launch_mod._report([0, 3], logs, 2) == 3
+    assert launch_mod.report_exit([0, 3], logs, 2) == 3
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "vitkit: error: process 1 of 2 failed (exit code 3)"
     assert err[-1] == "  [rank 1] RuntimeError: boom"

@@ -1009,12 +1009,13 @@ def test_fuzz_train_config_file(text):
     import contextlib
 
     import vitkit.commands.launch as launch
+    import vitkit.train.build as build
     import vitkit.train.loop as loop
 
     calls = []
-    real = loop.train, loop.preflight, launch.launch
+    real = loop.train, build.preflight, launch.launch
     loop.train = lambda cfg, run_dir, **kw: calls.append(cfg) or {"status": "interrupted", "step": 0}
-    loop.preflight = lambda *a, **kw: None
+    build.preflight = lambda *a, **kw: None
     launch.launch = lambda argv, n: calls.append(n) or 130  # processes = N: the launch, stubbed as well
     err = io.StringIO()
     try:
@@ -1027,7 +1028,7 @@ def test_fuzz_train_config_file(text):
                 except SystemExit as e:
                     rc = e.code
     finally:
-        loop.train, loop.preflight, launch.launch = real
+        loop.train, build.preflight, launch.launch = real
         torch.set_num_threads(1)
     lines = err.getvalue().splitlines()
     if calls:

@@ -106,10 +106,10 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
     import os
     import signal
 
-    import vitkit.train.loop as loop
+    import vitkit.train.trainer as trainer
 
     data = make_folder(tmp_path / "data")
-    real = loop.save_checkpoint
+    real = trainer.save_checkpoint
     sent = []
 
     def save_then_term(run_dir, name, *a, **k):
@@ -119,7 +119,7 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)  # the handler of `vitkit train` turns it into a clean stop
         return out
 
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_term)
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_term)
     run = tmp_path / "run"
     code = main(["train", "--data", str(data), "--epochs", "50", "--ckpt-every", "2", "--out", str(run), "--json",
                  *[a for a in FAST if a != "--quiet"]])
@@ -128,3 +128,21 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
     assert f"stopped at step 3 (epoch 1); saved {run / 'last'}; continue with: vitkit train --resume {run}" in out
     assert json.loads(out.strip().splitlines()[-1])["status"] == "interrupted"
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler is removed again
+
+
+@pytest.mark.parametrize("override, message", [
+    ("augment.flip=0.5", r"config.augment: unknown field\(s\) 'flip'"),
+    ("augment.hflip=2", r"AugmentConfig.hflip: is a probability, expected 0..1, got 2"),
+])
+def test_a_bad_augment_key_is_one_error_before_any_process_starts(tmp_path, capsys, monkeypatch, override, message):
+    import re
+
+    import vitkit.commands.launch as launch
+
+    started = []
+    monkeypatch.setattr(launch, "launch", lambda argv, n: started.append(n) or 0)
+    code = main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--nproc", "2", "--threads", "1",
+                 "--set", override])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and not started
+    assert len(err.splitlines()) == 1 and err.startswith("vitkit: error: ") and re.search(message, err), err

@@ -1,5 +1,6 @@
 """End-to-end training on tiny in-memory data: run directory, exact resume after SIGKILL, stops, errors."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import torch
 
 import vitkit
 from vitkit.errors import CheckpointError, DataError, TrainingError
-from vitkit.train import RunConfig, train
+from vitkit.train import RunConfig, Trainer, train
 from vitkit.train import checkpoint as tck
 
 from helpers import assert_same_weights, step_losses, tiny_set, tiny_splits
@@ -79,28 +80,32 @@ def test_resume_with_other_classes_is_an_error(tmp_path):
         train(cfg(), tmp_path / "empty", resume=True, splits=tiny_splits(), log=lambda m: None)
 
 
+def poison_step(monkeypatch, at_step: int):
+    """Every run from here on computes a NaN loss at (1-based) step ``at_step``, as a diverging run would."""
+    real = Trainer.train_step
+
+    def poisoned(self, batch):
+        result = real(self, batch)
+        if self.state.step + 1 == at_step:
+            return dataclasses.replace(result, loss=float("nan"), nonfinite=True)
+        return result
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     out = tmp_path / "r"
-    import vitkit.train.loop as loop
-
-    real = torch.nn.functional.log_softmax
-    calls = {"n": 0}
-
-    def poisoned(x, *a, **k):  # the 6th training step sees a NaN
-        calls["n"] += 1
-        y = real(x, *a, **k)
-        return y * float("nan") if calls["n"] == 6 else y
-
-    monkeypatch.setattr(loop.F, "log_softmax", poisoned)
+    poison_step(monkeypatch, 6)  # the 6th training step sees a NaN
     with pytest.raises(TrainingError, match=r"loss is nan at step 6 \(epoch 2\); stopped; the last good checkpoint "
                                             r".*last \(step 4\) is kept"):
         train(cfg(epochs=3), out, splits=tiny_splits(), log=lambda m: None)
     assert tck.load_trainer_state(out / "last")["step"] == 4
     assert not (out / ".lock").exists()
     # with --skip-nonfinite 1 the same run goes on
-    calls["n"] = 0
-    s = train(cfg(epochs=3, skip_nonfinite=1), tmp_path / "r2", splits=tiny_splits(), log=lambda m: None)
-    assert s["status"] == "completed"
+    msgs = []
+    s = train(cfg(epochs=3, skip_nonfinite=1), tmp_path / "r2", splits=tiny_splits(), log=msgs.append)
+    assert s["status"] == "completed" and tck.load_trainer_state(tmp_path / "r2" / "last")["skipped"] == 1
+    assert "warning: non-finite loss/gradients at step 6; step skipped (1/1)" in msgs
 
 
 def test_stop_request_saves_and_resumes_exactly(tmp_path):
@@ -126,16 +131,16 @@ DRIVER = textwrap.dedent('''
     torch.set_num_threads(1)
     sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))
     from helpers import tiny_run_config as cfg, tiny_splits
-    import vitkit.train.loop as loop
+    import vitkit.train.trainer as trainer
     from vitkit.train import train
     if sys.argv[3] == "kill":
-        real = loop.save_checkpoint
+        real = trainer.save_checkpoint
         def save_then_die(run_dir, name, *a, **k):
             out = real(run_dir, name, *a, **k)
             if name == "last":
                 os.kill(os.getpid(), signal.SIGKILL)  # right after the first checkpoint
             return out
-        loop.save_checkpoint = save_then_die
+        trainer.save_checkpoint = save_then_die
     train(cfg(epochs=3, ckpt_every=3, model_args=dict(drop_rate=0.1, drop_path_rate=0.1)), sys.argv[2],
           resume=sys.argv[3] == "resume", splits=tiny_splits(), log=lambda m: None)
 ''')
@@ -145,7 +150,8 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     here = os.path.abspath(__file__)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
+    src = os.path.join(os.path.dirname(here), "..", "src")  # the tree under test, not an installed copy
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), src]))
 
     def go(out, mode):
         return subprocess.run([sys.executable, str(driver), here, str(out), mode], env=env, capture_output=True,

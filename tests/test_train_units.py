@@ -31,7 +31,7 @@ def test_config_layers_and_strictness(tmp_path):
     f.write_text('epochs = 3\nmodel = "vit_test"\n[optim]\nlr = 0.01\n[augment]\npad = 1\n')
     cfg = resolve_config(f, {"optim.lr": 0.5, "seed": None}, ["optim.weight_decay=0.2", "augment.crop=rrc"])
     assert (cfg.epochs, cfg.model, cfg.optim.lr, cfg.optim.weight_decay, cfg.seed) == (3, "vit_test", 0.5, 0.2, 0)
-    assert cfg.augment["pad"] == 1 and cfg.augment["crop"] == "rrc" and cfg.augment["hflip"] == 0.0
+    assert cfg.augment.pad == 1 and cfg.augment.crop == "rrc" and cfg.augment.hflip == 0.0
 
     f.write_text("[optim]\nlrr = 0.01\n")
     with pytest.raises(ConfigError, match=r"r.toml: config.optim: unknown field\(s\) 'lrr'"):
@@ -207,7 +207,7 @@ def test_run_lock(tmp_path):
 
 
 def test_ema_decay_warms_up_to_the_configured_value():
-    from vitkit.train.loop import ema_decay
+    from vitkit.train.ema import ema_decay
 
     assert ema_decay(0.999, 0) == pytest.approx(0.1)  # the first update moves the average 90% of the way
     assert ema_decay(0.999, 90) == pytest.approx(0.91)

@@ -42,11 +42,8 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 def launch(argv: list[str], nproc: int, poll_s: float = 0.1) -> int:
     """Run ``vitkit ARGV`` as ``nproc`` DDP processes; return the exit code (0, or the first failure's)."""
-    port = free_port()
     env = dict(os.environ, WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port))
-    cmd = [sys.executable, "-m", "vitkit", *argv]
-    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+               MASTER_PORT=str(free_port()))
     procs: list[subprocess.Popen] = []
     logs: list = []
     old = {}
@@ -62,21 +59,9 @@ def launch(argv: list[str], nproc: int, poll_s: float = 0.1) -> int:
         old[signal.SIGINT] = signal.signal(signal.SIGINT, lambda signum, frame: None)
         old[signal.SIGTERM] = signal.signal(signal.SIGTERM, forward)
         for rank in range(nproc):
-            child_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
-            log = None if rank == 0 else tempfile.TemporaryFile()
-            logs.append(log)
-            procs.append(subprocess.Popen(cmd, env=child_env, stdout=None if rank == 0 else subprocess.DEVNULL,
-                                          stderr=log, preexec_fn=preexec))
-        failed_at = None
-        while any(p.poll() is None for p in procs):
-            if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-            time.sleep(poll_s)
-        codes = [p.wait() for p in procs]
+            logs.append(None if rank == 0 else tempfile.TemporaryFile())
+            procs.append(_start(argv, dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), logs[-1]))
+        codes = _wait(procs, poll_s)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -85,14 +70,37 @@ def launch(argv: list[str], nproc: int, poll_s: float = 0.1) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     try:
-        return _report(codes, logs, nproc)
+        return report_exit(codes, logs, nproc)
     finally:
         for log in logs:
             if log is not None:
                 log.close()
 
 
-def _report(codes: list[int], logs: list, nproc: int) -> int:
+def _start(argv: list[str], env: dict, log) -> subprocess.Popen:
+    # rank 0 (no log file) keeps the terminal; the others write their stderr to their log file
+    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    return subprocess.Popen([sys.executable, "-m", "vitkit", *argv], env=env, preexec_fn=preexec, stderr=log,
+                            stdout=None if log is None else subprocess.DEVNULL)
+
+
+def _wait(procs: list[subprocess.Popen], poll_s: float) -> list[int]:
+    """The exit codes, once every process has ended; after a failure the others get GRACE_S seconds."""
+    failed_at = None
+    while any(p.poll() is None for p in procs):
+        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(poll_s)
+    return [p.wait() for p in procs]
+
+
+def report_exit(codes: list[int], logs: list, nproc: int) -> int:
+    """The launch's exit code from the processes' ``codes``: rank 0's failure (its output is on the
+    terminal already), else the first other failure, shown with the tail of that rank's ``logs``."""
     if codes[0] != 0:
         return codes[0]
     for rank, code in enumerate(codes):
@@ -106,4 +114,4 @@ def _report(codes: list[int], logs: list, nproc: int) -> int:
     return 0
 
 
-__all__ = ["launch", "free_port"]
+__all__ = ["launch", "free_port", "report_exit"]

@@ -8,6 +8,9 @@ is read here, once, and handed to the library.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import sys
 
 
 def _h(text: str, key: str) -> str:
@@ -134,92 +137,140 @@ def check_processes(n: int, device: str) -> None:
 
 
 def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> int:
-    """Resolve the config, set up threads/signals/distributed, run ``vitkit.train.train``."""
-    import json
+    """Resolve the config; then start the processes of a multi-process run, or train in this one."""
     import os
-    import signal
-    import sys
-    import time
     from pathlib import Path
 
     from ..errors import ConfigError
-    from ..train.config import RunConfig, merge, resolve_config
-    from ..train.distributed import DistInfo, destroy_process_group
+    from ..train.config import resolve_config
+    from ..train.distributed import DistInfo
 
     dist = DistInfo.from_env(os.environ)
+    overrides = overrides_from_args(args)
+    flags = {**flags_from_args(args), **(extra_flags or {})}
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+    if args.resume:
+        base = saved_run_config(Path(args.resume), args.out)
+    if base is None and args.config is None and args.data is None:
+        base = demo_base()  # the demo: the built-in digits, within a fixed time, on up to 2 CPU processes
+    cfg = resolve_config(args.config, flags, overrides, base=base)
+    run_dir = Path(args.resume) if args.resume else new_run_dir(cfg, args.out)
+    if cfg.processes > 1 and not dist.enabled:  # start the processes; each comes back here as one rank
+        return launch_processes(args, cfg, run_dir)
+    return train_here(args, cfg, run_dir, dist)
+
+
+def overrides_from_args(args) -> list[str]:
+    """The --set overrides, then the trailing KEY=VALUE ones."""
+    from ..errors import ConfigError
+
     overrides = list(args.overrides or [])
     for item in args.rest or []:
         if "=" not in item:
             raise ConfigError(f"unexpected argument {item!r}: overrides are KEY=VALUE (e.g. optim.lr=0.001)")
         overrides.append(item)
-    flags = flags_from_args(args)
-    flags.update(extra_flags or {})
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+    return overrides
 
-    if args.resume:
-        run_dir = Path(args.resume)
-        saved = run_dir / "config.json"
-        if not saved.is_file():
-            raise ConfigError(f"--resume {run_dir}: no config.json there; not a vitkit run directory")
-        try:
-            base = json.loads(saved.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise ConfigError(f"{saved}: not valid JSON ({e})") from None
-        try:  # the saved config checked alone, so that an error in it names the file
-            if not isinstance(base, dict):
-                raise ConfigError(f"expected a JSON object, got {type(base).__name__}")
-            RunConfig.from_dict(merge(RunConfig().to_dict(), base))
-        except ConfigError as e:
-            raise ConfigError(f"{saved}: {e}") from None
-        if args.out and Path(args.out) != run_dir:
-            raise ConfigError("--out and --resume name different directories; --resume continues in place")
-    if base is None and args.config is None and args.data is None:
-        base = demo_base()  # the demo: the built-in digits, within a fixed time, on up to 2 CPU processes
-    cfg = resolve_config(args.config, flags, overrides, base=base)
-    if not args.resume:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        name = Path(cfg.init_from).name if cfg.init_from else cfg.model
-        run_dir = Path(args.out) if args.out else Path("runs") / f"{name}-{stamp}"
 
-    if cfg.processes > 1 and not dist.enabled:  # start the processes; each comes back here as one rank
-        from ..train.loop import preflight
-        from .launch import launch
+def saved_run_config(run_dir, out: str | None) -> dict:
+    """The config.json of the run that --resume continues (checked alone, so that an error names it)."""
+    import json
+    from pathlib import Path
 
-        preflight(cfg, run_dir, bool(args.resume))  # a bad config is one error here, not one per process
-        check_processes(cfg.processes, cfg.device)
-        argv = list(getattr(args, "argv", None) or [])
-        if not argv:
-            raise ConfigError("processes: a multi-process run is started from the command line (vitkit train)")
-        if not args.resume and not args.out:
-            argv += ["--out", str(run_dir)]  # every rank must agree on the run directory
-        return launch(argv, cfg.processes)
+    from ..errors import ConfigError
+    from ..train.config import RunConfig, merge
 
-    import torch
+    saved = run_dir / "config.json"
+    if not saved.is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.json there; not a vitkit run directory")
+    try:
+        base = json.loads(saved.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ConfigError(f"{saved}: not valid JSON ({e})") from None
+    try:
+        if not isinstance(base, dict):
+            raise ConfigError(f"expected a JSON object, got {type(base).__name__}")
+        RunConfig.from_dict(merge(RunConfig().to_dict(), base))
+    except ConfigError as e:
+        raise ConfigError(f"{saved}: {e}") from None
+    if out and Path(out) != run_dir:
+        raise ConfigError("--out and --resume name different directories; --resume continues in place")
+    return base
 
-    torch.set_num_threads(args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size)))
 
-    stop = {"signal": None}
+def new_run_dir(cfg, out: str | None):
+    """--out, or runs/<model or checkpoint name>-<date-time>."""
+    import time
+    from pathlib import Path
+
+    if out:
+        return Path(out)
+    name = Path(cfg.init_from).name if cfg.init_from else cfg.model
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def launch_processes(args, cfg, run_dir) -> int:
+    """Check the config once (one error line, not one per process), then start cfg.processes processes."""
+    from ..errors import ConfigError
+    from ..train.build import preflight
+    from .launch import launch
+
+    preflight(cfg, run_dir, bool(args.resume))
+    check_processes(cfg.processes, cfg.device)
+    argv = list(getattr(args, "argv", None) or [])
+    if not argv:
+        raise ConfigError("processes: a multi-process run is started from the command line (vitkit train)")
+    if not args.resume and not args.out:
+        argv += ["--out", str(run_dir)]  # every rank must agree on the run directory
+    return launch(argv, cfg.processes)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT and SIGTERM ask the run to stop at the next step (it saves last/ and returns); a second
+    Ctrl-C gives up at once. Yields the function the run polls; the handlers are removed after."""
+    received: list[int] = []
 
     def on_signal(signum, frame):
-        if stop["signal"] is not None and signum == signal.SIGINT:
+        if received and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: give up at once
-        stop["signal"] = signum
+        received.append(signum)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    progress = not args.quiet and sys.stderr.isatty()
-    log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
-    from ..train.loop import train
-
     try:
-        summary = train(cfg, run_dir, dist=dist, resume=bool(args.resume), progress=progress,
-                        stop=lambda: stop["signal"] is not None, log=log)
+        yield lambda: bool(received)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        destroy_process_group()
+
+
+def train_here(args, cfg, run_dir, dist) -> int:
+    """Train in this process (alone, or as one rank of a distributed run); report as the exit code says."""
+    import os
+
+    import torch
+
+    from ..train.distributed import destroy_process_group
+    from ..train.loop import train
+
+    torch.set_num_threads(args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size)))
+    progress = not args.quiet and sys.stderr.isatty()
+    log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
+    with stop_on_signals() as stop:
+        try:
+            summary = train(cfg, run_dir, dist=dist, resume=bool(args.resume), progress=progress, stop=stop, log=log)
+        finally:
+            destroy_process_group()
     if not dist.is_main:
         return 0 if summary.get("status") == "completed" else 130
+    return report(args, summary, run_dir)
+
+
+def report(args, summary: dict, run_dir) -> int:
+    """The main process's last lines (how to continue a stopped run; the accuracies) and the exit code."""
+    import json
+
     if summary.get("status") == "interrupted":
         if args.quiet:  # quiet silences progress, not how to continue
             print(f"vitkit: stopped at step {summary.get('step', 0)}; continue with: vitkit train --resume {run_dir}",

@@ -1,11 +1,16 @@
-"""Training: run config, optimizer and schedule, resumable checkpoints, distributed setup, the loop.
+"""Training: run config, optimizer and schedule, resumable checkpoints, distributed setup, the trainer.
 
     from vitkit.train import RunConfig, train
     summary = train(RunConfig(epochs=5), "runs/demo")   # the demo recipe on the built-in digits
 """
 
+from .build import model_config, preflight
 from .config import DataConfig, OptimConfig, RunConfig, ScheduleConfig, resolve_config
 from .distributed import DistInfo
-from .loop import evaluate, train
+from .ema import EMA
+from .loop import train
+from .state import TrainerState
+from .trainer import StepResult, Trainer, evaluate_split
 
-__all__ = ["RunConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "DistInfo", "train", "evaluate"]
+__all__ = ["RunConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "DistInfo", "train",
+           "evaluate_split", "model_config", "preflight", "Trainer", "StepResult", "TrainerState", "EMA"]

@@ -115,6 +115,22 @@ def find_checkpoint(run_dir: Path, name: str = "last") -> Path | None:
     return None
 
 
+def checkpoint_step(ckpt_dir: Path) -> str:
+    """The step a checkpoint of a run was saved at (its config.json's ``train.step``), or '?'."""
+    try:
+        return str(json.loads((Path(ckpt_dir) / ckpt_io.CONFIG).read_text())["train"]["step"])
+    except Exception:  # noqa: BLE001 - unreadable: the message that names it still goes out
+        return "?"
+
+
+def resume_point(run_dir: Path) -> tuple[Path, dict]:
+    """The checkpoint ``--resume`` continues from (last/, or its previous version) and its trainer state."""
+    ckpt_dir = find_checkpoint(run_dir, "last")
+    if ckpt_dir is None:
+        raise TrainingError(f"{run_dir}: nothing to resume (no last/ checkpoint with {TRAINER_STATE})")
+    return ckpt_dir, load_trainer_state(ckpt_dir)
+
+
 def load_trainer_state(ckpt_dir: Path) -> dict:
     file = Path(ckpt_dir) / TRAINER_STATE
     try:
@@ -200,4 +216,5 @@ class RunLock:
         self.release()
 
 
-__all__ = ["save_checkpoint", "find_checkpoint", "load_trainer_state", "rng_state", "set_rng_state", "RunLock"]
+__all__ = ["save_checkpoint", "find_checkpoint", "checkpoint_step", "resume_point", "load_trainer_state", "rng_state",
+           "set_rng_state", "cleanup_temp", "write_json", "RunLock"]

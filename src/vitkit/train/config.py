@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..data import AugmentConfig
 from ..errors import ConfigError
 from ..strict import apply_overrides, from_dict, to_dict
 
@@ -107,8 +108,9 @@ class RunConfig:
     plots: bool = True  # write loss.png, accuracy.png and lr.png at the end (needs matplotlib)
     # --- sections ------------------------------------------------------------------------------------
     data: DataConfig = field(default_factory=DataConfig)
-    augment: dict[str, Any] = field(default_factory=lambda: dict(crop="pad", pad=2, hflip=0.0, label_smoothing=0.1))
-    #   fields of vitkit.data.augment.AugmentConfig (checked strictly when the run starts)
+    augment: AugmentConfig = field(default_factory=lambda: AugmentConfig(crop="pad", pad=2, hflip=0.0,
+                                                                         label_smoothing=0.1))
+    #   the training augmentation (vitkit.data.AugmentConfig); a run's config.json holds every field
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
@@ -129,6 +131,7 @@ class RunConfig:
         if self.img_size is not None and self.img_size < 1:
             raise ConfigError(f"img_size: must be a positive integer or null, got {self.img_size!r}")
         self.data.validate()
+        self.augment.validate()
         self.optim.validate()
         self.schedule.validate()
         return self

@@ -1,0 +1,184 @@
+"""What a run builds from its RunConfig before the first step: the model's config, the data, the model.
+
+``model_config`` resolves the model a run trains, once: the named model (or the ``init_from``
+checkpoint's model) with ``model_args`` laid over it, at ``img_size``. The checks a launcher runs
+before it starts any process (``preflight``), the opening of the data (channels, and the size image
+folders are decoded at) and the building of the model all take it from there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..config import Preprocess, ViTConfig
+from ..errors import ConfigError, DataError, TrainingError
+from ..io import checkpoint as ckpt_io
+from ..model import VisionTransformer
+from ..runtime import pick_precision, resolve_device
+from .checkpoint import find_checkpoint
+from .config import RunConfig
+
+
+def model_config(cfg: RunConfig) -> ViTConfig:
+    """The config of the model ``cfg`` trains. Its head's size comes from the data (``build_model``), so
+    a ``num_classes`` in model_args is ignored. Errors name the model, the argument or the checkpoint."""
+    from ..variants import get_config
+
+    args = {k: v for k, v in cfg.model_args.items() if k != "num_classes"}
+    if cfg.init_from:
+        mcfg = ckpt_io.read_config(ckpt_io.resolve_checkpoint(cfg.init_from))[0]
+        try:
+            mcfg = mcfg.replace(**args)
+        except ConfigError as e:
+            raise ConfigError(f"model_args: {e}") from None
+        return mcfg.replace(img_size=cfg.img_size) if cfg.img_size else mcfg
+    get_config(cfg.model)  # an unknown name first, then its arguments
+    if cfg.img_size:
+        args["img_size"] = cfg.img_size
+    return get_config(cfg.model, **args)
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """A new run needs a directory that holds no run yet; --resume continues one in place."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"out: {run_dir} exists and is not a directory")
+    if not resume and find_checkpoint(run_dir, "last") is not None:
+        raise TrainingError(
+            f"{run_dir}: already holds a run (last/ checkpoint); continue it with --resume {run_dir} "
+            "or choose another --out"
+        )
+
+
+def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False) -> ViTConfig:
+    """The checks that need no data: the config's values (augmentation included), the device and
+    precision, the run directory, the model (its name and arguments, or the checkpoint to start from).
+    A launcher runs them once, before it starts any process. Returns the model's config."""
+    cfg.validate()
+    pick_precision(cfg.precision, resolve_device(cfg.device))
+    if run_dir is not None:
+        check_run_dir(Path(run_dir), resume)
+    return model_config(cfg)
+
+
+# ============================================================================================== data
+def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None]):
+    """The run's DataSplits with ``mcfg``'s channels; image folders, which may mix sizes, are decoded at
+    ``mcfg``'s size. Data with neither a validation nor a test part gives 10% of its training images
+    to a validation split, so that the run reports an accuracy."""
+    from ..data import open_dataset
+    from ..data.datasets import split_stratified
+
+    d = cfg.data
+    size = (d.img_size, d.img_size) if d.img_size else None
+    if size is None and _is_image_folder(d.path, d.format):
+        size = mcfg.img_size
+    splits = open_dataset(d.path, d.format, channels=mcfg.in_chans, img_size=size, val_fraction=d.val_fraction,
+                          seed=cfg.seed, strict=d.strict, in_memory=d.in_memory)
+    if splits.val is None and splits.test is None:
+        splits.train, splits.val = split_stratified(splits.train, 0.1, cfg.seed, where=str(d.path))
+        say("no validation or test part in the data: 10% of the training images are held out for validation")
+    return splits
+
+
+def _is_image_folder(path: str | None, fmt: str | None) -> bool:
+    from ..data.datasets import detect_format
+
+    if path is None or not Path(path).is_dir():
+        return False
+    try:
+        fmt = fmt or detect_format(Path(path))[0]
+    except DataError:
+        return False  # open_dataset says what is wrong
+    return fmt in ("folder", "split-folder")
+
+
+def check_classes(splits, run_dir: Path, resumed_classes: list[str] | None, say: Callable[[str], None]) -> list[str]:
+    """The data's class names, once they are fit to train on: two or more, each with training images,
+    and (resuming) the run's own."""
+    classes = list(splits.classes)
+    if len(classes) < 2:
+        raise DataError(f"training set: found {len(classes)} class; a classifier needs at least 2")
+    if resumed_classes is not None and list(resumed_classes) != classes:
+        raise TrainingError(
+            f"{run_dir}: the data's classes ({_short(classes)}) differ from the run's ({_short(resumed_classes)}); "
+            "resume needs the same classes (start a new run, or fine-tune from the checkpoint)"
+        )
+    counts = torch.bincount(splits.train.labels, minlength=len(classes)).tolist()
+    empty = [c for c, n in zip(classes, counts) if n == 0]
+    skipped = getattr(splits, "skipped", None) or []
+    if empty:
+        raise DataError(
+            f"training set: class {empty[0]!r} has no images"
+            + (f" ({len(skipped)} unreadable file(s) were skipped, e.g. {skipped[0][0]})" if skipped else "")
+            + "; every class needs training images"
+        )
+    if skipped:
+        say(f"skipped {len(skipped)} unreadable file(s), e.g. {skipped[0][0]}: {skipped[0][1]}")
+    return classes
+
+
+def _short(names) -> str:
+    names = list(names)
+    return ", ".join(names[:4]) + (f", ... ({len(names)})" if len(names) > 4 else "")
+
+
+def data_preprocess(images, channels: int, max_images: int = 10000) -> Preprocess:
+    """Normalisation constants measured on (up to ``max_images`` of) the training images."""
+    if getattr(images, "images", None) is None:
+        return Preprocess().for_channels(channels)
+    x = images.images
+    if len(x) > max_images:
+        x = x[torch.linspace(0, len(x) - 1, max_images).long()]
+    x = x.float().div_(255).transpose(0, 1).reshape(x.shape[1], -1)  # (C, N*H*W)
+    mean = x.mean(1)
+    std = x.std(1).clamp_min(1e-3)
+    r = lambda t: tuple(round(float(v), 4) for v in t)  # noqa: E731
+    return Preprocess(mean=r(mean), std=r(std), crop_pct=1.0, interpolation="bilinear")
+
+
+# ============================================================================================= model
+def build_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str]) -> VisionTransformer:
+    """The model ``mcfg`` describes with a head for ``classes``: initialised from ``cfg.seed`` (the same
+    seed, the same weights), or (``init_from``) the checkpoint's backbone with a new head."""
+    if cfg.init_from:
+        return _from_checkpoint(Path(cfg.init_from), mcfg, classes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = VisionTransformer(mcfg.replace(num_classes=len(classes)))
+    model.labels = list(classes)
+    return model
+
+
+def _from_checkpoint(path: Path, mcfg: ViTConfig, classes: list[str]) -> VisionTransformer:
+    # the checkpoint's weights at its own size and head, then (fine-tuning) a new, zero-initialised head
+    # for the new classes (the old one never fits) and position embeddings resampled to mcfg's size
+    ckpt = ckpt_io.resolve_checkpoint(path)
+    saved, pre, _, _ = ckpt_io.read_config(ckpt)
+    model = VisionTransformer(mcfg.replace(img_size=saved.img_size, num_classes=saved.num_classes))
+    ckpt_io.load_weights(model, ckpt_io.read_safetensors(ckpt / ckpt_io.WEIGHTS), str(ckpt / ckpt_io.WEIGHTS))
+    model.preprocess = pre.for_channels(mcfg.in_chans)
+    model.reset_head(len(classes), classes)
+    if model.cfg.img_size != mcfg.img_size:
+        model.resample_to(mcfg.img_size)
+    return model
+
+
+def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set,
+                  resume_from: Path | None = None) -> VisionTransformer:
+    """The model a run starts from: built, then given the resumed checkpoint's weights and preprocess;
+    a new run from scratch normalises with constants measured on its training images."""
+    model = build_model(cfg, mcfg, classes)
+    if resume_from is not None:
+        ckpt_io.load_weights(model, ckpt_io.read_safetensors(resume_from / ckpt_io.WEIGHTS), str(resume_from))
+        model.preprocess = ckpt_io.read_config(resume_from)[1]
+    elif not cfg.init_from:
+        model.preprocess = data_preprocess(train_set, model.cfg.in_chans)
+    model.labels = classes
+    return model
+
+
+__all__ = ["model_config", "preflight", "check_run_dir", "open_data", "check_classes", "data_preprocess",
+           "build_model", "prepare_model"]

@@ -1,0 +1,67 @@
+"""An exponential moving average (EMA) of a model's weights, evaluated and saved in their place.
+
+The average covers the whole ``state_dict`` (parameters and buffers) in float32, whatever the
+model's dtype: floating tensors are averaged with one foreach lerp per update, the others (e.g.
+BatchNorm's step counters) follow the model. A copy of the model with the average in place, cast to
+the model's dtypes, is what validation scores and what ``best/`` holds.
+
+The decay warms up (``ema_decay``), so that a short run's average is not held back by the random
+initial weights.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..io.checkpoint import unwrap
+
+
+def ema_decay(decay: float, step: int) -> float:
+    """The EMA decay at optimizer step ``step`` (0-based): min(decay, (1 + step) / (10 + step)).
+
+    A fixed decay of 0.999 averages over the last ~1,000 steps, so early in a run (or all through a
+    short one) the average still holds the random initial weights. Warming the decay up lets the
+    average follow the weights at first and settle on ``decay`` after a few thousand steps.
+    """
+    return min(decay, (1.0 + step) / (10.0 + step))
+
+
+class EMA:
+    """The moving average of ``model``'s state, started at its current weights, on its device."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.shadow = [t.detach().clone().float() for t in model.state_dict().values()]
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int) -> None:
+        """Move the average towards ``model``'s weights after optimizer step ``step`` (0-based)."""
+        values = list(model.state_dict().values())
+        floats = [(e, v) for e, v in zip(self.shadow, values) if v.is_floating_point()]
+        torch._foreach_lerp_([e for e, _ in floats], [v.float() for _, v in floats], 1.0 - ema_decay(self.decay, step))
+        for e, v in zip(self.shadow, values):
+            if not v.is_floating_point():
+                e.copy_(v)
+
+    def state_dict(self) -> list[torch.Tensor]:
+        """The averaged tensors in the model's ``state_dict`` order, on the CPU (as trainer.pt holds them)."""
+        return [t.cpu() for t in self.shadow]
+
+    def load_state_dict(self, tensors: list[torch.Tensor]) -> None:
+        """Take a saved average (``state_dict``'s list), on this average's device."""
+        device = self.shadow[0].device if self.shadow else torch.device("cpu")
+        self.shadow = [t.to(device) for t in tensors]
+
+    def averaged_copy(self, model: nn.Module) -> nn.Module:
+        """A copy of ``model`` (unwrapped from DDP / compile) holding the average, in the model's dtypes."""
+        averaged = copy.deepcopy(unwrap(model))
+        with torch.no_grad():
+            for v, e in zip(averaged.state_dict().values(), self.shadow):
+                v.copy_(e.to(v.dtype))
+        return averaged
+
+
+__all__ = ["EMA", "ema_decay"]

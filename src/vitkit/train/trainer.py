@@ -1,0 +1,486 @@
+"""The Trainer: one run's model, optimizer, gradient scaler, EMA, schedule, state, processes and run
+directory, and what is done with them, step by step.
+
+    data (ImageSet, uint8) -> BatchLoader (seeded order, rank slice) -> BatchAugment (seeded per step)
+      -> autocast forward/backward (micro-batches) -> clip -> one collective -> optimizer step -> EMA
+      -> metrics.jsonl, progress bar, checkpoints (last/ periodically, best/ on validation)
+
+A step is two calls. ``train_step(batch)`` computes it: forward, backward, clipping, and the step's
+one collective, which sums the loss, a non-finite flag, a stop request and the time over the
+processes, so that every process decides alike. It returns a ``StepResult``, and ``apply`` takes it:
+the optimizer step, or ``skip_step`` for a non-finite one, then the counters, the log and the
+periodic checkpoint. ``fit`` runs the epochs; ``run_epoch`` says how an epoch ended (``EpochEnd``).
+
+Exact resume: the data order depends on (seed, epoch), the augmentation of step s on (seed, s, rank),
+and the dropout RNG, optimizer and EMA states are saved with every checkpoint, so a run stopped at
+any checkpoint and resumed reaches the same weights as an uninterrupted run (no wall-clock budget).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data import BatchAugment, eval_batch
+from ..errors import TrainingError
+from ..io import checkpoint as ckpt_io
+from ..runtime import autocast, count_params
+from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
+from .config import RunConfig
+from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers
+from .ema import EMA
+from .loader import BatchLoader, micro_batches
+from .metrics import MetricsLog, StepWindow, write_plots
+from .optim import build_optimizer
+from .schedule import Schedule
+from .state import TrainerState
+
+
+def aug_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of the augmentation of step ``step`` on process ``rank``."""
+    return (seed * 2_654_435_761 + step * 40_503 + rank * 9_973 + 1) % (2**63 - 1)
+
+
+def seed_process(seed: int, rank: int) -> None:
+    """Seed the global RNGs (dropout and drop path draw from them): per process; resume restores them."""
+    torch.manual_seed(seed + 1000 * rank + 1)
+    random.seed(seed + rank)
+    np.random.seed((seed + rank) % 2**32)
+
+
+def main_log(log: Callable[[str], None] | None, dist: DistInfo) -> Callable[[str], None]:
+    """``log`` (default: print) on the main process; nothing on the others."""
+    if not dist.is_main:
+        return lambda message: None
+    return log or (lambda message: print(message, flush=True))
+
+
+@torch.no_grad()
+def evaluate_split(model, images, device: torch.device, precision: str = "fp32", batch_size: int = 256,
+                   dist: DistInfo = DistInfo()) -> dict:
+    """Loss and top-1 accuracy of ``model`` on an ImageSet (sharded over processes, summed)."""
+    base = ckpt_io.unwrap(model)
+    was_training = base.training
+    base.eval()
+    broadcast_buffers(base, dist)  # every shard is scored with the buffers rank 0's checkpoint holds
+    idx_all = torch.arange(dist.rank, len(images), dist.world_size)
+    sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    for i in range(0, len(idx_all), batch_size):
+        idx = idx_all[i : i + batch_size]
+        if getattr(images, "images", None) is not None:
+            x, y = images.images[idx], images.labels[idx]
+        else:
+            x, y = images.get_batch(idx)
+        x = eval_batch(x.to(device), base.cfg.img_size, base.preprocess)
+        y = y.to(device)
+        with autocast(device, precision):
+            logits = base(x)
+        logits = logits.float()
+        sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
+        sums[1] += (logits.argmax(-1) == y).sum().item()
+        sums[2] += len(y)
+    all_reduce_sum(sums, dist)
+    base.train(was_training)
+    count = max(sums[2].item(), 1)
+    return {"loss": sums[0].item() / count, "acc": sums[1].item() / count, "n": int(sums[2].item())}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One computed training step, as every process agrees on it after the step's collective."""
+
+    loss: float  # the step's loss, averaged over the processes
+    nonfinite: bool  # the loss or the gradient norm is NaN/inf on some process: the step is not applied
+    stop: bool  # some process was asked to stop (Ctrl-C, SIGTERM)
+    seconds: float  # training time so far, averaged over the processes
+    correct: float = 0.0  # this process's correct top-1 predictions
+    seen: int = 0  # this process's images
+    grad_norm: float = 0.0  # this process's gradient norm before clipping (0 when clipping is off)
+
+
+class EpochEnd(Enum):
+    """How ``run_epoch`` ended."""
+
+    FINISHED = "finished"  # the epoch ran to its end
+    SPENT = "spent"  # the steps or the time budget of the run are spent
+    STOPPED = "stopped"  # a stop was requested
+
+
+class Trainer:
+    """Trains ``model`` on ``train_set`` as ``cfg`` says, writing ``run_dir``.
+
+    ``model`` is ready to train (its head, labels and preprocess set: ``build.prepare_model``); the
+    trainer moves it to ``device`` and builds the rest. ``log`` prints the main process's lines
+    (default: print); ``stop`` is polled once per step; ``progress`` shows a progress bar on the main
+    process. Constructing a trainer seeds this process's global RNGs; ``restore`` continues a saved run.
+    """
+
+    def __init__(self, cfg: RunConfig, model: nn.Module, train_set, run_dir: str | Path, *, val_set=None,
+                 dist: DistInfo = DistInfo(), device: torch.device = torch.device("cpu"), precision: str = "fp32",
+                 log: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None,
+                 progress: bool = False):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.dist = dist
+        self.device = device
+        self.precision = precision
+        self.say = main_log(log, dist)
+        self.stop_requested = stop or (lambda: False)
+        self.progress = progress
+        self.model = model.to(device).train()
+        self.train_set = train_set
+        self.val_set = val_set
+        self.loader = BatchLoader(train_set, cfg.batch_size, cfg.seed, dist, cfg.accum_steps, cfg.data.workers)
+        self.total_steps = cfg.epochs * len(self.loader)
+        self.optimizer = build_optimizer(model, cfg.optim, device.type)
+        budget = cfg.max_minutes * 60 if cfg.max_minutes else None
+        self.schedule = Schedule(cfg.schedule, cfg.optim.lr, self.total_steps, budget)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.augment = BatchAugment(cfg.augment, model.cfg.img_size, model.preprocess, model.cfg.num_classes)
+        self.ema = EMA(model, cfg.ema) if cfg.ema else None
+        self.state = TrainerState()
+        seed_process(cfg.seed, dist.rank)
+        self.net = self._wrap(model)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.generator = torch.Generator(device=device)
+        self.eval_batch_size = max(cfg.batch_size // cfg.accum_steps, 64)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=dist.is_main)
+        self.window = StepWindow()
+        self.lr = 0.0  # the learning rate of the last step
+        self.bar = None  # the progress bar, while fit runs
+        self.clock_start = time.perf_counter()  # when training began, less the time spent before a resume
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """The module that runs the steps: compiled (cfg.compile), wrapped for DDP (several processes)."""
+        net = torch.compile(model) if self.cfg.compile else model
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            net = DDP(net, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        return net
+
+    # --------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """trainer.pt: the state, the optimizer, scaler and EMA states and every process's RNG states
+        (gathered: a collective, so every process takes part)."""
+        rngs = all_gather_object(rng_state(), self.dist)
+        return {
+            **self.state.to_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "rng": rngs,
+            "classes": list(self.model.labels),
+            "total_steps": self.total_steps,
+        }
+
+    def restore(self, saved: dict) -> None:
+        """Continue from a trainer.pt dict (``state_dict``); the weights are the model's already."""
+        self.optimizer.load_state_dict(saved["optimizer"])
+        if saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
+        if self.ema is not None and saved.get("ema") is not None:
+            self.ema.load_state_dict(saved["ema"])
+        self.state = TrainerState.load(saved)
+        rngs = saved["rng"]
+        set_rng_state(rngs[min(self.dist.rank, len(rngs) - 1)])
+
+    def open_run(self, resumed: bool = False) -> None:
+        """Write the run's config.json and classes.json, drop the log records past the state's step (a
+        resumed run writes them again), and say what is trained."""
+        if not self.dist.is_main:
+            return
+        write_json(self.run_dir / "config.json", self.cfg.to_dict())
+        write_json(self.run_dir / "classes.json", list(self.model.labels))
+        self.metrics.trim(self.state.step)
+        cfg, mcfg = self.cfg, self.model.cfg
+        self.say(
+            f"{'resuming' if resumed else 'training'} {cfg.init_from or cfg.model} "
+            f"({count_params(self.model) / 1e6:.2f}M params, {mcfg.img_size[0]}x{mcfg.img_size[1]}) on "
+            f"{len(self.train_set)} images, {mcfg.num_classes} classes; {self.device.type} {self.precision}, "
+            f"{self.dist.world_size} process(es), batch {cfg.batch_size}, {cfg.epochs} epochs x {len(self.loader)} steps"
+            + (f", budget {cfg.max_minutes:g} min" if self.schedule.budget else "")
+            + (f"; from step {self.state.step}" if resumed else "")
+        )
+
+    # ---------------------------------------------------------------------------------- the epochs
+    def fit(self) -> str:
+        """Train until the epochs or the time budget are spent ('completed') or a stop is requested
+        ('interrupted'); last/ is saved at the end of each epoch and every ckpt_every steps."""
+        self.clock_start = time.perf_counter() - self.state.seconds
+        self.window = StepWindow()
+        with self._progress_bar():
+            end = self.run_epochs()
+        self.state.seconds = self.elapsed()
+        return "interrupted" if end is EpochEnd.STOPPED else "completed"
+
+    def run_epochs(self) -> EpochEnd:
+        """Epochs until cfg.epochs are done, the run is spent or a stop is requested; how the last ended."""
+        while self.state.epoch < self.cfg.epochs:
+            end = self.run_epoch()
+            if end is not EpochEnd.FINISHED:
+                return end
+            self.end_epoch()
+        return EpochEnd.FINISHED
+
+    def run_epoch(self) -> EpochEnd:
+        """The rest of the current epoch, step by step, until it ends, the run is spent or a stop is requested."""
+        st = self.state
+        for pos, images, labels in self.loader.epoch(st.epoch, st.pos):
+            st.seconds = self.elapsed()
+            # one process alone may stop before a step (resuming a run whose budget is spent); processes
+            # together decide on the time they agree on, after the step's collective
+            if self.schedule.done(st.step, st.seconds) and not self.dist.enabled:
+                return EpochEnd.SPENT
+            result = self.train_step((images, labels))
+            self.apply(result, pos)
+            if result.stop:
+                return EpochEnd.STOPPED
+            if self.schedule.done(st.step, st.seconds):
+                return EpochEnd.SPENT
+        return EpochEnd.FINISHED
+
+    def end_epoch(self) -> None:
+        """An epoch record, a validation when one is due (not after the last epoch: the final one
+        follows), and last/."""
+        st, cfg = self.state, self.cfg
+        st.epoch += 1
+        st.pos = 0
+        self.metrics.append({"type": "epoch", "epoch": st.epoch, "step": st.step, "seconds": round(st.seconds, 2),
+                             "lr": self.lr})
+        if cfg.eval_every and self.val_set is not None and st.epoch % cfg.eval_every == 0 and st.epoch < cfg.epochs:
+            self.validate(self.eval_model())
+        self.save("last")
+
+    def elapsed(self) -> float:
+        """Training seconds so far, on this process's clock (the earlier segments of a resumed run included)."""
+        return time.perf_counter() - self.clock_start
+
+    @contextlib.contextmanager
+    def _progress_bar(self):
+        if self.progress and self.dist.is_main:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total_steps, initial=self.state.step, file=sys.stderr, unit="step",
+                            dynamic_ncols=True, leave=False, smoothing=0.1)
+        try:
+            yield
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+
+    # ------------------------------------------------------------------------------------ one step
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepResult:
+        """Forward and backward of this process's share of one global batch (uint8 images, int64 labels)
+        in accum_steps micro-batches, gradient clipping, and the step's collective; nothing is applied."""
+        cfg, st = self.cfg, self.state
+        self.lr = self.schedule.apply(self.optimizer, st.step, st.seconds)
+        self.generator.manual_seed(aug_seed(cfg.seed, st.step, self.dist.rank))
+        images, labels = (t.to(self.device, non_blocking=True) for t in batch)
+        x, targets = self.augment(images, labels, self.generator)
+        parts = micro_batches(x, targets, cfg.accum_steps)
+        loss = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device)
+        for i, (xm, tm) in enumerate(parts):
+            sync = not (self.dist.enabled and i < len(parts) - 1)  # DDP reduces the gradients once, at the last
+            with contextlib.nullcontext() if sync else self.net.no_sync():
+                part_loss, hits = self._forward_backward(xm, tm, len(parts))
+            loss += part_loss / len(parts)
+            correct += hits
+        return self._agree(loss, correct, len(images), self._clip_gradients())
+
+    def _forward_backward(self, x: torch.Tensor, targets: torch.Tensor, parts: int):
+        """The loss of a micro-batch (backpropagated, scaled by 1 / parts) and its correct predictions."""
+        with autocast(self.device, self.precision):
+            logits = self.net(x)
+        logits = logits.float()
+        if targets.dtype == torch.int64:
+            loss, hard = F.cross_entropy(logits, targets), targets
+        else:  # soft targets: label smoothing, mixup, cutmix
+            loss, hard = torch.sum(-targets * F.log_softmax(logits, -1), -1).mean(), targets.argmax(-1)
+        self.scaler.scale(loss / parts).backward()
+        return loss.detach(), (logits.detach().argmax(-1) == hard).sum()
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """The gradients' global norm before clipping them to optim.clip_grad (0 when clipping is off)."""
+        if not self.cfg.optim.clip_grad:
+            return torch.zeros((), device=self.device)
+        self.scaler.unscale_(self.optimizer)
+        return torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.clip_grad)
+
+    def _agree(self, loss: torch.Tensor, correct: torch.Tensor, seen: int, grad_norm: torch.Tensor) -> StepResult:
+        """The step's one collective: the loss, a non-finite flag, the stop request and the time, summed
+        over the processes (the loss and the time then averaged), so that every process decides alike."""
+        bad_grad = (not torch.isfinite(grad_norm)) and not self.scaler.is_enabled()  # fp16: the scaler skips it
+        local = loss.item()
+        flags = torch.tensor([local, float(not math.isfinite(local) or bad_grad), float(bool(self.stop_requested())),
+                              self.elapsed()], dtype=torch.float64)
+        all_reduce_sum(flags, self.dist)
+        w = self.dist.world_size
+        return StepResult(loss=flags[0].item() / w, nonfinite=flags[1].item() > 0, stop=flags[2].item() > 0,
+                          seconds=flags[3].item() / w, correct=correct.item(), seen=seen, grad_norm=grad_norm.item())
+
+    def apply(self, result: StepResult, pos: int) -> None:
+        """Take a computed step (batch ``pos`` of the epoch): the optimizer step, or ``skip_step`` for a
+        non-finite one; then the counters, the progress bar, the log and the periodic last/."""
+        st, cfg = self.state, self.cfg
+        st.seconds = result.seconds
+        if result.nonfinite:
+            self.skip_step(result)
+        else:
+            self.optimizer_step()
+            self.window.add(result.loss, result.correct, result.seen)
+        st.step += 1
+        st.pos = pos + 1
+        if self.bar is not None:
+            self.bar.update(1)
+        if st.step % cfg.log_every == 0 and self.window.steps:
+            self.log_step()
+        if cfg.ckpt_every and st.step % cfg.ckpt_every == 0:
+            self.save("last")
+
+    def optimizer_step(self) -> None:
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model, self.state.step)
+
+    def skip_step(self, result: StepResult) -> None:
+        """A non-finite step: its gradients are dropped and it is counted. Past cfg.skip_nonfinite such
+        steps the run stops with an error naming the step and the last good checkpoint."""
+        st = self.state
+        self.optimizer.zero_grad(set_to_none=True)
+        st.skipped += 1
+        if st.skipped > self.cfg.skip_nonfinite:
+            raise self.nonfinite_error(result)
+        self.say(f"warning: non-finite loss/gradients at step {st.step + 1}; step skipped "
+                 f"({st.skipped}/{self.cfg.skip_nonfinite})")
+
+    def nonfinite_error(self, result: StepResult) -> TrainingError:
+        st = self.state
+        last = find_checkpoint(self.run_dir, "last")
+        keep = (f"the last good checkpoint {last} (step {checkpoint_step(last)}) is kept" if last
+                else "no checkpoint had been saved yet")
+        what, value = ("loss", result.loss) if not math.isfinite(result.loss) else ("gradient norm", result.grad_norm)
+        return TrainingError(f"{what} is {value} at step {st.step + 1} (epoch {st.epoch + 1}); stopped; {keep}. "
+                             "Lower --lr, or allow skipping with --skip-nonfinite N")
+
+    def log_step(self) -> None:
+        st = self.state
+        rec, speed = self.window.close(st.step, st.epoch, self.lr, st.seconds, self.dist.world_size)
+        self.metrics.append(rec)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{self.lr:.2e}", img_s=f"{speed:.0f}", refresh=False)
+
+    # --------------------------------------------------------------------- validation, checkpoints
+    def eval_model(self) -> nn.Module:
+        """The model validation scores and best/ holds: a copy holding the EMA when there is one."""
+        return self.ema.averaged_copy(self.model) if self.ema is not None else self.model
+
+    def validate(self, model: nn.Module) -> dict:
+        """Score ``model`` on the validation split: an eval record (log and history), a line, and best/
+        when it is the best so far."""
+        st = self.state
+        r = self._score(model, self.val_set)
+        improved = r["acc"] > st.best_acc
+        if improved:
+            st.best_acc, st.best_step = r["acc"], st.step
+        rec = {"type": "eval", "split": "val", "epoch": st.epoch, "step": st.step, "loss": round(r["loss"], 5),
+               "acc": round(r["acc"], 5), "seconds": round(st.seconds, 2)}
+        st.history.append(rec)
+        self.metrics.append(rec)
+        self.say(f"epoch {st.epoch}: val loss {r['loss']:.4f} acc {r['acc'] * 100:.2f}%"
+                 + (" (best)" if improved else f" (best {st.best_acc * 100:.2f}% at step {st.best_step})"))
+        if improved:
+            self.save("best", extra={"val_acc": r["acc"]})
+        return r
+
+    def save(self, name: str, extra: dict | None = None) -> None:
+        """Save ``last`` (the weights and the trainer state, to resume from) or ``best`` (the weights to
+        use: the EMA's when there is one; no trainer state). Every process takes part."""
+        resumable = name == "last"
+        state = self.state_dict() if resumable else None  # a collective in DDP
+        if self.dist.is_main:
+            model = self.model if resumable else self.eval_model()
+            info = {"train": {"step": self.state.step, "epoch": self.state.epoch, **(extra or {})}}
+            save_checkpoint(self.run_dir, name, model, state, extra=info)
+        barrier(self.dist)
+
+    # --------------------------------------------------------------------------------------- the end
+    def interrupt(self) -> dict:
+        """A stopped run: last/ saved, a line saying how to continue; the short summary."""
+        st = self.state
+        self.save("last")
+        self.say(f"stopped at step {st.step} (epoch {st.epoch + 1}); saved {self.run_dir / 'last'}; "
+                 f"continue with: vitkit train --resume {self.run_dir}")
+        return {"status": "interrupted", "step": st.step, "epoch": st.epoch, "run_dir": str(self.run_dir),
+                "train_seconds": round(st.seconds, 2)}
+
+    def complete(self, test_set=None) -> dict:
+        """A finished run: last/ saved, the final model (the EMA when there is one) validated, best/
+        saved, the test split scored; the summary."""
+        st = self.state
+        self.save("last")
+        final = self.eval_model()
+        summary: dict = {"status": "completed", "run_dir": str(self.run_dir), "step": st.step,
+                         "epochs": round(st.epoch + st.pos / max(len(self.loader), 1), 3),
+                         "train_seconds": round(st.seconds, 2), "device": self.device.type,
+                         "precision": self.precision, "processes": self.dist.world_size}
+        if self.val_set is not None:
+            r = self.validate(final)
+            summary.update(val_acc=round(r["acc"], 5), val_loss=round(r["loss"], 5), best_val_acc=round(st.best_acc, 5))
+        else:
+            self.save("best")
+        if test_set is not None:
+            summary.update(self._test(final, test_set))
+        return summary
+
+    def _test(self, final: nn.Module, test_set) -> dict:
+        # the test accuracy of what `vitkit.load(run_dir)` gives (best/), and the final model's when best/
+        # holds an earlier one
+        out = {}
+        if self.val_set is not None and self.state.best_step != self.state.step:
+            r = self._score(self._load_best(), test_set)
+            out["test_acc_final"] = round(self._score(final, test_set)["acc"], 5)
+        else:
+            r = self._score(final, test_set)
+        out.update(test_acc=round(r["acc"], 5), test_loss=round(r["loss"], 5))
+        return out
+
+    def _score(self, model: nn.Module, images) -> dict:
+        return evaluate_split(model, images, self.device, self.precision, self.eval_batch_size, self.dist)
+
+    def _load_best(self) -> nn.Module:
+        best = copy.deepcopy(self.model).cpu()
+        barrier(self.dist)  # rank 0 has written best/
+        d = self.run_dir / "best"
+        ckpt_io.load_weights(best, ckpt_io.read_safetensors(d / ckpt_io.WEIGHTS), str(d))
+        return best.to(self.device)
+
+    def write_summary(self, summary: dict) -> None:
+        """The final record, summary.json and (cfg.plots) the plots; on the main process."""
+        if not self.dist.is_main:
+            return
+        self.metrics.append({"type": "final", **summary})
+        write_json(self.run_dir / "summary.json", summary)
+        note = write_plots(self.run_dir) if self.cfg.plots else None
+        if note:
+            self.say(note)
+
+
+__all__ = ["Trainer", "StepResult", "EpochEnd", "evaluate_split", "aug_seed", "seed_process", "main_log"]

@@ -1,0 +1,202 @@
+"""Units of the Trainer and its parts: the EMA, the trainer state, one step, the non-finite handler, how
+epochs end (steps, budget, stop), and the model's config resolved once."""
+
+import math
+
+import pytest
+import torch
+
+import vitkit
+from test_train_loop import cfg, tiny_splits
+from vitkit.data import AugmentConfig
+from vitkit.errors import ConfigError, TrainingError
+from vitkit.io import checkpoint as ckpt_io
+from vitkit.train import EMA, RunConfig, StepResult, Trainer, TrainerState, model_config, preflight
+from vitkit.train.build import build_model, prepare_model
+from vitkit.train.ema import ema_decay
+from vitkit.train.trainer import EpochEnd
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def make_trainer(where, log=None, **kw) -> Trainer:
+    """A trainer on the tiny data (32 training images, batch 8: 4 steps per epoch, 2 epochs), writing
+    where/run."""
+    c = cfg(**kw)
+    splits = tiny_splits()
+    model = prepare_model(c, model_config(c), splits.classes, splits.train)
+    (where / "run").mkdir(parents=True, exist_ok=True)
+    return Trainer(c, model, splits.train, where / "run", val_set=splits.val, log=log or (lambda m: None))
+
+
+def first_batch(trainer):
+    _, x, y = next(iter(trainer.loader.epoch(0)))
+    return x, y
+
+
+def weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+# -------------------------------------------------------------------------------------------------- EMA
+def test_ema_averages_in_float32_and_swaps_in_the_model_dtype():
+    model = vitkit.create_model("vit_test", seed=0, stem="conv", stem_width=8)  # BatchNorm: an int64 buffer
+    ema = EMA(model, 0.9)
+    expect = [t.detach().clone().float() for t in model.state_dict().values()]
+    for step in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+            model.patch_embed.stem[1].num_batches_tracked += 1
+        ema.update(model, step)
+        d = ema_decay(0.9, step)
+        for i, v in enumerate(model.state_dict().values()):  # each tensor: a float32 lerp, or a copy
+            expect[i] = torch.lerp(expect[i], v.float(), 1.0 - d) if v.is_floating_point() else v.float()
+    assert all(torch.equal(a, b) for a, b in zip(ema.shadow, expect))
+    half = EMA(model.to(torch.bfloat16), 0.9)
+    half.load_state_dict(ema.state_dict())
+    swapped = half.averaged_copy(model)
+    for (k, v), e in zip(swapped.state_dict().items(), expect):
+        assert v.dtype == model.state_dict()[k].dtype and torch.equal(v, e.to(v.dtype)), k
+    assert all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ema.state_dict())
+
+
+# ------------------------------------------------------------------------------------------- the state
+def test_trainer_state_keys_round_trip():
+    st = TrainerState(step=5, epoch=1, pos=1, seconds=2.5, skipped=1, best_acc=0.75, best_step=4,
+                      history=[{"type": "eval", "step": 4, "acc": 0.75}])
+    d = st.to_dict()
+    assert set(d) == {"version", "step", "epoch", "pos", "seconds", "skipped", "best_acc", "best_step", "history"}
+    assert d["version"] == 1 and isinstance(d["history"], str)
+    assert TrainerState.load(d) == st
+    del d["history"]  # a trainer.pt without a history resumes with an empty one
+    assert TrainerState.load(d).history == []
+
+
+def test_trainer_state_dict_restores_where_the_run_stood(tmp_path):
+    a = make_trainer(tmp_path, ema=0.9)
+    a.apply(a.train_step(first_batch(a)), 0)
+    a.state.best_acc, a.state.history = 0.5, [{"type": "eval", "step": 1}]
+    torch.save(a.state_dict(), tmp_path / "trainer.pt")
+    expected_draw = torch.rand(3)
+    saved = torch.load(tmp_path / "trainer.pt", weights_only=True)
+    assert saved["classes"] == ["a", "b"] and saved["total_steps"] == 8 and saved["step"] == 1
+    b = make_trainer(tmp_path / "b", ema=0.9)
+    b.restore(saved)
+    assert b.state == a.state
+    assert all(torch.equal(x, y) for x, y in zip(a.ema.shadow, b.ema.shadow))
+    sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
+    assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where it was saved
+
+
+# ------------------------------------------------------------------------------------------- one step
+def test_train_step_computes_and_apply_takes_it(tmp_path):
+    t = make_trainer(tmp_path)
+    before = weights(t.model)
+    r = t.train_step(first_batch(t))
+    assert math.isfinite(r.loss) and not r.nonfinite and not r.stop
+    assert r.seen == 8 and 0 <= r.correct <= 8 and r.grad_norm > 0
+    assert all(torch.equal(v, before[k]) for k, v in t.model.state_dict().items())  # nothing applied yet
+    t.apply(r, 0)
+    assert (t.state.step, t.state.pos, t.state.skipped) == (1, 1, 0)
+    assert any(not torch.equal(v, before[k]) for k, v in t.model.state_dict().items())
+    assert all(p.grad is None for p in t.model.parameters())
+
+
+def test_a_nonfinite_step_is_skipped_counted_then_stops_the_run(tmp_path):
+    msgs = []
+    t = make_trainer(tmp_path, log=msgs.append, skip_nonfinite=1)
+    before = weights(t.model)
+    r = t.train_step(first_batch(t))
+    bad = StepResult(loss=float("nan"), nonfinite=True, stop=False, seconds=r.seconds, seen=8)
+    t.apply(bad, 0)  # within --skip-nonfinite 1: skipped, counted
+    assert msgs == ["warning: non-finite loss/gradients at step 1; step skipped (1/1)"]
+    assert (t.state.step, t.state.skipped) == (1, 1)
+    assert all(torch.equal(v, before[k]) for k, v in t.model.state_dict().items())
+    assert all(p.grad is None for p in t.model.parameters())
+    with pytest.raises(TrainingError, match=r"^loss is nan at step 2 \(epoch 1\); stopped; no checkpoint had been "
+                                            r"saved yet\. Lower --lr, or allow skipping with --skip-nonfinite N$"):
+        t.apply(bad, 1)
+    t.state.skipped = 0
+    t.save("last")  # a checkpoint at step 1: the error names it
+    grad = StepResult(loss=0.7, nonfinite=True, stop=False, seconds=0.0, grad_norm=float("inf"))
+    t.apply(grad, 1)
+    with pytest.raises(TrainingError, match=r"^gradient norm is inf at step 3 \(epoch 1\); stopped; the last good "
+                                            r"checkpoint .*last \(step 1\) is kept\."):
+        t.apply(grad, 2)
+
+
+# ----------------------------------------------------------------------------------- how epochs end
+def canned_steps(t: Trainer, stop_at: int | None = None, seconds=lambda step: 0.0) -> None:
+    """Replace the computed steps of ``t`` by finite ones (fast): a stop request at step ``stop_at``,
+    and ``seconds(step)`` of training time after each."""
+
+    def step(batch):
+        n = t.state.step + 1
+        return StepResult(loss=0.5, nonfinite=False, stop=n == stop_at, seconds=seconds(n), seen=len(batch[0]))
+
+    t.train_step = step
+
+
+def test_an_epoch_ends_at_its_end_when_the_steps_are_spent_or_on_a_stop(tmp_path):
+    t = make_trainer(tmp_path)
+    canned_steps(t)
+    assert t.run_epoch() is EpochEnd.FINISHED and (t.state.step, t.state.pos, t.state.epoch) == (4, 4, 0)
+    t.end_epoch()
+    assert (t.state.epoch, t.state.pos) == (1, 0) and (t.run_dir / "last" / "trainer.pt").is_file()
+    assert t.run_epoch() is EpochEnd.SPENT and (t.state.step, t.state.pos, t.state.epoch) == (8, 4, 1)
+    assert t.run_epoch() is EpochEnd.FINISHED and t.state.step == 8  # nothing left in this epoch
+
+    t = make_trainer(tmp_path / "b")
+    canned_steps(t, stop_at=3)
+    assert t.fit() == "interrupted" and (t.state.step, t.state.pos, t.state.epoch) == (3, 3, 0)
+    canned_steps(t)
+    assert t.fit() == "completed" and t.state.step == 8
+
+
+def test_the_time_budget_ends_the_run(tmp_path):
+    t = make_trainer(tmp_path, max_minutes=1.0)  # 60 s
+    canned_steps(t, seconds=lambda step: 25.0 * step)
+    assert t.fit() == "completed" and t.state.step == 3  # 75 s after step 3
+    # a run resumed with its budget spent stops before any step
+    t = make_trainer(tmp_path / "resumed", max_minutes=1.0)
+    canned_steps(t)
+    t.state.seconds = 61.0  # as restored from the run's last/
+    assert t.fit() == "completed" and t.state.step == 0
+
+
+# ------------------------------------------------------------------------------ the config, once
+def test_model_config_is_the_model_the_run_builds(tmp_path):
+    c = cfg(img_size=48, model_args=dict(drop_path_rate=0.1, num_classes=7), seed=3)
+    mcfg = model_config(c)
+    assert mcfg == vitkit.get_config("vit_test", img_size=48, drop_path_rate=0.1)
+    model = build_model(c, mcfg, ["a", "b"])
+    assert model.cfg == mcfg.replace(num_classes=2) and model.labels == ["a", "b"]
+    same = vitkit.create_model("vit_test", seed=3, img_size=48, drop_path_rate=0.1, num_classes=2)
+    assert all(torch.equal(v, same.state_dict()[k]) for k, v in model.state_dict().items())  # seed -> weights
+    with pytest.raises(ConfigError, match="model 'vit_nope' is not a known name"):
+        model_config(cfg(model="vit_nope"))
+    # init_from: the checkpoint's model, model_args laid over it, at img_size
+    ckpt_io.save(vitkit.create_model("vit_test", seed=0, in_chans=1), tmp_path / "ck")
+    ft = cfg(init_from=str(tmp_path / "ck"), img_size=48, model_args=dict(drop_path_rate=0.2))
+    mcfg = model_config(ft)
+    assert (mcfg.in_chans, mcfg.img_size, mcfg.drop_path_rate) == (1, (48, 48), 0.2)
+    model = build_model(ft, mcfg, ["x", "y", "z"])
+    assert model.cfg == mcfg.replace(num_classes=3) and model.pos_embed.shape == (1, 1 + 36, 32)
+    with pytest.raises(ConfigError, match=r"model_args: ViTConfig: unknown field\(s\) 'depthh'"):
+        model_config(cfg(init_from=str(tmp_path / "ck"), model_args=dict(depthh=3)))
+
+
+def test_preflight_checks_the_augmentation():
+    c = cfg()
+    c.augment.hflip = 2.0
+    with pytest.raises(ConfigError, match=r"AugmentConfig.hflip: is a probability, expected 0..1, got 2.0"):
+        preflight(c)
+    with pytest.raises(ConfigError, match=r"config.augment: unknown field\(s\) 'flip'"):
+        RunConfig.from_dict({"augment": {"flip": 0.5}})
+    # a config.json that holds some augment fields still loads; to_dict() gives them all
+    old = RunConfig.from_dict({"augment": {"crop": "rrc", "hflip": 0.25}})
+    assert old.augment == AugmentConfig(crop="rrc", hflip=0.25)
+    assert old.to_dict()["augment"] == AugmentConfig(crop="rrc", hflip=0.25).to_dict()
+    assert RunConfig().augment == AugmentConfig(crop="pad", pad=2, hflip=0.0, label_smoothing=0.1)
