@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vitkit
-from test_train_loop import cfg, tiny_splits
+from helpers import tiny_run_config as cfg, tiny_splits
 from vitkit.data import AugmentConfig
 from vitkit.errors import ConfigError, TrainingError
 from vitkit.io import checkpoint as ckpt_io
