@@ -203,10 +203,12 @@ def test_post_ln_block():
     m = tiny(norm="post", depth=1)
     blk = m.blocks[0]
     x = torch.randn(2, 17, 32)
-    a, _ = blk.attn(x)
-    h = blk.norm1(x + a)
+    h = blk.norm1(x + blk.attn(x))
     ref = blk.norm2(h + blk.mlp(h))
-    torch.testing.assert_close(blk(x)[0], ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(blk(x), ref, atol=ATOL, rtol=0)
+    out, attn = blk.forward_with_attention(x)  # the same block, and its attention on request
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
+    assert attn.shape == (2, 2, 17, 17)
     assert isinstance(m.norm, torch.nn.Identity)
 
 

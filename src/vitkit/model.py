@@ -8,6 +8,10 @@
       -> pool                 (B, D)         [cls] token or mean of patch tokens (then fc_norm)
       -> head                 (B, classes)   forward_head ends here; softmax gives probabilities
 
+``_encode`` runs the first three steps and returns an ``Encoded`` tuple (tokens, the outputs of the
+blocks asked for, attention maps if asked for, the patch grid); forward_features,
+get_intermediate_layers, attention_maps and forward_with_attention read what they need from it.
+
 Module names follow timm (patch_embed.proj, cls_token, pos_embed, blocks.i.norm1, blocks.i.attn.qkv,
 blocks.i.attn.proj, blocks.i.norm2, blocks.i.mlp.fc1/fc2, norm, fc_norm, head), so timm state dicts
 load with an identity key map.
@@ -16,7 +20,7 @@ load with an identity key map.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -24,6 +28,15 @@ from torch import nn
 from .config import Preprocess, ViTConfig
 from .errors import ShapeError
 from .layers import Block, ConvStem, LayerScale, PatchEmbed, resample_pos_embed, sincos_1d, sincos_2d
+
+
+class Encoded(NamedTuple):
+    """What ``VisionTransformer._encode`` returns."""
+
+    tokens: torch.Tensor  # (B, prefix + N, D) after the last block, before the final norm
+    kept: list[torch.Tensor]  # outputs of the blocks asked for, in block order
+    attention: list[torch.Tensor]  # (B, heads, T, T) of every block if asked for, else empty
+    grid: tuple[int, int]  # (gh, gw), the patch grid of this input
 
 
 class VisionTransformer(nn.Module):
@@ -201,23 +214,24 @@ class VisionTransformer(nn.Module):
                 x = x + sincos_1d(x.shape[1], D).to(x.dtype).to(x.device)  # one index per token
         return self.pos_drop(x)
 
-    def _encode(self, x: torch.Tensor, keep: set[int] = frozenset(), return_attn: bool = False):
-        """Run the stem and the blocks; return tokens, the outputs of blocks in ``keep`` and attention maps."""
+    def _encode(self, x: torch.Tensor, keep: set[int] = frozenset(), with_attention: bool = False) -> Encoded:
+        """Run the stem and the blocks, keeping the outputs of blocks in ``keep`` and, if asked, attention maps."""
         grid = self.check_input(x)
         x = self._pos_embed(self.patch_embed(x), grid)
         kept, maps = [], []
         for i, blk in enumerate(self.blocks):
-            x, attn = blk(x, return_attn)
-            if return_attn:
+            if with_attention:
+                x, attn = blk.forward_with_attention(x)
                 maps.append(attn)
+            else:
+                x = blk(x)
             if i in keep:
                 kept.append(x)
-        return x, kept, maps, grid
+        return Encoded(x, kept, maps, grid)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> normalised tokens (B, prefix + N, D)."""
-        x, _, _, _ = self._encode(x)
-        return self.norm(x)
+        return self.norm(self._encode(x).tokens)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) tokens -> (B, D) by the configured pooling ('none' keeps every token)."""
@@ -255,8 +269,9 @@ class VisionTransformer(nn.Module):
         idx = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
         if isinstance(n, int) and not 1 <= n <= depth:
             raise ValueError(f"get_intermediate_layers: n must be in 1..{depth}, got {n}")
-        _, kept, _, (gh, gw) = self._encode(x, keep=set(idx))
-        by_index = dict(zip(sorted(set(idx)), kept))
+        enc = self._encode(x, keep=set(idx))
+        by_index = dict(zip(sorted(set(idx)), enc.kept))
+        gh, gw = enc.grid
         outs = []
         for i in idx:
             t = self.norm(by_index[i]) if norm else by_index[i]
@@ -274,13 +289,12 @@ class VisionTransformer(nn.Module):
 
         Uses the manual attention path, so it works when the model runs fused attention by default.
         """
-        _, _, maps, _ = self._encode(x, return_attn=True)
-        return maps
+        return self._encode(x, with_attention=True).attention
 
     def forward_with_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and the attention maps of every block, in one pass."""
-        tokens, _, maps, _ = self._encode(x, return_attn=True)
-        return self.forward_head(self.norm(tokens)), maps
+        enc = self._encode(x, with_attention=True)
+        return self.forward_head(self.norm(enc.tokens)), enc.attention
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that recipes exclude from weight decay (besides biases and norms)."""
@@ -302,4 +316,4 @@ def _lecun_normal_(w: torch.Tensor) -> None:
     nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
 
 
-__all__ = ["VisionTransformer"]
+__all__ = ["VisionTransformer", "Encoded"]
