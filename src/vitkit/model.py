@@ -57,7 +57,7 @@ class VisionTransformer(nn.Module):
             self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, D, cfg.patch_embed)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
         if cfg.pos_embed == "learn":
-            n_pos = cfg.num_patches + (0 if cfg.no_embed_class else cfg.num_prefix_tokens)
+            n_pos = self._pos_prefix + cfg.num_patches
             self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, D))
         else:
             self.pos_embed = None  # fixed tables are computed on the fly (cheap, never stale)
@@ -155,8 +155,8 @@ class VisionTransformer(nn.Module):
         """Convert the model once to a new input size: learned position embeddings are resampled in 2D."""
         new = self.cfg.replace(img_size=img_size)
         if self.pos_embed is not None:
-            prefix = 0 if self.cfg.no_embed_class else self.num_prefix_tokens
-            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, self.cfg.grid_size, prefix, mode, antialias)
+            old_grid, prefix = self.cfg.grid_size, self._pos_prefix
+            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, old_grid, prefix, mode, antialias)
             self.pos_embed = nn.Parameter(pe)
         self.cfg = new
 
@@ -187,32 +187,46 @@ class VisionTransformer(nn.Module):
         return H // P, W // P
 
     # ---------------------------------------------------------------------------------- forward
-    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Add position information and the class token: (B, N, D) -> (B, prefix + N, D)."""
+    @property
+    def _pos_prefix(self) -> int:
+        """How many prefix tokens the position table covers: all of them (timm's learned table, sincos1d)
+        or none (no_embed_class as big_vision, sincos2d, or no table: the prefix gets no position)."""
         cfg = self.cfg
-        B, N, D = x.shape
-        cls = self.cls_token.expand(B, -1, -1) if self.cls_token is not None else None
+        covers_prefix = cfg.pos_embed == "sincos1d" or (cfg.pos_embed == "learn" and not cfg.no_embed_class)
+        return self.num_prefix_tokens if covers_prefix else 0
+
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Add position information and prepend the class token: (B, N, D) -> (B, prefix + N, D).
+
+        A table that covers the prefix is added after the prefix is prepended; one that covers the
+        patches only is added before (big_vision's order).
+        """
+        if self._pos_prefix:
+            x = self._add_positions(self._prepend_prefix(x), grid)
+        else:
+            x = self._prepend_prefix(self._add_positions(x, grid))
+        return self.pos_drop(x)
+
+    def _prepend_prefix(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, D) -> (B, prefix + N, D): the class token, if the model has one, in front of the patches."""
+        if self.cls_token is None:
+            return x
+        return torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+
+    def _add_positions(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Add the position table to ``x``, the tokens it covers (see ``_pos_prefix``); 'none' adds nothing."""
+        cfg, D = self.cfg, x.shape[-1]
+        if cfg.pos_embed == "none":
+            return x
         if cfg.pos_embed == "learn":
-            pe = self.pos_embed
+            table = self.pos_embed
             if (cfg.dynamic_img_size and _tracing()) or grid != cfg.grid_size:
                 # (an exporter records the resampling so that the graph takes any size)
-                prefix = 0 if cfg.no_embed_class else self.num_prefix_tokens
-                pe = resample_pos_embed(pe, grid, cfg.grid_size, prefix)
-            if cfg.no_embed_class:
-                # big_vision adds position embeddings to the patches first, then concatenates [cls]
-                x = x + pe
-                x = torch.cat([cls, x], dim=1) if cls is not None else x
-            else:
-                x = torch.cat([cls, x], dim=1) if cls is not None else x
-                x = x + pe
-        elif cfg.pos_embed == "sincos2d":
-            x = x + sincos_2d(grid, D).to(x.dtype).to(x.device)  # patches only; [cls] gets none
-            x = torch.cat([cls, x], dim=1) if cls is not None else x
-        else:
-            x = torch.cat([cls, x], dim=1) if cls is not None else x
-            if cfg.pos_embed == "sincos1d":
-                x = x + sincos_1d(x.shape[1], D).to(x.dtype).to(x.device)  # one index per token
-        return self.pos_drop(x)
+                table = resample_pos_embed(table, grid, cfg.grid_size, self._pos_prefix)
+        else:  # fixed tables: computed in float32 on the fly (cheap, never stale), cast to the tokens' dtype
+            table = sincos_2d(grid, D) if cfg.pos_embed == "sincos2d" else sincos_1d(x.shape[1], D)
+            table = table.to(x.dtype).to(x.device)
+        return x + table
 
     def _encode(self, x: torch.Tensor, keep: set[int] = frozenset(), with_attention: bool = False) -> Encoded:
         """Run the stem and the blocks, keeping the outputs of blocks in ``keep`` and, if asked, attention maps."""
