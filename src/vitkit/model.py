@@ -12,6 +12,10 @@
 blocks asked for, attention maps if asked for, the patch grid); forward_features,
 get_intermediate_layers, attention_maps and forward_with_attention read what they need from it.
 
+Initialisation (``init_weights``) draws the position table, then applies ``init_jax`` (the paper,
+big_vision) or ``init_timm`` to every submodule in ``named_modules()`` order, so that a seed fixes
+every weight.
+
 Module names follow timm (patch_embed.proj, cls_token, pos_embed, blocks.i.norm1, blocks.i.attn.qkv,
 blocks.i.attn.proj, blocks.i.norm2, blocks.i.mlp.fc1/fc2, norm, fc_norm, head), so timm state dicts
 load with an identity key map.
@@ -19,7 +23,6 @@ load with an identity key map.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Sequence
 
 import torch
@@ -27,7 +30,7 @@ from torch import nn
 
 from .config import Preprocess, ViTConfig
 from .errors import ShapeError
-from .layers import Block, ConvStem, LayerScale, PatchEmbed, resample_pos_embed, sincos_1d, sincos_2d
+from .layers import Block, ConvStem, LayerScale, PatchEmbed, lecun_normal_, resample_pos_embed, sincos_1d, sincos_2d
 
 
 class Encoded(NamedTuple):
@@ -99,46 +102,18 @@ class VisionTransformer(nn.Module):
     # -------------------------------------------------------------------------------------- init
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Initialise as the paper ('jax') or timm ('timm'); seed torch's RNG first for determinism."""
-        mode = self.cfg.init
+        """Initialise as the paper ('jax') or timm ('timm'); seed torch's RNG first for determinism.
+
+        The model's own tensors first (position table, class token), then ``init_jax`` or ``init_timm``
+        on every submodule in ``named_modules()`` order: that order fixes the random draws.
+        """
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02, a=-0.04, b=0.04)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
-        for name, m in self.named_modules():
-            if isinstance(m, nn.Linear):
-                if name == "head":
-                    if mode == "jax":
-                        nn.init.zeros_(m.weight)  # the paper's zero-initialised head
-                    else:
-                        nn.init.trunc_normal_(m.weight, std=0.02)
-                    nn.init.zeros_(m.bias)
-                elif mode == "jax":
-                    if name.endswith("pre_logits.fc"):
-                        _lecun_normal_(m.weight)
-                    else:
-                        nn.init.xavier_uniform_(m.weight)
-                    if m.bias is not None:
-                        if ".mlp." in name:
-                            nn.init.normal_(m.bias, std=1e-6)
-                        else:
-                            nn.init.zeros_(m.bias)
-                else:
-                    nn.init.trunc_normal_(m.weight, std=0.02)
-                    if m.bias is not None:
-                        nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Conv2d):
-                if name == "patch_embed.proj" and isinstance(self.patch_embed, PatchEmbed):
-                    _lecun_normal_(m.weight)  # fan_in = C*P*P, as a Dense layer on the flattened patch
-                else:
-                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, LayerScale):
-                nn.init.constant_(m.gamma, self.cfg.layer_scale)
-            elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_module = _INITS[self.cfg.init]
+        for name, module in self.named_modules():
+            init_module(module, name)
 
     def reset_head(self, num_classes: int, labels: Sequence[str] | None = None) -> None:
         """Replace the head with a fresh one for ``num_classes`` (zero-initialised, as for fine-tuning)."""
@@ -323,11 +298,51 @@ def _tracing() -> bool:
     return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 
-def _lecun_normal_(w: torch.Tensor) -> None:
-    fan_in = w[0].numel()
-    # truncated normal on [-2, 2] std has std 0.8796; rescale so that the result has std 1/sqrt(fan_in)
-    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
-    nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+# ------------------------------------------------------------------------------------------ init
+# Per-module initialisers: ``VisionTransformer.init_weights`` calls one with every (name, module) of
+# ``named_modules()``; ``name`` is the module's name in the model, e.g. 'blocks.0.mlp.fc1'.
 
 
-__all__ = ["VisionTransformer", "Encoded"]
+def init_jax(module: nn.Module, name: str) -> None:
+    """The paper's init (big_vision): xavier-uniform Linear weights, a LeCun-normal pre-logits layer, a
+    zero head; zero biases, but normal(std 1e-6) in the MLPs."""
+    if isinstance(module, nn.Linear):
+        if name == "head":
+            nn.init.zeros_(module.weight)
+        elif name == "pre_logits.fc":
+            lecun_normal_(module.weight)
+        else:
+            nn.init.xavier_uniform_(module.weight)
+        if module.bias is not None:
+            if ".mlp." in name:
+                nn.init.normal_(module.bias, std=1e-6)
+            else:
+                nn.init.zeros_(module.bias)
+    else:
+        _init_shared(module)
+
+
+def init_timm(module: nn.Module, name: str) -> None:
+    """timm's init: truncated-normal (std .02) weights for every Linear, the head included; zero biases."""
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    else:
+        _init_shared(module)
+
+
+def _init_shared(module: nn.Module) -> None:
+    """What both inits do alike: LayerNorm starts as the identity; the stems (patch projection, conv
+    stem) and LayerScale run their own init."""
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, (PatchEmbed, ConvStem, LayerScale)):
+        module.init_weights()
+
+
+_INITS = {"jax": init_jax, "timm": init_timm}
+
+
+__all__ = ["VisionTransformer", "Encoded", "init_jax", "init_timm"]

@@ -39,10 +39,16 @@ class LayerScale(nn.Module):
 
     def __init__(self, dim: int, init: float):
         super().__init__()
+        self.init_value = init
         self.gamma = nn.Parameter(torch.full((dim,), float(init)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Every channel back to the initial scale."""
+        nn.init.constant_(self.gamma, self.init_value)
 
 
 class Block(nn.Module):
