@@ -42,25 +42,26 @@ def test_attention_fused_manual_per_head_agree(bias):
     manual.load_state_dict(fused.state_dict())
     per_head = PerHeadAttention(D, H, qkv_bias=bias).load_fused(fused).eval()
     x = torch.randn(3, 17, D)
-    a, none = fused(x)
-    b, attn = manual(x)
+    a = fused(x)
+    b, attn = manual.forward_with_attention(x)
     c = per_head(x)
-    assert none is None and attn.shape == (3, H, 17, 17)
+    assert isinstance(a, torch.Tensor) and attn.shape == (3, H, 17, 17)  # attention only when asked for
+    assert torch.equal(manual(x), b)
     torch.testing.assert_close(attn.sum(-1), torch.ones(3, H, 17), atol=ATOL, rtol=0)
     torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
     torch.testing.assert_close(a, c, atol=ATOL, rtol=0)
     # and the other direction: per-head weights into the fused module
     back = Attention(D, H, qkv_bias=bias)
     back.load_state_dict(per_head.fused_state_dict())
-    torch.testing.assert_close(back.eval()(x)[0], c, atol=ATOL, rtol=0)
+    torch.testing.assert_close(back.eval()(x), c, atol=ATOL, rtol=0)
 
 
 def test_fused_returns_attention_on_request():
     torch.manual_seed(0)
     attn = Attention(32, 2, fused=True).eval()
     x = torch.randn(2, 5, 32)
-    out, maps = attn(x, return_attn=True)
-    torch.testing.assert_close(out, attn(x)[0], atol=ATOL, rtol=0)
+    out, maps = attn.forward_with_attention(x)
+    torch.testing.assert_close(out, attn(x), atol=ATOL, rtol=0)
     assert maps.shape == (2, 2, 5, 5)
 
 
@@ -74,7 +75,7 @@ def test_sliced_per_head_equals_block_diagonal_fused():
     w = fused.qkv.weight.reshape(3, H, D // H, D)
     assert torch.count_nonzero(w[:, 0, :, D // H :]) == 0  # block-diagonal
     x = torch.randn(2, 50, D)
-    torch.testing.assert_close(fused(x)[0], ref(x), atol=ATOL, rtol=0)
+    torch.testing.assert_close(fused(x), ref(x), atol=ATOL, rtol=0)
 
 
 def test_sincos_1d_matches_tutorial_formula():

@@ -198,10 +198,12 @@ def test_post_ln_block():
     m = tiny(norm="post", depth=1)
     blk = m.blocks[0]
     x = torch.randn(2, 17, 32)
-    a, _ = blk.attn(x)
-    h = blk.norm1(x + a)
+    h = blk.norm1(x + blk.attn(x))
     ref = blk.norm2(h + blk.mlp(h))
-    torch.testing.assert_close(blk(x)[0], ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(blk(x), ref, atol=ATOL, rtol=0)
+    out, attn = blk.forward_with_attention(x)  # the same block, and its attention on request
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
+    assert attn.shape == (2, 2, 17, 17)
     assert isinstance(m.norm, torch.nn.Identity)
 
 
@@ -301,6 +303,86 @@ def test_timm_init_statistics():
     m = VisionTransformer(ViTConfig(img_size=64, patch_size=16, embed_dim=256, depth=1, num_heads=4, init="timm"))
     assert abs(m.blocks[0].mlp.fc1.weight.std().item() - 0.02) < 0.002
     assert torch.count_nonzero(m.blocks[0].mlp.fc1.bias) == 0
+
+
+# (sum, sum of absolute values) of every parameter right after VisionTransformer(cfg) at seed 0, recorded
+# once: a change to the init functions, or to the order in which they draw, shows here.
+PINNED_CONFIGS = {
+    "jax": dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0, num_classes=3,
+                representation_size=8, layer_scale=0.5),
+    "timm_conv_stem": dict(img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0,
+                           num_classes=3, init="timm", stem="conv", stem_width=4, stem_convs=1, qkv_bias=False,
+                           class_token=False, global_pool="avg"),
+}
+PINNED_SUMS = {
+    "jax": {
+        "cls_token": (0, 0),
+        "pos_embed": (0.232839325, 1.14547004),
+        "patch_embed.proj.weight": (6.44598491, 184.215827),
+        "patch_embed.proj.bias": (0, 0),
+        "blocks.0.norm1.weight": (16, 16),
+        "blocks.0.norm1.bias": (0, 0),
+        "blocks.0.attn.qkv.weight": (-4.56393822, 116.693864),
+        "blocks.0.attn.qkv.bias": (0, 0),
+        "blocks.0.attn.proj.weight": (1.25003355, 56.0430114),
+        "blocks.0.attn.proj.bias": (0, 0),
+        "blocks.0.ls1.gamma": (8, 8),
+        "blocks.0.norm2.weight": (16, 16),
+        "blocks.0.norm2.bias": (0, 0),
+        "blocks.0.mlp.fc1.weight": (4.68750639, 92.0363888),
+        "blocks.0.mlp.fc1.bias": (8.86184619e-06, 2.72437389e-05),
+        "blocks.0.mlp.fc2.weight": (5.12675871, 87.3573987),
+        "blocks.0.mlp.fc2.bias": (-1.66958027e-06, 1.32473262e-05),
+        "blocks.0.ls2.gamma": (8, 8),
+        "norm.weight": (16, 16),
+        "norm.bias": (0, 0),
+        "pre_logits.fc.weight": (-1.15517993, 26.9092073),
+        "pre_logits.fc.bias": (0, 0),
+        "head.weight": (0, 0),
+        "head.bias": (0, 0),
+    },
+    "timm_conv_stem": {
+        "pos_embed": (-0.0258228248, 3.33865622),
+        "patch_embed.stem.0.weight": (-3.15684369, 21.5547899),
+        "patch_embed.stem.1.weight": (4, 4),
+        "patch_embed.stem.1.bias": (0, 0),
+        "patch_embed.stem.3.weight": (2.92781646, 37.8548262),
+        "patch_embed.stem.4.weight": (8, 8),
+        "patch_embed.stem.4.bias": (0, 0),
+        "patch_embed.stem.6.weight": (-2.72099833, 75.3462492),
+        "patch_embed.stem.7.weight": (8, 8),
+        "patch_embed.stem.7.bias": (0, 0),
+        "patch_embed.proj.weight": (-2.52465219, 34.6552869),
+        "patch_embed.proj.bias": (0, 0),
+        "blocks.0.norm1.weight": (16, 16),
+        "blocks.0.norm1.bias": (0, 0),
+        "blocks.0.attn.qkv.weight": (-1.25224551, 12.1649977),
+        "blocks.0.attn.proj.weight": (-0.149568253, 3.84775074),
+        "blocks.0.attn.proj.bias": (0, 0),
+        "blocks.0.norm2.weight": (16, 16),
+        "blocks.0.norm2.bias": (0, 0),
+        "blocks.0.mlp.fc1.weight": (-0.204380947, 8.38382339),
+        "blocks.0.mlp.fc1.bias": (0, 0),
+        "blocks.0.mlp.fc2.weight": (-0.200844121, 8.25090961),
+        "blocks.0.mlp.fc2.bias": (0, 0),
+        "fc_norm.weight": (16, 16),
+        "fc_norm.bias": (0, 0),
+        "head.weight": (0.0800482024, 0.858889567),
+        "head.bias": (0, 0),
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_CONFIGS))
+def test_initial_weights_are_pinned(name):
+    torch.manual_seed(0)
+    m = VisionTransformer(ViTConfig(**PINNED_CONFIGS[name]))
+    got = {k: p.detach().double() for k, p in m.named_parameters()}
+    assert list(got) == list(PINNED_SUMS[name])
+    for k, (total, magnitude) in PINNED_SUMS[name].items():
+        tol = 1e-6 * magnitude  # relative to the tensor's size: sums of zero-mean draws can be near 0
+        assert abs(got[k].sum().item() - total) <= tol, k
+        assert abs(got[k].abs().sum().item() - magnitude) <= tol, k
 
 
 def test_reset_head():

@@ -8,6 +8,14 @@
       -> pool                 (B, D)         [cls] token or mean of patch tokens (then fc_norm)
       -> head                 (B, classes)   forward_head ends here; softmax gives probabilities
 
+``_encode`` runs the first three steps and returns an ``Encoded`` tuple (tokens, the outputs of the
+blocks asked for, attention maps if asked for, the patch grid); forward_features,
+get_intermediate_layers, attention_maps and forward_with_attention read what they need from it.
+
+Initialisation (``init_weights``) draws the position table, then applies ``init_jax`` (the paper,
+big_vision) or ``init_timm`` to every submodule in ``named_modules()`` order, so that a seed fixes
+every weight.
+
 Module names follow timm (patch_embed.proj, cls_token, pos_embed, blocks.i.norm1, blocks.i.attn.qkv,
 blocks.i.attn.proj, blocks.i.norm2, blocks.i.mlp.fc1/fc2, norm, fc_norm, head), so timm state dicts
 load with an identity key map.
@@ -15,15 +23,23 @@ load with an identity key map.
 
 from __future__ import annotations
 
-import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
 
 from .config import Preprocess, ViTConfig
 from .errors import ShapeError
-from .layers import Block, ConvStem, LayerScale, PatchEmbed, resample_pos_embed, sincos_1d, sincos_2d
+from .layers import Block, ConvStem, LayerScale, PatchEmbed, lecun_normal_, resample_pos_embed, sincos_1d, sincos_2d
+
+
+class Encoded(NamedTuple):
+    """What ``VisionTransformer._encode`` returns."""
+
+    tokens: torch.Tensor  # (B, prefix + N, D) after the last block, before the final norm
+    kept: list[torch.Tensor]  # outputs of the blocks asked for, in block order
+    attention: list[torch.Tensor]  # (B, heads, T, T) of every block if asked for, else empty
+    grid: tuple[int, int]  # (gh, gw), the patch grid of this input
 
 
 class VisionTransformer(nn.Module):
@@ -44,7 +60,7 @@ class VisionTransformer(nn.Module):
             self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, D, cfg.patch_embed)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
         if cfg.pos_embed == "learn":
-            n_pos = cfg.num_patches + (0 if cfg.no_embed_class else cfg.num_prefix_tokens)
+            n_pos = self._pos_prefix + cfg.num_patches
             self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, D))
         else:
             self.pos_embed = None  # fixed tables are computed on the fly (cheap, never stale)
@@ -86,46 +102,18 @@ class VisionTransformer(nn.Module):
     # -------------------------------------------------------------------------------------- init
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Initialise as the paper ('jax') or timm ('timm'); seed torch's RNG first for determinism."""
-        mode = self.cfg.init
+        """Initialise as the paper ('jax') or timm ('timm'); seed torch's RNG first for determinism.
+
+        The model's own tensors first (position table, class token), then ``init_jax`` or ``init_timm``
+        on every submodule in ``named_modules()`` order: that order fixes the random draws.
+        """
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02, a=-0.04, b=0.04)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
-        for name, m in self.named_modules():
-            if isinstance(m, nn.Linear):
-                if name == "head":
-                    if mode == "jax":
-                        nn.init.zeros_(m.weight)  # the paper's zero-initialised head
-                    else:
-                        nn.init.trunc_normal_(m.weight, std=0.02)
-                    nn.init.zeros_(m.bias)
-                elif mode == "jax":
-                    if name.endswith("pre_logits.fc"):
-                        _lecun_normal_(m.weight)
-                    else:
-                        nn.init.xavier_uniform_(m.weight)
-                    if m.bias is not None:
-                        if ".mlp." in name:
-                            nn.init.normal_(m.bias, std=1e-6)
-                        else:
-                            nn.init.zeros_(m.bias)
-                else:
-                    nn.init.trunc_normal_(m.weight, std=0.02)
-                    if m.bias is not None:
-                        nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Conv2d):
-                if name == "patch_embed.proj" and isinstance(self.patch_embed, PatchEmbed):
-                    _lecun_normal_(m.weight)  # fan_in = C*P*P, as a Dense layer on the flattened patch
-                else:
-                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, LayerScale):
-                nn.init.constant_(m.gamma, self.cfg.layer_scale)
-            elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_module = _INITS[self.cfg.init]
+        for name, module in self.named_modules():
+            init_module(module, name)
 
     def reset_head(self, num_classes: int, labels: Sequence[str] | None = None) -> None:
         """Replace the head with a fresh one for ``num_classes`` (zero-initialised, as for fine-tuning)."""
@@ -142,8 +130,8 @@ class VisionTransformer(nn.Module):
         """Convert the model once to a new input size: learned position embeddings are resampled in 2D."""
         new = self.cfg.replace(img_size=img_size)
         if self.pos_embed is not None:
-            prefix = 0 if self.cfg.no_embed_class else self.num_prefix_tokens
-            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, self.cfg.grid_size, prefix, mode, antialias)
+            old_grid, prefix = self.cfg.grid_size, self._pos_prefix
+            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, old_grid, prefix, mode, antialias)
             self.pos_embed = nn.Parameter(pe)
         self.cfg = new
 
@@ -174,50 +162,65 @@ class VisionTransformer(nn.Module):
         return H // P, W // P
 
     # ---------------------------------------------------------------------------------- forward
-    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Add position information and the class token: (B, N, D) -> (B, prefix + N, D)."""
+    @property
+    def _pos_prefix(self) -> int:
+        """How many prefix tokens the position table covers: all of them (timm's learned table, sincos1d)
+        or none (no_embed_class as big_vision, sincos2d, or no table: the prefix gets no position)."""
         cfg = self.cfg
-        B, N, D = x.shape
-        cls = self.cls_token.expand(B, -1, -1) if self.cls_token is not None else None
-        if cfg.pos_embed == "learn":
-            pe = self.pos_embed
-            if (cfg.dynamic_img_size and _tracing()) or grid != cfg.grid_size:
-                # (an exporter records the resampling so that the graph takes any size)
-                prefix = 0 if cfg.no_embed_class else self.num_prefix_tokens
-                pe = resample_pos_embed(pe, grid, cfg.grid_size, prefix)
-            if cfg.no_embed_class:
-                # big_vision adds position embeddings to the patches first, then concatenates [cls]
-                x = x + pe
-                x = torch.cat([cls, x], dim=1) if cls is not None else x
-            else:
-                x = torch.cat([cls, x], dim=1) if cls is not None else x
-                x = x + pe
-        elif cfg.pos_embed == "sincos2d":
-            x = x + sincos_2d(grid, D).to(x.dtype).to(x.device)  # patches only; [cls] gets none
-            x = torch.cat([cls, x], dim=1) if cls is not None else x
+        covers_prefix = cfg.pos_embed == "sincos1d" or (cfg.pos_embed == "learn" and not cfg.no_embed_class)
+        return self.num_prefix_tokens if covers_prefix else 0
+
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Add position information and prepend the class token: (B, N, D) -> (B, prefix + N, D).
+
+        A table that covers the prefix is added after the prefix is prepended; one that covers the
+        patches only is added before (big_vision's order).
+        """
+        if self._pos_prefix:
+            x = self._add_positions(self._prepend_prefix(x), grid)
         else:
-            x = torch.cat([cls, x], dim=1) if cls is not None else x
-            if cfg.pos_embed == "sincos1d":
-                x = x + sincos_1d(x.shape[1], D).to(x.dtype).to(x.device)  # one index per token
+            x = self._prepend_prefix(self._add_positions(x, grid))
         return self.pos_drop(x)
 
-    def _encode(self, x: torch.Tensor, keep: set[int] = frozenset(), return_attn: bool = False):
-        """Run the stem and the blocks; return tokens, the outputs of blocks in ``keep`` and attention maps."""
+    def _prepend_prefix(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, D) -> (B, prefix + N, D): the class token, if the model has one, in front of the patches."""
+        if self.cls_token is None:
+            return x
+        return torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+
+    def _add_positions(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Add the position table to ``x``, the tokens it covers (see ``_pos_prefix``); 'none' adds nothing."""
+        cfg, D = self.cfg, x.shape[-1]
+        if cfg.pos_embed == "none":
+            return x
+        if cfg.pos_embed == "learn":
+            table = self.pos_embed
+            if (cfg.dynamic_img_size and _tracing()) or grid != cfg.grid_size:
+                # (an exporter records the resampling so that the graph takes any size)
+                table = resample_pos_embed(table, grid, cfg.grid_size, self._pos_prefix)
+        else:  # fixed tables: computed in float32 on the fly (cheap, never stale), cast to the tokens' dtype
+            table = sincos_2d(grid, D) if cfg.pos_embed == "sincos2d" else sincos_1d(x.shape[1], D)
+            table = table.to(x.dtype).to(x.device)
+        return x + table
+
+    def _encode(self, x: torch.Tensor, keep: set[int] = frozenset(), with_attention: bool = False) -> Encoded:
+        """Run the stem and the blocks, keeping the outputs of blocks in ``keep`` and, if asked, attention maps."""
         grid = self.check_input(x)
         x = self._pos_embed(self.patch_embed(x), grid)
         kept, maps = [], []
         for i, blk in enumerate(self.blocks):
-            x, attn = blk(x, return_attn)
-            if return_attn:
+            if with_attention:
+                x, attn = blk.forward_with_attention(x)
                 maps.append(attn)
+            else:
+                x = blk(x)
             if i in keep:
                 kept.append(x)
-        return x, kept, maps, grid
+        return Encoded(x, kept, maps, grid)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> normalised tokens (B, prefix + N, D)."""
-        x, _, _, _ = self._encode(x)
-        return self.norm(x)
+        return self.norm(self._encode(x).tokens)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) tokens -> (B, D) by the configured pooling ('none' keeps every token)."""
@@ -255,8 +258,9 @@ class VisionTransformer(nn.Module):
         idx = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
         if isinstance(n, int) and not 1 <= n <= depth:
             raise ValueError(f"get_intermediate_layers: n must be in 1..{depth}, got {n}")
-        _, kept, _, (gh, gw) = self._encode(x, keep=set(idx))
-        by_index = dict(zip(sorted(set(idx)), kept))
+        enc = self._encode(x, keep=set(idx))
+        by_index = dict(zip(sorted(set(idx)), enc.kept))
+        gh, gw = enc.grid
         outs = []
         for i in idx:
             t = self.norm(by_index[i]) if norm else by_index[i]
@@ -274,13 +278,12 @@ class VisionTransformer(nn.Module):
 
         Uses the manual attention path, so it works when the model runs fused attention by default.
         """
-        _, _, maps, _ = self._encode(x, return_attn=True)
-        return maps
+        return self._encode(x, with_attention=True).attention
 
     def forward_with_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and the attention maps of every block, in one pass."""
-        tokens, _, maps, _ = self._encode(x, return_attn=True)
-        return self.forward_head(self.norm(tokens)), maps
+        enc = self._encode(x, with_attention=True)
+        return self.forward_head(self.norm(enc.tokens)), enc.attention
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that recipes exclude from weight decay (besides biases and norms)."""
@@ -295,11 +298,51 @@ def _tracing() -> bool:
     return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 
-def _lecun_normal_(w: torch.Tensor) -> None:
-    fan_in = w[0].numel()
-    # truncated normal on [-2, 2] std has std 0.8796; rescale so that the result has std 1/sqrt(fan_in)
-    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
-    nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+# ------------------------------------------------------------------------------------------ init
+# Per-module initialisers: ``VisionTransformer.init_weights`` calls one with every (name, module) of
+# ``named_modules()``; ``name`` is the module's name in the model, e.g. 'blocks.0.mlp.fc1'.
 
 
-__all__ = ["VisionTransformer"]
+def init_jax(module: nn.Module, name: str) -> None:
+    """The paper's init (big_vision): xavier-uniform Linear weights, a LeCun-normal pre-logits layer, a
+    zero head; zero biases, but normal(std 1e-6) in the MLPs."""
+    if isinstance(module, nn.Linear):
+        if name == "head":
+            nn.init.zeros_(module.weight)
+        elif name == "pre_logits.fc":
+            lecun_normal_(module.weight)
+        else:
+            nn.init.xavier_uniform_(module.weight)
+        if module.bias is not None:
+            if ".mlp." in name:
+                nn.init.normal_(module.bias, std=1e-6)
+            else:
+                nn.init.zeros_(module.bias)
+    else:
+        _init_shared(module)
+
+
+def init_timm(module: nn.Module, name: str) -> None:
+    """timm's init: truncated-normal (std .02) weights for every Linear, the head included; zero biases."""
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    else:
+        _init_shared(module)
+
+
+def _init_shared(module: nn.Module) -> None:
+    """What both inits do alike: LayerNorm starts as the identity; the stems (patch projection, conv
+    stem) and LayerScale run their own init."""
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, (PatchEmbed, ConvStem, LayerScale)):
+        module.init_weights()
+
+
+_INITS = {"jax": init_jax, "timm": init_timm}
+
+
+__all__ = ["VisionTransformer", "Encoded", "init_jax", "init_timm"]

@@ -5,6 +5,7 @@ from .block import Block, DropPath, LayerScale
 from .mlp import Mlp
 from .patch_embed import ConvStem, PatchEmbed
 from .pos_embed import resample_pos_embed, sincos_1d, sincos_2d
+from .weight_init import lecun_normal_
 
 __all__ = [
     "Attention",
@@ -18,4 +19,5 @@ __all__ = [
     "resample_pos_embed",
     "sincos_1d",
     "sincos_2d",
+    "lecun_normal_",
 ]

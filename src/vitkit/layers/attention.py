@@ -2,9 +2,11 @@
 
 ``Attention`` holds one fused qkv Linear (timm's layout: weight (3D, D), rows q then k then v, each
 split into heads of size D/H) and computes softmax(Q K^T / sqrt(d_head)) V either with
-F.scaled_dot_product_attention (fused) or explicitly (manual, which can return the attention
-probabilities). ``PerHeadAttention`` is the textbook formulation with a separate q, k, v projection
-per head; it exists as a readable reference and converts to and from ``Attention`` weights.
+F.scaled_dot_product_attention (fused) or explicitly (manual). ``forward`` returns the tokens only;
+``forward_with_attention`` also returns the attention probabilities, taking the manual path for that
+call whichever path the module runs otherwise. ``PerHeadAttention`` is the textbook formulation with
+a separate q, k, v projection per head; it exists as a readable reference and converts to and from
+``Attention`` weights.
 """
 
 from __future__ import annotations
@@ -36,22 +38,40 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False):
-        """(B, T, D) -> (B, T, D), and the (B, H, T, T) attention probabilities if ``return_attn``."""
-        B, T, D = x.shape
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D)."""
+        q, k, v = self._split_heads(x)
+        if self.fused:
+            p = self.attn_drop.p if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, T, hd)
+        else:
+            out, _ = self._softmax_attention(q, k, v)
+        return self._merge_heads(out)
+
+    def forward_with_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, D) -> (B, T, D) and the (B, H, T, T) attention probabilities, by the manual path."""
+        q, k, v = self._split_heads(x)
+        out, attn = self._softmax_attention(q, k, v)
+        return self._merge_heads(out), attn
+
+    def _split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, D) tokens -> q, k, v, each (B, H, T, hd)."""
+        B, T, _ = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, hd)
-        attn = None
-        if self.fused and not return_attn:
-            p = self.attn_drop.p if self.training else 0.0
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, T, hd)
-        else:
-            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
-            attn = scores.softmax(dim=-1)
-            x = self.attn_drop(attn) @ v  # (B, H, T, hd)
-        x = x.transpose(1, 2).reshape(B, T, D)  # concatenate heads: (B, T, D)
-        x = self.proj_drop(self.proj(x))
-        return x, attn
+        return q, k, v
+
+    def _softmax_attention(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        """softmax(Q K^T / sqrt(hd)) V written out: per-head outputs (B, H, T, hd) and probabilities (B, H, T, T)."""
+        scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
+        attn = scores.softmax(dim=-1)
+        return self.attn_drop(attn) @ v, attn
+
+    def _merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, hd) per-head outputs -> concatenated heads (B, T, D) -> output projection."""
+        B, H, T, hd = out.shape
+        out = out.transpose(1, 2).reshape(B, T, H * hd)
+        return self.proj_drop(self.proj(out))
 
 
 class PerHeadAttention(nn.Module):

@@ -2,6 +2,9 @@
 
 pre-LN (ViT):   x = x + attn(norm1(x));  x = x + mlp(norm2(x))
 post-LN (the original Transformer):  x = norm1(x + attn(x));  x = norm2(x + mlp(x))
+
+``block(x)`` returns the tokens; ``block.forward_with_attention(x)`` also returns the block's
+attention probabilities (computed by the manual attention path).
 """
 
 from __future__ import annotations
@@ -36,10 +39,16 @@ class LayerScale(nn.Module):
 
     def __init__(self, dim: int, init: float):
         super().__init__()
+        self.init_value = init
         self.gamma = nn.Parameter(torch.full((dim,), float(init)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Every channel back to the initial scale."""
+        nn.init.constant_(self.gamma, self.init_value)
 
 
 class Block(nn.Module):
@@ -69,14 +78,19 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False):
-        """(B, T, D) -> (B, T, D), and the block's attention probabilities if ``return_attn``."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D)."""
+        return self._residuals(x, self.attn(self.norm1(x) if self.pre_norm else x))
+
+    def forward_with_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, D) -> (B, T, D) and the block's (B, H, T, T) attention probabilities."""
+        a, attn = self.attn.forward_with_attention(self.norm1(x) if self.pre_norm else x)
+        return self._residuals(x, a), attn
+
+    def _residuals(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The rest of the block, given the attention output ``a``: both residual sums and the MLP."""
         if self.pre_norm:
-            a, attn = self.attn(self.norm1(x), return_attn)
             x = x + self.drop_path1(self.ls1(a))
-            x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        else:
-            a, attn = self.attn(x, return_attn)
-            x = self.norm1(x + self.drop_path1(self.ls1(a)))
-            x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
-        return x, attn
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        x = self.norm1(x + self.drop_path1(self.ls1(a)))
+        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))

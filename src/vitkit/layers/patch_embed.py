@@ -5,6 +5,9 @@ Two ways to compute the same thing, sharing one parameter, ``proj.weight`` of sh
 - 'linear': cut the image into P x P patches (space-to-depth), flatten each in (C, P, P) order and
             apply a Linear layer whose weight is ``proj.weight`` viewed as (D, C*P*P) (the tutorials).
 Because the parameter is the same tensor, either mode loads the other's checkpoint unchanged.
+
+Each stem knows its initialisation (``init_weights``), the same under every model init: the patch
+projection as the Dense layer it is (LeCun normal), the convolutional stem as a CNN (He normal).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .weight_init import lecun_normal_
 
 
 class PatchEmbed(nn.Module):
@@ -36,6 +41,12 @@ class PatchEmbed(nn.Module):
         x = x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * P * P)  # (B, N, C*P*P), (C, P, P) order
         weight = self.proj.weight.reshape(self.proj.out_channels, -1)  # (D, C*P*P)
         return F.linear(x, weight, self.proj.bias)  # (B, N, D)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """LeCun normal with fan_in = C*P*P, as a Dense layer on the flattened patch (the paper); zero bias."""
+        lecun_normal_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
 
 
 class ConvStem(nn.Module):
@@ -69,3 +80,15 @@ class ConvStem(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.proj(self.stem(x))  # (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2)  # (B, N, D)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """He normal (fan_out, ReLU) for every conv, in order, as torchvision's ResNets; BatchNorm as identity."""
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
