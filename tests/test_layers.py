@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from vitkit.layers import Attention, PatchEmbed, PerHeadAttention, resample_pos_embed, sincos_1d, sincos_2d
+from vitkit.layers import (
+    Attention,
+    AttentionPool,
+    PatchEmbed,
+    PerHeadAttention,
+    resample_pos_embed,
+    sincos_1d,
+    sincos_2d,
+)
 
 ATOL = 1e-5
 
@@ -33,14 +41,17 @@ def test_patch_embed_linear_is_a_linear_layer_on_flattened_patches():
     torch.testing.assert_close(pe(x), ref, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_attention_fused_manual_per_head_agree(bias):
+@pytest.mark.parametrize("bias, qk_norm", [(True, False), (False, False), (True, True)])
+def test_attention_fused_manual_per_head_agree(bias, qk_norm):
     torch.manual_seed(0)
     D, H = 48, 4
-    fused = Attention(D, H, qkv_bias=bias, fused=True).eval()
-    manual = Attention(D, H, qkv_bias=bias, fused=False).eval()
+    fused = Attention(D, H, qkv_bias=bias, fused=True, qk_norm=qk_norm).eval()
+    if qk_norm:  # norms that are not the identity, so that a norm skipped or applied per head shows
+        for p in [*fused.q_norm.parameters(), *fused.k_norm.parameters()]:
+            p.data.normal_()
+    manual = Attention(D, H, qkv_bias=bias, fused=False, qk_norm=qk_norm).eval()
     manual.load_state_dict(fused.state_dict())
-    per_head = PerHeadAttention(D, H, qkv_bias=bias).load_fused(fused).eval()
+    per_head = PerHeadAttention(D, H, qkv_bias=bias, qk_norm=qk_norm).load_fused(fused).eval()
     x = torch.randn(3, 17, D)
     a = fused(x)
     b, attn = manual.forward_with_attention(x)
@@ -51,9 +62,37 @@ def test_attention_fused_manual_per_head_agree(bias):
     torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
     torch.testing.assert_close(a, c, atol=ATOL, rtol=0)
     # and the other direction: per-head weights into the fused module
-    back = Attention(D, H, qkv_bias=bias)
+    back = Attention(D, H, qkv_bias=bias, qk_norm=qk_norm)
     back.load_state_dict(per_head.fused_state_dict())
     torch.testing.assert_close(back.eval()(x), c, atol=ATOL, rtol=0)
+
+
+def test_qk_norm_normalises_each_head_with_one_shared_norm():
+    """One LayerNorm over the head dimension, the same for every head: a head's normalised query does not
+    depend on the other heads, and equals F.layer_norm of its slice."""
+    torch.manual_seed(0)
+    attn = Attention(32, 4, qk_norm=True)
+    assert attn.q_norm.weight.shape == (8,)
+    for p in attn.q_norm.parameters():
+        p.data.normal_()
+    x = torch.randn(2, 5, 32)
+    q, _, _ = attn._split_heads(x)
+    raw = attn.qkv(x)[..., :32].reshape(2, 5, 4, 8).transpose(1, 2)  # (B, H, T, hd) before the norm
+    ref = torch.nn.functional.layer_norm(raw, (8,), attn.q_norm.weight, attn.q_norm.bias, attn.q_norm.eps)
+    torch.testing.assert_close(q, ref, atol=ATOL, rtol=0)
+
+
+def test_attention_pool_fused_and_manual_agree():
+    torch.manual_seed(0)
+    fused = AttentionPool(32, 4, 64, fused=True).eval()
+    fused.init_weights()
+    manual = AttentionPool(32, 4, 64, fused=False).eval()
+    manual.load_state_dict(fused.state_dict())
+    x = torch.randn(3, 11, 32)
+    out, probs = fused.forward_with_attention(x)
+    assert out.shape == (3, 32) and probs.shape == (3, 4, 1, 11)
+    torch.testing.assert_close(fused(x), out, atol=ATOL, rtol=0)
+    assert torch.equal(manual(x), out)  # the manual path is the one forward_with_attention takes
 
 
 def test_fused_returns_attention_on_request():

@@ -81,6 +81,8 @@ def test_tutorial_mnist_preset():
         (dict(stem="conv", stem_convs=-1), r"ViTConfig.stem_convs: must be an integer >= 0"),
         (dict(img_size=(32, 0)), r"ViTConfig.img_size"),
         (dict(num_classes=-1), r"ViTConfig.num_classes"),
+        (dict(reg_tokens=-1), r"ViTConfig.reg_tokens: must be an integer >= 0, got -1"),
+        (dict(reg_tokens=4, class_token=False), r"ViTConfig.global_pool: 'token' pooling needs class_token"),
     ],
 )
 def test_bad_config_names_the_field(kw, msg):
@@ -149,6 +151,158 @@ def test_intermediate_layers():
     torch.testing.assert_close(fmap[:, :, 0, 1], m.forward_features(x)[:, 2])
 
 
+def test_get_intermediate_layers_takes_timm_argument_order():
+    m = tiny(depth=3)
+    x = torch.randn(2, 3, 32, 32)
+    maps = m.get_intermediate_layers(x, 2, True)  # (x, n, reshape, return_prefix_tokens, norm) as timm and DINO
+    assert [t.shape for t in maps] == [(2, 32, 4, 4)] * 2
+    pairs = m.get_intermediate_layers(x, [1], False, True, True)  # NLC patch tokens and the prefix, normalised
+    (patches, prefix), = pairs
+    tokens = m.get_intermediate_layers(x, [1], norm=True)[0]
+    assert torch.equal(patches, tokens[:, 1:]) and torch.equal(prefix, tokens[:, :1])
+    assert len(m.get_intermediate_layers(x, [2, 0, -1])) == 2  # block order, each block once (timm)
+
+
+# ------------------------------------------------------------------------------- forward_intermediates
+@pytest.mark.parametrize("kw", [dict(), dict(reg_tokens=2), dict(class_token=False, global_pool="avg")])
+def test_forward_intermediates_layout(kw):
+    m = tiny(depth=3, **kw)
+    P = m.num_prefix_tokens
+    x = torch.randn(2, 3, 32, 32)
+    final, maps = m.forward_intermediates(x)  # every block, NCHW, un-normalised
+    torch.testing.assert_close(final, m.forward_features(x))
+    assert len(maps) == 3 and all(t.shape == (2, 32, 4, 4) for t in maps)
+    tokens = m.get_intermediate_layers(x, 3)
+    for fmap, t in zip(maps, tokens):
+        assert torch.equal(fmap.flatten(2).transpose(1, 2), t[:, P:])  # patch tokens in raster order
+    nlc = m.forward_intermediates(x, indices=[-1, 0], norm=True, output_fmt="NLC", intermediates_only=True)
+    assert [t.shape for t in nlc] == [(2, 16, 32)] * 2  # block order, prefix cut off
+    torch.testing.assert_close(nlc[1], m.forward_features(x)[:, P:])
+    with_prefix = m.forward_intermediates(x, 1, return_prefix_tokens=True, intermediates_only=True)
+    if P:
+        (fmap, prefix), = with_prefix
+        assert fmap.shape == (2, 32, 4, 4) and prefix.shape == (2, P, 32)
+    else:  # nothing to pair with: plain maps, as timm
+        assert with_prefix[0].shape == (2, 32, 4, 4)
+
+
+def test_forward_intermediates_stop_early_and_dict():
+    m = tiny(depth=3, reg_tokens=1)
+    x = torch.randn(2, 3, 32, 32)
+    final, (fmap,) = m.forward_intermediates(x, indices=[1], stop_early=True)
+    block1 = m.get_intermediate_layers(x, [1])[0]
+    torch.testing.assert_close(final, m.norm(block1))  # the last block run is block 1
+    out = m.forward_intermediates(x, 2, return_prefix_tokens=True, output_fmt="NLC", output_dict=True)
+    assert sorted(out) == ["image_features", "image_intermediates", "image_intermediates_prefix"]
+    assert [t.shape for t in out["image_intermediates_prefix"]] == [(2, 2, 32)] * 2
+    out = m.forward_intermediates(x, 2, output_dict=True, intermediates_only=True)
+    assert sorted(out) == ["image_intermediates"]
+
+
+@pytest.mark.parametrize("call, msg", [
+    (dict(indices=4), r"forward_intermediates: the last 4 blocks: n must be in 1\.\.3"),
+    (dict(indices=[0, 3]), r"forward_intermediates: block indices must be in -3\.\.2, got \[0, 3\]"),
+    (dict(indices=[]), r"block indices must be in -3\.\.2, got \[\]"),
+    (dict(output_fmt="NHWC"), r"output_fmt must be 'NCHW' or 'NLC', got 'NHWC'"),
+])
+def test_forward_intermediates_errors(call, msg):
+    with pytest.raises(ConfigError, match=msg):
+        tiny(depth=3).forward_intermediates(torch.randn(1, 3, 32, 32), **call)
+
+
+# ---------------------------------------------------------------------------------------- registers
+def test_register_tokens_order_shapes_and_positions():
+    m = tiny(reg_tokens=3)
+    assert (m.num_prefix_tokens, m.num_reg_tokens, tuple(m.reg_token.shape)) == (4, 3, (1, 3, 32))
+    assert m.pos_embed.shape == (1, 4 + 16, 32)  # a slot for every token (timm's default layout)
+    x = torch.randn(2, 3, 32, 32)
+    tokens = m._pos_embed(m.patch_embed(x), (4, 4))  # [cls], registers, patches
+    torch.testing.assert_close(tokens[:, 0], (m.cls_token + m.pos_embed[:, :1])[:, 0].expand(2, -1))
+    torch.testing.assert_close(tokens[:, 1:4], (m.reg_token + m.pos_embed[:, 1:4]).expand(2, -1, -1))
+    assert m.forward_features(x).shape == (2, 4 + 16, 32)
+    assert [a.shape for a in m.attention_maps(x)] == [(2, 2, 20, 20)] * 2  # every token, registers included
+    patch_only = tiny(reg_tokens=3, no_embed_class=True)  # DINOv2 with registers: no position on the prefix
+    assert patch_only.pos_embed.shape == (1, 16, 32)
+    tokens = patch_only._pos_embed(patch_only.patch_embed(x), (4, 4))
+    assert torch.equal(tokens[:, 1:4], patch_only.reg_token.expand(2, -1, -1))
+
+
+@pytest.mark.parametrize("pool", ["avg", "map"])
+def test_registers_are_not_pooled(pool):
+    m = tiny(reg_tokens=2, global_pool=pool)
+    x = torch.randn(2, 3, 32, 32)
+    feats = m.forward_features(x)
+    changed = feats.clone()
+    changed[:, :3] = torch.randn(2, 3, 32)  # new [cls] and register tokens: the pooled features stay
+    torch.testing.assert_close(m.forward_head(changed), m.forward_head(feats), atol=0, rtol=0)
+    if pool == "avg":
+        torch.testing.assert_close(m.pool(feats), feats[:, 3:].mean(1))
+
+
+def test_registers_resample_and_dynamic_size_agree():
+    m = tiny(reg_tokens=2)
+    dyn = tiny(reg_tokens=2, dynamic_img_size=True)
+    dyn.load_state_dict(m.state_dict())
+    x = torch.randn(1, 3, 48, 40)
+    y = dyn(x)
+    m.resample_to((48, 40))
+    assert m.pos_embed.shape == (1, 3 + 30, 32)
+    torch.testing.assert_close(m(x), y, atol=ATOL, rtol=0)
+
+
+# ------------------------------------------------------------------------------- qk-norm and MAP
+def test_qk_norm_is_one_layernorm_over_the_head_dim():
+    fused = tiny(qk_norm=True)
+    attn = fused.blocks[0].attn
+    assert isinstance(attn.q_norm, torch.nn.LayerNorm) and attn.q_norm.normalized_shape == (16,)
+    assert attn.k_norm.eps == fused.cfg.norm_eps
+    for p in attn.q_norm.parameters():  # make the norms matter
+        p.data.normal_()
+    manual = tiny(qk_norm=True, attn_impl="manual")
+    manual.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(fused(x), manual(x), atol=ATOL, rtol=0)
+    logits, maps = fused.forward_with_attention(x)
+    torch.testing.assert_close(logits, fused(x), atol=ATOL, rtol=0)
+    # the maps come from the normalised queries and keys
+    tokens = fused._pos_embed(fused.patch_embed(x), (4, 4))
+    q, k, _ = attn._split_heads(fused.blocks[0].norm1(tokens))
+    ref = (q @ k.transpose(-2, -1) * attn.scale).softmax(-1)
+    torch.testing.assert_close(maps[0], ref, atol=ATOL, rtol=0)
+
+
+def test_attention_pooling_head():
+    m = tiny(global_pool="map", reg_tokens=1)
+    pool = m.attn_pool
+    assert m.cfg.use_fc_norm is False and isinstance(m.fc_norm, torch.nn.Identity)
+    assert tuple(pool.latent.shape) == (1, 1, 32) and pool.kv.weight.shape == (64, 32)
+    assert pool.mlp.fc1.out_features == m.cfg.mlp_hidden
+    x = torch.randn(2, 3, 32, 32)
+    feats = m.forward_features(x)
+    patches = feats[:, m.num_prefix_tokens:]
+    pooled, probs = pool.forward_with_attention(patches)
+    assert pooled.shape == (2, 32) and probs.shape == (2, 2, 1, 16)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 2, 1), atol=ATOL, rtol=0)
+    torch.testing.assert_close(pooled, pool(patches), atol=ATOL, rtol=0)  # fused and manual agree
+    torch.testing.assert_close(m.forward_head(feats, pre_logits=True), pool(patches))
+    # the probe's attention weights the values: pooled = mlp residual on proj(sum_t p_t v_t)
+    k, v = pool.kv(patches).reshape(2, 16, 2, 2, 16).permute(2, 0, 3, 1, 4).unbind(0)
+    attended = pool.proj((probs @ v).transpose(1, 2).reshape(2, 1, 32))
+    torch.testing.assert_close(pooled, (attended + pool.mlp(pool.norm(attended)))[:, 0], atol=ATOL, rtol=0)
+
+
+def test_new_parameters_initialisation():
+    torch.manual_seed(0)
+    m = VisionTransformer(ViTConfig(img_size=64, patch_size=16, embed_dim=256, depth=1, num_heads=4, reg_tokens=16,
+                                    global_pool="map", qk_norm=True))
+    assert 0.5e-6 < m.reg_token.std().item() < 1.5e-6  # timm: normal, std 1e-6
+    std = 256**-0.5
+    assert m.attn_pool.latent.abs().max().item() <= 2 * std  # truncated normal at 2 std (timm)
+    assert torch.equal(m.blocks[0].attn.q_norm.weight, torch.ones(64))
+    assert m.attn_pool.mlp.fc1.bias.abs().max().item() < 1e-5  # the paper's MLP bias init, here too
+    assert {"reg_token", "cls_token", "pos_embed"} <= m.no_weight_decay()
+
+
 @pytest.mark.parametrize(
     "kw",
     [
@@ -169,6 +323,14 @@ def test_intermediate_layers():
         dict(num_classes=0),
         dict(img_size=(32, 48)),
         dict(in_chans=1),
+        dict(reg_tokens=4),
+        dict(reg_tokens=2, no_embed_class=True),
+        dict(reg_tokens=1, class_token=False, global_pool="avg", pos_embed="sincos2d"),
+        dict(reg_tokens=2, global_pool="none"),
+        dict(qk_norm=True),
+        dict(qk_norm=True, norm="post"),
+        dict(global_pool="map"),
+        dict(global_pool="map", class_token=False, reg_tokens=3, qk_norm=True, attn_impl="manual"),
     ],
 )
 def test_variants_run(kw):
@@ -313,6 +475,11 @@ PINNED_CONFIGS = {
     "timm_conv_stem": dict(img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0,
                            num_classes=3, init="timm", stem="conv", stem_width=4, stem_convs=1, qkv_bias=False,
                            class_token=False, global_pool="avg"),
+    "jax_registers_qk_norm_map": dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0,
+                                      num_classes=3, reg_tokens=2, qk_norm=True, global_pool="map"),
+    "timm_registers_no_embed_class": dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2,
+                                          mlp_ratio=2.0, num_classes=3, init="timm", reg_tokens=3, class_token=False,
+                                          global_pool="avg", no_embed_class=True),
 }
 PINNED_SUMS = {
     "jax": {
@@ -368,6 +535,68 @@ PINNED_SUMS = {
         "fc_norm.weight": (16, 16),
         "fc_norm.bias": (0, 0),
         "head.weight": (0.0800482024, 0.858889567),
+        "head.bias": (0, 0),
+    },
+    "jax_registers_qk_norm_map": {
+        "cls_token": (0, 0),
+        "reg_token": (1.9759568e-06, 2.2578756e-05),
+        "pos_embed": (-0.149179913, 1.65049805),
+        "patch_embed.proj.weight": (-2.544865, 182.414113),
+        "patch_embed.proj.bias": (0, 0),
+        "blocks.0.norm1.weight": (16, 16),
+        "blocks.0.norm1.bias": (0, 0),
+        "blocks.0.attn.qkv.weight": (1.49898482, 118.98262),
+        "blocks.0.attn.qkv.bias": (0, 0),
+        "blocks.0.attn.q_norm.weight": (8, 8),
+        "blocks.0.attn.q_norm.bias": (0, 0),
+        "blocks.0.attn.k_norm.weight": (8, 8),
+        "blocks.0.attn.k_norm.bias": (0, 0),
+        "blocks.0.attn.proj.weight": (1.96412281, 55.0071093),
+        "blocks.0.attn.proj.bias": (0, 0),
+        "blocks.0.norm2.weight": (16, 16),
+        "blocks.0.norm2.bias": (0, 0),
+        "blocks.0.mlp.fc1.weight": (-1.18107484, 91.579503),
+        "blocks.0.mlp.fc1.bias": (2.24302942e-06, 2.39310882e-05),
+        "blocks.0.mlp.fc2.weight": (-1.78255115, 93.1221478),
+        "blocks.0.mlp.fc2.bias": (8.00736899e-08, 1.45158715e-05),
+        "norm.weight": (16, 16),
+        "norm.bias": (0, 0),
+        "attn_pool.latent": (0.535442926, 3.59655703),
+        "attn_pool.q.weight": (1.46784043, 55.5924036),
+        "attn_pool.q.bias": (0, 0),
+        "attn_pool.kv.weight": (-0.23222429, 90.1441031),
+        "attn_pool.kv.bias": (0, 0),
+        "attn_pool.proj.weight": (2.34642437, 55.5854651),
+        "attn_pool.proj.bias": (0, 0),
+        "attn_pool.norm.weight": (16, 16),
+        "attn_pool.norm.bias": (0, 0),
+        "attn_pool.mlp.fc1.weight": (2.97999689, 89.2890687),
+        "attn_pool.mlp.fc1.bias": (-5.42243432e-07, 2.20983692e-05),
+        "attn_pool.mlp.fc2.weight": (0.533034058, 90.1559103),
+        "attn_pool.mlp.fc2.bias": (-2.54002767e-06, 1.40149382e-05),
+        "head.weight": (0, 0),
+        "head.bias": (0, 0),
+    },
+    "timm_registers_no_embed_class": {
+        "reg_token": (1.22837506e-05, 3.7102437e-05),
+        "pos_embed": (0.0110600376, 0.929877392),
+        "patch_embed.proj.weight": (7.59624569, 184.646921),
+        "patch_embed.proj.bias": (0, 0),
+        "blocks.0.norm1.weight": (16, 16),
+        "blocks.0.norm1.bias": (0, 0),
+        "blocks.0.attn.qkv.weight": (-1.03453296, 12.1622534),
+        "blocks.0.attn.qkv.bias": (0, 0),
+        "blocks.0.attn.proj.weight": (0.41935841, 4.17304626),
+        "blocks.0.attn.proj.bias": (0, 0),
+        "blocks.0.norm2.weight": (16, 16),
+        "blocks.0.norm2.bias": (0, 0),
+        "blocks.0.mlp.fc1.weight": (-0.0500536894, 8.11369942),
+        "blocks.0.mlp.fc1.bias": (0, 0),
+        "blocks.0.mlp.fc2.weight": (0.321001887, 8.51788464),
+        "blocks.0.mlp.fc2.bias": (0, 0),
+        "fc_norm.weight": (16, 16),
+        "fc_norm.bias": (0, 0),
+        "head.weight": (0.279124713, 0.77283711),
         "head.bias": (0, 0),
     },
 }

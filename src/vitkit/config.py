@@ -13,8 +13,12 @@ from typing import Literal
 from .errors import ConfigError
 from .strict import from_dict, to_dict, to_hw
 
-Pool = Literal["token", "avg", "none"]
+Pool = Literal["token", "avg", "map", "none"]
 PosEmbed = Literal["learn", "sincos1d", "sincos2d", "none"]
+
+
+def _bad(name: str, msg: str):
+    raise ConfigError(f"ViTConfig.{name}: {msg}")
 
 
 @dataclass
@@ -30,14 +34,22 @@ class ViTConfig:
     num_heads: int = 12  # attention heads; D must be divisible by it
     mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio * D (the tutorial's MNIST model uses 1.0)
     qkv_bias: bool = True  # bias in the q, k, v projections (True in ViT, False in some variants)
+    qk_norm: bool = False  # LayerNorm on the queries and keys of every head before their dot product, one
+    #   norm over the head dimension shared by the heads (ViT-22B; timm's qk_norm)
     # --- tokens and pooling ----------------------------------------------------------------------
     class_token: bool = True  # prepend a learnable [cls] token (initialised to zeros)
-    global_pool: Pool = "token"  # 'token': the [cls] token; 'avg': mean of patch tokens; 'none': all tokens
+    reg_tokens: int = 0  # register tokens (Darcet et al. 2023, "Vision Transformers Need Registers"):
+    #   learned tokens after the [cls] token and before the patches, in every block's attention but
+    #   never pooled (timm's reg_tokens; the DINOv2 models with registers have 4)
+    global_pool: Pool = "token"  # 'token': the [cls] token; 'avg': mean of patch tokens; 'map': attention
+    #   pooling, a learned probe attending over the patch tokens (big_vision's MAP head; the [cls] token,
+    #   if any, is not pooled, as timm); 'none': all tokens
     fc_norm: bool | None = None  # LayerNorm after pooling instead of before; None = on for 'avg' (as timm)
     pos_embed: PosEmbed = "learn"  # 'learn' (trunc normal, std .02), 'sincos1d' (tutorial: one index per
     #   token, class token included), 'sincos2d' (big_vision / MoCo v3: row and column, patches only), 'none'
-    no_embed_class: bool = False  # learned position embeddings cover the patches only, and the class
-    #   token is added after them (big_vision); False = one slot per token, class token included (timm)
+    no_embed_class: bool = False  # learned position embeddings cover the patches only, and the class and
+    #   register tokens are added after them (big_vision, DINOv2 with registers); False = one slot per
+    #   token, prefix tokens included (timm)
     dynamic_img_size: bool = False  # resample position embeddings per input, so any multiple of P runs
     # --- block ------------------------------------------------------------------------------------
     norm: Literal["pre", "post"] = "pre"  # LayerNorm before each sub-block (ViT) or after the residual
@@ -84,7 +96,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.class_token else 0
+        """Tokens before the patches: the class token (if any), then the registers."""
+        return (1 if self.class_token else 0) + self.reg_tokens
 
     @property
     def head_dim(self) -> int:
@@ -100,56 +113,69 @@ class ViTConfig:
 
     # ------------------------------------------------------------------------------------------------
     def validate(self) -> None:
-        def bad(name: str, msg: str):
-            raise ConfigError(f"ViTConfig.{name}: {msg}")
+        """Raise ConfigError naming the first field out of range or inconsistent with another."""
+        self._check_sizes()
+        self._check_tokens()
+        self._check_layers()
 
+    def _check_sizes(self) -> None:
+        """Widths, counts and rates: each in its range; the image in whole patches, the width in whole heads."""
         for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "stem_width"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                bad(name, f"must be a positive integer, got {v!r}")
+                _bad(name, f"must be a positive integer, got {v!r}")
         if not isinstance(self.num_classes, int) or self.num_classes < 0:
-            bad("num_classes", f"must be an integer >= 0 (0 = no head), got {self.num_classes!r}")
+            _bad("num_classes", f"must be an integer >= 0 (0 = no head), got {self.num_classes!r}")
         h, w = self.img_size
         p = self.patch_size
         if h % p or w % p:
-            bad("img_size", f"{h}x{w} is not divisible by patch_size {p}")
+            _bad("img_size", f"{h}x{w} is not divisible by patch_size {p}")
         if self.embed_dim % self.num_heads:
-            bad("num_heads", f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+            _bad("num_heads", f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
-            bad("mlp_ratio", f"must give an MLP width >= 1, got {self.mlp_ratio!r}")
+            _bad("mlp_ratio", f"must give an MLP width >= 1, got {self.mlp_ratio!r}")
         for name in ("drop_rate", "attn_drop_rate", "drop_path_rate", "head_drop_rate"):
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
-                bad(name, f"must be in [0, 1), got {v!r}")
+                _bad(name, f"must be in [0, 1), got {v!r}")
         if not self.norm_eps > 0:
-            bad("norm_eps", f"must be > 0, got {self.norm_eps!r}")
+            _bad("norm_eps", f"must be > 0, got {self.norm_eps!r}")
+
+    def _check_tokens(self) -> None:
+        """Prefix tokens, pooling and position tables: each pooling finds the tokens it reads."""
+        if not isinstance(self.reg_tokens, int) or isinstance(self.reg_tokens, bool) or self.reg_tokens < 0:
+            _bad("reg_tokens", f"must be an integer >= 0, got {self.reg_tokens!r}")
         if self.global_pool == "token" and not self.class_token:
-            bad("global_pool", "'token' pooling needs class_token=True (use 'avg' without a class token)")
-        if self.global_pool == "avg" and self.num_patches < 1:
-            bad("global_pool", "'avg' pooling needs at least one patch token")
+            _bad("global_pool", "'token' pooling needs class_token=True (use 'avg' without a class token)")
+        if self.global_pool in ("avg", "map") and self.num_patches < 1:
+            _bad("global_pool", f"{self.global_pool!r} pooling needs at least one patch token")
         if self.pos_embed == "sincos1d" and self.embed_dim % 2:
-            bad("pos_embed", f"'sincos1d' needs an even embed_dim, got {self.embed_dim}")
+            _bad("pos_embed", f"'sincos1d' needs an even embed_dim, got {self.embed_dim}")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
-            bad("pos_embed", f"'sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
+            _bad("pos_embed", f"'sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
         if self.no_embed_class and self.pos_embed != "learn":
-            bad("no_embed_class", "only applies to learned position embeddings (pos_embed='learn')")
+            _bad("no_embed_class", "only applies to learned position embeddings (pos_embed='learn')")
         if self.dynamic_img_size and self.pos_embed == "sincos1d":
-            bad("dynamic_img_size", "1D sin-cos embeddings have no 2D grid to resample")
+            _bad("dynamic_img_size", "1D sin-cos embeddings have no 2D grid to resample")
+
+    def _check_layers(self) -> None:
+        """The stem, LayerScale, the pre-logits layer and the norms agree with each other."""
+        p = self.patch_size
         if not isinstance(self.stem_convs, int) or isinstance(self.stem_convs, bool) or self.stem_convs < 0:
-            bad("stem_convs", f"must be an integer >= 0, got {self.stem_convs!r}")
+            _bad("stem_convs", f"must be an integer >= 0, got {self.stem_convs!r}")
         if self.stem_convs and self.stem != "conv":
-            bad("stem_convs", "extra stem convolutions need stem='conv'")
+            _bad("stem_convs", "extra stem convolutions need stem='conv'")
         if self.stem == "conv":
             if p & (p - 1) or p < 2:
-                bad("stem", f"the 'conv' stem needs a power-of-two patch_size >= 2, got {p}")
+                _bad("stem", f"the 'conv' stem needs a power-of-two patch_size >= 2, got {p}")
             if self.patch_embed != "conv":
-                bad("patch_embed", "the 'conv' stem has no linear form; use patch_embed='conv'")
+                _bad("patch_embed", "the 'conv' stem has no linear form; use patch_embed='conv'")
         if self.representation_size is not None and self.representation_size < 1:
-            bad("representation_size", f"must be a positive integer or null, got {self.representation_size!r}")
+            _bad("representation_size", f"must be a positive integer or null, got {self.representation_size!r}")
         if self.layer_scale is not None and not self.layer_scale > 0:
-            bad("layer_scale", f"must be > 0 or null, got {self.layer_scale!r}")
+            _bad("layer_scale", f"must be > 0 or null, got {self.layer_scale!r}")
         if self.norm == "post" and self.fc_norm:
-            bad("fc_norm", "post-LN blocks already end in a LayerNorm; fc_norm must be off")
+            _bad("fc_norm", "post-LN blocks already end in a LayerNorm; fc_norm must be off")
 
     # ------------------------------------------------------------------------------------------------
     def replace(self, **changes) -> "ViTConfig":

@@ -2,23 +2,31 @@
 
     image (B, C, H, W)
       -> patch_embed          (B, N, D)      N = H/P * W/P patches, each projected to D
-      -> [cls] + pos_embed    (B, 1+N, D)    prefix token(s) and position information
-      -> blocks x depth       (B, 1+N, D)    pre-LN self-attention + MLP, residual
-      -> norm                 (B, 1+N, D)    forward_features ends here
-      -> pool                 (B, D)         [cls] token or mean of patch tokens (then fc_norm)
+      -> prefix + pos_embed   (B, T, D)      T = prefix + N: [cls] (if any), then R registers (if any),
+                                             then the patches; and position information
+      -> blocks x depth       (B, T, D)      pre-LN self-attention + MLP, residual
+      -> norm                 (B, T, D)      forward_features ends here
+      -> pool                 (B, D)         [cls] token, mean of the patch tokens (then fc_norm), or
+                                             attention pooling over the patch tokens ('map')
       -> head                 (B, classes)   forward_head ends here; softmax gives probabilities
+
+Register tokens (Darcet et al. 2023) are learned tokens that every block attends to and that are
+never pooled: they give the network somewhere other than background patches to keep global
+information. ``num_prefix_tokens`` counts the class token and the registers; ``num_reg_tokens`` the
+registers alone.
 
 ``_encode`` runs the first three steps and returns an ``Encoded`` tuple (tokens, the outputs of the
 blocks asked for, attention maps if asked for, the patch grid); forward_features,
-get_intermediate_layers, attention_maps and forward_with_attention read what they need from it.
+forward_intermediates, get_intermediate_layers, attention_maps and forward_with_attention read what
+they need from it.
 
 Initialisation (``init_weights``) draws the position table, then applies ``init_jax`` (the paper,
 big_vision) or ``init_timm`` to every submodule in ``named_modules()`` order, so that a seed fixes
 every weight.
 
-Module names follow timm (patch_embed.proj, cls_token, pos_embed, blocks.i.norm1, blocks.i.attn.qkv,
-blocks.i.attn.proj, blocks.i.norm2, blocks.i.mlp.fc1/fc2, norm, fc_norm, head), so timm state dicts
-load with an identity key map.
+Module names follow timm (patch_embed.proj, cls_token, reg_token, pos_embed, blocks.i.norm1,
+blocks.i.attn.qkv, blocks.i.attn.q_norm/k_norm, blocks.i.attn.proj, blocks.i.norm2, blocks.i.mlp.fc1/fc2,
+norm, attn_pool, fc_norm, head), so timm state dicts load with an identity key map.
 """
 
 from __future__ import annotations
@@ -29,8 +37,18 @@ import torch
 from torch import nn
 
 from .config import Preprocess, ViTConfig
-from .errors import ShapeError
-from .layers import Block, ConvStem, LayerScale, PatchEmbed, lecun_normal_, resample_pos_embed, sincos_1d, sincos_2d
+from .errors import ConfigError, ShapeError
+from .layers import (
+    AttentionPool,
+    Block,
+    ConvStem,
+    LayerScale,
+    PatchEmbed,
+    lecun_normal_,
+    resample_pos_embed,
+    sincos_1d,
+    sincos_2d,
+)
 
 
 class Encoded(NamedTuple):
@@ -48,7 +66,8 @@ class VisionTransformer(nn.Module):
         cfg = (cfg or ViTConfig()).replace(**overrides) if overrides else (cfg or ViTConfig())
         self.cfg = cfg
         D = cfg.embed_dim
-        self.num_prefix_tokens = cfg.num_prefix_tokens
+        self.num_prefix_tokens = cfg.num_prefix_tokens  # the class token (if any) and the registers
+        self.num_reg_tokens = cfg.reg_tokens
         self.num_features = D
         # Saved with the model: how to prepare images, and the class names (None = indices).
         self.preprocess = Preprocess().for_channels(cfg.in_chans)
@@ -59,34 +78,22 @@ class VisionTransformer(nn.Module):
         else:
             self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, D, cfg.patch_embed)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, D)) if cfg.reg_tokens else None
         if cfg.pos_embed == "learn":
             n_pos = self._pos_prefix + cfg.num_patches
             self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, D))
         else:
             self.pos_embed = None  # fixed tables are computed on the fly (cheap, never stale)
         self.pos_drop = nn.Dropout(cfg.drop_rate)
-
-        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nn.ModuleList(
-            Block(
-                D,
-                cfg.num_heads,
-                cfg.mlp_hidden,
-                qkv_bias=cfg.qkv_bias,
-                act=cfg.act,
-                drop=cfg.drop_rate,
-                attn_drop=cfg.attn_drop_rate,
-                drop_path=dpr[i],
-                norm=cfg.norm,
-                eps=cfg.norm_eps,
-                fused_attn=cfg.attn_impl == "fused",
-                layer_scale=cfg.layer_scale,
-            )
-            for i in range(cfg.depth)
-        )
+        self.blocks = _make_blocks(cfg)
         # Post-LN blocks end in a LayerNorm already; with fc_norm the norm moves after pooling.
         final_norm = cfg.norm == "pre" and not cfg.use_fc_norm
         self.norm = nn.LayerNorm(D, eps=cfg.norm_eps) if final_norm else nn.Identity()
+        if cfg.global_pool == "map":  # a learned probe attends over the patch tokens
+            self.attn_pool = AttentionPool(D, cfg.num_heads, cfg.mlp_hidden, cfg.act, cfg.norm_eps,
+                                           fused=cfg.attn_impl == "fused")
+        else:
+            self.attn_pool = None
         self.fc_norm = nn.LayerNorm(D, eps=cfg.norm_eps) if cfg.use_fc_norm else nn.Identity()
         if cfg.representation_size:
             self.pre_logits = nn.Sequential()
@@ -104,13 +111,15 @@ class VisionTransformer(nn.Module):
     def init_weights(self) -> None:
         """Initialise as the paper ('jax') or timm ('timm'); seed torch's RNG first for determinism.
 
-        The model's own tensors first (position table, class token), then ``init_jax`` or ``init_timm``
-        on every submodule in ``named_modules()`` order: that order fixes the random draws.
+        The model's own tensors first (position table, class token, registers), then ``init_jax`` or
+        ``init_timm`` on every submodule in ``named_modules()`` order: that order fixes the random draws.
         """
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02, a=-0.04, b=0.04)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)  # as timm
         init_module = _INITS[self.cfg.init]
         for name, module in self.named_modules():
             init_module(module, name)
@@ -171,7 +180,7 @@ class VisionTransformer(nn.Module):
         return self.num_prefix_tokens if covers_prefix else 0
 
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Add position information and prepend the class token: (B, N, D) -> (B, prefix + N, D).
+        """Add position information and prepend the prefix tokens: (B, N, D) -> (B, prefix + N, D).
 
         A table that covers the prefix is added after the prefix is prepended; one that covers the
         patches only is added before (big_vision's order).
@@ -183,10 +192,10 @@ class VisionTransformer(nn.Module):
         return self.pos_drop(x)
 
     def _prepend_prefix(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, D) -> (B, prefix + N, D): the class token, if the model has one, in front of the patches."""
-        if self.cls_token is None:
-            return x
-        return torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        """(B, N, D) -> (B, prefix + N, D): the class token and the registers, those the model has, in
+        front of the patches."""
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        return torch.cat([*prefix, x], dim=1) if prefix else x
 
     def _add_positions(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Add the position table to ``x``, the tokens it covers (see ``_pos_prefix``); 'none' adds nothing."""
@@ -203,12 +212,15 @@ class VisionTransformer(nn.Module):
             table = table.to(x.dtype).to(x.device)
         return x + table
 
-    def _encode(self, x: torch.Tensor, keep: set[int] = frozenset(), with_attention: bool = False) -> Encoded:
-        """Run the stem and the blocks, keeping the outputs of blocks in ``keep`` and, if asked, attention maps."""
+    def _encode(self, x: torch.Tensor, keep: set[int] = frozenset(), with_attention: bool = False,
+                last: int | None = None) -> Encoded:
+        """Run the stem and the blocks (up to block ``last``, else all), keeping the outputs of blocks in
+        ``keep`` and, if asked, attention maps."""
         grid = self.check_input(x)
         x = self._pos_embed(self.patch_embed(x), grid)
         kept, maps = [], []
-        for i, blk in enumerate(self.blocks):
+        blocks = self.blocks if last is None else self.blocks[: last + 1]
+        for i, blk in enumerate(blocks):
             if with_attention:
                 x, attn = blk.forward_with_attention(x)
                 maps.append(attn)
@@ -223,11 +235,17 @@ class VisionTransformer(nn.Module):
         return self.norm(self._encode(x).tokens)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) tokens -> (B, D) by the configured pooling ('none' keeps every token)."""
-        if self.cfg.global_pool == "token":
+        """(B, T, D) tokens -> (B, D) by the configured pooling ('none' keeps every token).
+
+        'avg' and 'map' read the patch tokens only: the class token and the registers are dropped (timm).
+        """
+        pool = self.cfg.global_pool
+        if pool == "token":
             return x[:, 0]
-        if self.cfg.global_pool == "avg":
+        if pool == "avg":
             return x[:, self.num_prefix_tokens :].mean(dim=1)
+        if pool == "map":
+            return self.attn_pool(x[:, self.num_prefix_tokens :])
         return x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -241,36 +259,93 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     # ------------------------------------------------------------------------------ inspection
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        output_dict: bool = False,
+    ):
+        """The outputs of chosen blocks, for dense prediction: timm 1.0's signature and return layout.
+
+        ``indices``: None = every block, an int n = the last n blocks, a sequence = those blocks
+        (negative ones count from the end); the outputs come in block order, each once. Each output
+        is passed through the final norm if ``norm``, and its prefix tokens ([cls], registers) are cut
+        off: ``output_fmt`` 'NCHW' gives the patch tokens as a (B, D, gh, gw) map, 'NLC' as (B, N, D);
+        with ``return_prefix_tokens`` (and a model that has prefix tokens) each is a pair
+        (patches, prefix (B, prefix, D)). ``stop_early`` runs no block past the last one asked for.
+
+        Returns the list if ``intermediates_only``, else (the final normalised tokens (B, T, D) of the
+        last block run, the list); with ``output_dict``, a dict with 'image_intermediates',
+        'image_intermediates_prefix' (if asked for) and 'image_features' (unless intermediates_only).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ConfigError(f"forward_intermediates: output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take = self._take_indices(indices, "forward_intermediates")
+        enc = self._encode(x, keep=set(take), last=max(take) if stop_early else None)
+        outs = [self.norm(t) if norm else t for t in enc.kept]
+        P = self.num_prefix_tokens
+        prefix = [t[:, :P] for t in outs] if P else None
+        outs = [t[:, P:] for t in outs]
+        if output_fmt == "NCHW":
+            outs = [self._to_map(t, enc.grid) for t in outs]
+        if output_dict:
+            res = {"image_intermediates": outs}
+            if prefix is not None and return_prefix_tokens:
+                res["image_intermediates_prefix"] = prefix
+            if not intermediates_only:
+                res["image_features"] = self.norm(enc.tokens)
+            return res
+        if return_prefix_tokens and prefix is not None:
+            outs = list(zip(outs, prefix))
+        return outs if intermediates_only else (self.norm(enc.tokens), outs)
+
     def get_intermediate_layers(
         self,
         x: torch.Tensor,
         n: int | Sequence[int] = 1,
-        norm: bool = False,
         reshape: bool = False,
         return_prefix_tokens: bool = False,
+        norm: bool = False,
     ) -> list:
-        """Outputs of the last ``n`` blocks (or of the blocks with indices ``n``), in block order.
+        """Outputs of the last ``n`` blocks (or of the blocks with indices ``n``), in block order; the
+        arguments in timm's (and DINO's) order.
 
-        Each is (B, prefix + N, D), or with ``reshape`` the patch tokens as a (B, D, gh, gw) map
-        (paired with the prefix tokens (B, prefix, D) if ``return_prefix_tokens``).
+        Each is every token (B, prefix + N, D); with ``reshape`` the patch tokens as a (B, D, gh, gw)
+        map, and with ``return_prefix_tokens`` a pair (patch tokens, as a map with ``reshape``, and the
+        prefix tokens (B, prefix, D)), as ``forward_intermediates``.
         """
+        if reshape or return_prefix_tokens:
+            return self.forward_intermediates(x, n, return_prefix_tokens, norm, stop_early=True,
+                                              output_fmt="NCHW" if reshape else "NLC", intermediates_only=True)
+        take = self._take_indices(n, "get_intermediate_layers")
+        enc = self._encode(x, keep=set(take), last=max(take))
+        return [self.norm(t) if norm else t for t in enc.kept]
+
+    def _take_indices(self, indices: int | Sequence[int] | None, where: str) -> list[int]:
+        """Block indices from None (all), n (the last n) or a sequence (negative from the end), as timm."""
         depth = len(self.blocks)
-        idx = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
-        if isinstance(n, int) and not 1 <= n <= depth:
-            raise ValueError(f"get_intermediate_layers: n must be in 1..{depth}, got {n}")
-        enc = self._encode(x, keep=set(idx))
-        by_index = dict(zip(sorted(set(idx)), enc.kept))
-        gh, gw = enc.grid
-        outs = []
-        for i in idx:
-            t = self.norm(by_index[i]) if norm else by_index[i]
-            if reshape:
-                prefix, patches = t[:, : self.num_prefix_tokens], t[:, self.num_prefix_tokens :]
-                fmap = patches.reshape(t.shape[0], gh, gw, -1).permute(0, 3, 1, 2)  # (B, D, gh, gw)
-                outs.append((fmap, prefix) if return_prefix_tokens else fmap)
-            else:
-                outs.append(t)
-        return outs
+        if indices is None:
+            return list(range(depth))
+        if isinstance(indices, int):
+            if not 1 <= indices <= depth:
+                raise ConfigError(f"{where}: the last {indices} blocks: n must be in 1..{depth}")
+            return list(range(depth - indices, depth))
+        take = [i + depth if i < 0 else i for i in indices]
+        bad = [i for i, j in zip(indices, take) if not 0 <= j < depth]
+        if bad or not take:
+            raise ConfigError(f"{where}: block indices must be in {-depth}..{depth - 1}, got {list(indices)}")
+        return take
+
+    @staticmethod
+    def _to_map(patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """(B, N, D) patch tokens in raster order -> a (B, D, gh, gw) feature map."""
+        gh, gw = grid
+        return patches.reshape(patches.shape[0], gh, gw, -1).permute(0, 3, 1, 2).contiguous()
 
     @torch.no_grad()
     def attention_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -287,7 +362,7 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that recipes exclude from weight decay (besides biases and norms)."""
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "reg_token"}
 
     def extra_repr(self) -> str:
         c = self.cfg
@@ -296,6 +371,29 @@ class VisionTransformer(nn.Module):
 
 def _tracing() -> bool:
     return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
+def _make_blocks(cfg: ViTConfig) -> nn.ModuleList:
+    """The encoder's ``depth`` blocks, stochastic depth rising linearly from 0 to ``drop_path_rate``."""
+    dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+    return nn.ModuleList(
+        Block(
+            cfg.embed_dim,
+            cfg.num_heads,
+            cfg.mlp_hidden,
+            qkv_bias=cfg.qkv_bias,
+            act=cfg.act,
+            drop=cfg.drop_rate,
+            attn_drop=cfg.attn_drop_rate,
+            drop_path=dpr[i],
+            norm=cfg.norm,
+            eps=cfg.norm_eps,
+            fused_attn=cfg.attn_impl == "fused",
+            layer_scale=cfg.layer_scale,
+            qk_norm=cfg.qk_norm,
+        )
+        for i in range(cfg.depth)
+    )
 
 
 # ------------------------------------------------------------------------------------------ init
@@ -334,11 +432,11 @@ def init_timm(module: nn.Module, name: str) -> None:
 
 def _init_shared(module: nn.Module) -> None:
     """What both inits do alike: LayerNorm starts as the identity; the stems (patch projection, conv
-    stem) and LayerScale run their own init."""
+    stem), LayerScale and the attention-pooling probe run their own init."""
     if isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
         nn.init.zeros_(module.bias)
-    elif isinstance(module, (PatchEmbed, ConvStem, LayerScale)):
+    elif isinstance(module, (PatchEmbed, ConvStem, LayerScale, AttentionPool)):
         module.init_weights()
 
 

@@ -1,6 +1,7 @@
 """Building blocks of the Vision Transformer, one concept a file."""
 
-from .attention import Attention, PerHeadAttention
+from .attention import Attention, PerHeadAttention, softmax_attention
+from .attention_pool import AttentionPool
 from .block import Block, DropPath, LayerScale
 from .mlp import Mlp
 from .patch_embed import ConvStem, PatchEmbed
@@ -10,6 +11,8 @@ from .weight_init import lecun_normal_
 __all__ = [
     "Attention",
     "PerHeadAttention",
+    "softmax_attention",
+    "AttentionPool",
     "Block",
     "DropPath",
     "LayerScale",

@@ -7,6 +7,11 @@ F.scaled_dot_product_attention (fused) or explicitly (manual). ``forward`` retur
 call whichever path the module runs otherwise. ``PerHeadAttention`` is the textbook formulation with
 a separate q, k, v projection per head; it exists as a readable reference and converts to and from
 ``Attention`` weights.
+
+With ``qk_norm`` the queries and keys pass through a LayerNorm over the head dimension before their
+dot product (Dehghani et al. 2023, ViT-22B): one norm for the queries and one for the keys, each
+shared by every head (``q_norm``, ``k_norm``, as timm). It bounds the attention logits, which keeps
+large models and high learning rates stable.
 """
 
 from __future__ import annotations
@@ -14,6 +19,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def softmax_attention(q, k, v, scale: float, drop: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T * scale) V written out, for q (B, H, Tq, hd) and k, v (B, H, T, hd): the per-head
+    outputs (B, H, Tq, hd) and the probabilities (B, H, Tq, T), before ``drop`` (dropout on them)."""
+    scores = (q * scale) @ k.transpose(-2, -1)  # (B, H, Tq, T)
+    attn = scores.softmax(dim=-1)
+    return (drop(attn) if drop is not None else attn) @ v, attn
+
+
+def qk_norms(head_dim: int, on: bool, eps: float) -> tuple[nn.Module, nn.Module]:
+    """The query and key norms: a LayerNorm over the head dimension each (shared by the heads), or identities."""
+    if not on:
+        return nn.Identity(), nn.Identity()
+    return nn.LayerNorm(head_dim, eps=eps), nn.LayerNorm(head_dim, eps=eps)
 
 
 class Attention(nn.Module):
@@ -25,6 +45,8 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         fused: bool = True,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
     ):
         super().__init__()
         if dim % num_heads:
@@ -34,6 +56,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.fused = fused
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.q_norm, self.k_norm = qk_norms(self.head_dim, qk_norm, norm_eps)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -45,27 +68,21 @@ class Attention(nn.Module):
             p = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, T, hd)
         else:
-            out, _ = self._softmax_attention(q, k, v)
+            out, _ = softmax_attention(q, k, v, self.scale, self.attn_drop)
         return self._merge_heads(out)
 
     def forward_with_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, D) -> (B, T, D) and the (B, H, T, T) attention probabilities, by the manual path."""
         q, k, v = self._split_heads(x)
-        out, attn = self._softmax_attention(q, k, v)
+        out, attn = softmax_attention(q, k, v, self.scale, self.attn_drop)
         return self._merge_heads(out), attn
 
     def _split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, T, D) tokens -> q, k, v, each (B, H, T, hd)."""
+        """(B, T, D) tokens -> q, k, v, each (B, H, T, hd); q and k normalised if ``qk_norm``."""
         B, T, _ = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, hd)
-        return q, k, v
-
-    def _softmax_attention(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
-        """softmax(Q K^T / sqrt(hd)) V written out: per-head outputs (B, H, T, hd) and probabilities (B, H, T, T)."""
-        scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, T, T)
-        attn = scores.softmax(dim=-1)
-        return self.attn_drop(attn) @ v, attn
+        return self.q_norm(q), self.k_norm(k), v
 
     def _merge_heads(self, out: torch.Tensor) -> torch.Tensor:
         """(B, H, T, hd) per-head outputs -> concatenated heads (B, T, D) -> output projection."""
@@ -80,9 +97,12 @@ class PerHeadAttention(nn.Module):
 
     With ``sliced=True`` head i sees only its slice x[..., i*d:(i+1)*d] (d_head -> d_head maps), as in
     the 'from scratch' MNIST tutorial; that equals fused attention with a block-diagonal qkv weight.
+    With ``qk_norm`` every head's q_i(x) and k_i(x) pass through the one ``q_norm`` and ``k_norm``
+    the heads share.
     """
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, sliced: bool = False):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, sliced: bool = False,
+                 qk_norm: bool = False, norm_eps: float = 1e-6):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"PerHeadAttention: dim {dim} is not divisible by num_heads {num_heads}")
@@ -93,6 +113,7 @@ class PerHeadAttention(nn.Module):
         self.q = nn.ModuleList(nn.Linear(d_in, hd, bias=qkv_bias) for _ in range(num_heads))
         self.k = nn.ModuleList(nn.Linear(d_in, hd, bias=qkv_bias) for _ in range(num_heads))
         self.v = nn.ModuleList(nn.Linear(d_in, hd, bias=qkv_bias) for _ in range(num_heads))
+        self.q_norm, self.k_norm = qk_norms(hd, qk_norm, norm_eps)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -100,14 +121,15 @@ class PerHeadAttention(nn.Module):
         heads = []
         for i in range(self.num_heads):
             xi = x[..., i * hd : (i + 1) * hd] if self.sliced else x  # (B, T, d_in)
-            q, k, v = self.q[i](xi), self.k[i](xi), self.v[i](xi)  # (B, T, hd)
+            q, k, v = self.q_norm(self.q[i](xi)), self.k_norm(self.k[i](xi)), self.v[i](xi)  # (B, T, hd)
             attn = torch.softmax(q @ k.transpose(-2, -1) / hd**0.5, dim=-1)  # (B, T, T)
             heads.append(attn @ v)  # (B, T, hd)
         return self.proj(torch.cat(heads, dim=-1))  # (B, T, D)
 
     @torch.no_grad()
     def fused_state_dict(self) -> dict[str, torch.Tensor]:
-        """The same weights in ``Attention``'s layout (qkv.weight (3D, D), qkv.bias, proj.*)."""
+        """The same weights in ``Attention``'s layout (qkv.weight (3D, D), qkv.bias, q_norm.*, k_norm.*,
+        proj.*)."""
         dim, hd = self.proj.in_features, self.head_dim
         ws, bs = [], []
         for group in (self.q, self.k, self.v):
@@ -123,6 +145,8 @@ class PerHeadAttention(nn.Module):
         sd = {"qkv.weight": torch.cat(ws, 0), "proj.weight": self.proj.weight.clone(), "proj.bias": self.proj.bias.clone()}
         if bs:
             sd["qkv.bias"] = torch.cat(bs, 0)
+        for name in ("q_norm", "k_norm"):
+            sd.update({f"{name}.{k}": v.clone() for k, v in getattr(self, name).state_dict().items()})
         return sd
 
     @torch.no_grad()
@@ -138,5 +162,7 @@ class PerHeadAttention(nn.Module):
                 lin.weight.copy_(w[j, i])
                 if b is not None:
                     lin.bias.copy_(b[j, i])
+        self.q_norm.load_state_dict(attn.q_norm.state_dict())
+        self.k_norm.load_state_dict(attn.k_norm.state_dict())
         self.proj.load_state_dict(attn.proj.state_dict())
         return self

@@ -66,11 +66,13 @@ class Block(nn.Module):
         eps: float = 1e-6,
         fused_attn: bool = True,
         layer_scale: float | None = None,
+        qk_norm: bool = False,
     ):
         super().__init__()
         self.pre_norm = norm == "pre"
         self.norm1 = nn.LayerNorm(dim, eps=eps)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, drop, fused=fused_attn)
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, drop, fused=fused_attn, qk_norm=qk_norm,
+                              norm_eps=eps)
         self.ls1 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=eps)
