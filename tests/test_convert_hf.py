@@ -134,3 +134,17 @@ def test_cli_round_trip_with_labels(tmp_path, capsys):
     back = vitkit.load(tmp_path / "back")
     assert back.labels == ["ant", "bee", "cow"]
     assert_same_logits(model, back)
+
+
+@pytest.mark.parametrize("kw, what", [
+    (dict(reg_tokens=4), r"register tokens \(reg_tokens\)"),
+    (dict(qk_norm=True), r"qk-norm \(qk_norm\)"),
+    (dict(global_pool="map"), r"attention pooling \(global_pool='map'\)"),
+])
+def test_registers_qk_norm_and_attention_pooling_are_refused(kw, what, tmp_path):
+    model = rand_model(**kw)
+    with pytest.raises(CheckpointError, match=f"^HF ViT cannot hold this model: {what}$"):
+        to_hf(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(CheckpointError, match=what):
+        to_hf_state(model)

@@ -25,7 +25,7 @@ BLOCK = {  # sub-module names inside an encoder block, as each codebase names th
 
 
 def make_npz(naming="vit_jax", D=32, H=2, depth=2, P=8, C=3, img=(32, 32), mlp=64, classes=5, cls=True,
-             qkv_bias=True, rep=None, pos="learn", seed=0) -> dict[str, np.ndarray]:
+             qkv_bias=True, rep=None, pos="learn", map_head=False, seed=0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
 
     def n(*shape):
@@ -57,6 +57,17 @@ def make_npz(naming="vit_jax", D=32, H=2, depth=2, P=8, C=3, img=(32, 32), mlp=6
         a[f"{b}{mlpb}/Dense_0/kernel"], a[f"{b}{mlpb}/Dense_0/bias"] = n(D, mlp), n(mlp)
         a[f"{b}{mlpb}/Dense_1/kernel"], a[f"{b}{mlpb}/Dense_1/bias"] = n(mlp, D), n(D)
     a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"] = one(D), n(D)
+    if map_head:  # big_vision's MAPHead: a probe's attention over the tokens, then LayerNorm + MLP residual
+        h = "MAPHead_0/"
+        a[f"{h}probe"] = n(1, 1, D)
+        for x in ("query", "key", "value"):
+            a[f"{h}MultiHeadDotProductAttention_0/{x}/kernel"] = n(D, H, hd)
+            a[f"{h}MultiHeadDotProductAttention_0/{x}/bias"] = n(H, hd)
+        a[f"{h}MultiHeadDotProductAttention_0/out/kernel"] = n(H, hd, D)
+        a[f"{h}MultiHeadDotProductAttention_0/out/bias"] = n(D)
+        a[f"{h}LayerNorm_0/scale"], a[f"{h}LayerNorm_0/bias"] = one(D), n(D)
+        a[f"{h}MlpBlock_0/Dense_0/kernel"], a[f"{h}MlpBlock_0/Dense_0/bias"] = n(D, mlp), n(mlp)
+        a[f"{h}MlpBlock_0/Dense_1/kernel"], a[f"{h}MlpBlock_0/Dense_1/bias"] = n(mlp, D), n(D)
     width = D
     if rep:
         a["pre_logits/kernel"], a["pre_logits/bias"] = n(D, rep), n(rep)
@@ -120,25 +131,36 @@ def np_forward(a: dict, images: np.ndarray, naming: str, approximate_gelu: bool 
     while f"Transformer/encoderblock_{i}/{ln1}/scale" in a:
         blk = sub(f"Transformer/encoderblock_{i}/")
         y = _ln(x, sub_of(blk, ln1))
-        at = sub_of(blk, att)
-        q, k, v = (np.einsum("btd,dhk->bthk", y, at[f"{n}/kernel"]) + at.get(f"{n}/bias", 0.0)
-                   for n in ("query", "key", "value"))
-        hd = q.shape[-1]
-        logits = np.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(hd)
-        w = np.exp(logits - logits.max(-1, keepdims=True))
-        w = w / w.sum(-1, keepdims=True)
-        o = np.einsum("bhqs,bshk->bqhk", w, v)
-        x = x + np.einsum("bqhk,hkd->bqd", o, at["out/kernel"]) + at["out/bias"]
-        y = _ln(x, sub_of(blk, ln2))
-        m = sub_of(blk, mlpb)
-        h = _gelu(y @ m["Dense_0/kernel"] + m["Dense_0/bias"], approximate_gelu)
-        x = x + h @ m["Dense_1/kernel"] + m["Dense_1/bias"]
+        x = x + _mha(y, y, sub_of(blk, att))
+        x = x + _mlp(_ln(x, sub_of(blk, ln2)), sub_of(blk, mlpb), approximate_gelu)
         i += 1
     x = _ln(x, sub("Transformer/encoder_norm/"))
-    x = x[:, 0] if cls is not None else x.mean(axis=1)
+    if "MAPHead_0/probe" in a:  # the probe attends over every token; LayerNorm + MLP on a residual branch
+        h = sub("MAPHead_0/")
+        y = _mha(np.broadcast_to(h["probe"], (B, 1, D)), x, sub_of(h, "MultiHeadDotProductAttention_0"))
+        x = (y + _mlp(_ln(y, sub_of(h, "LayerNorm_0")), sub_of(h, "MlpBlock_0"), approximate_gelu))[:, 0]
+    else:
+        x = x[:, 0] if cls is not None else x.mean(axis=1)
     if "pre_logits/kernel" in a:
         x = np.tanh(x @ a["pre_logits/kernel"] + a["pre_logits/bias"])
     return x @ a["head/kernel"] + a["head/bias"]
+
+
+def _mha(xq: np.ndarray, xkv: np.ndarray, at: dict) -> np.ndarray:
+    """flax's MultiHeadDotProductAttention: queries from ``xq``, keys and values from ``xkv``, (D, H, hd)
+    kernels, the (H, hd, D) output kernel."""
+    q = np.einsum("btd,dhk->bthk", xq, at["query/kernel"]) + at.get("query/bias", 0.0)
+    k, v = (np.einsum("btd,dhk->bthk", xkv, at[f"{n}/kernel"]) + at.get(f"{n}/bias", 0.0) for n in ("key", "value"))
+    logits = np.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(q.shape[-1])
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w = w / w.sum(-1, keepdims=True)
+    o = np.einsum("bhqs,bshk->bqhk", w, v)
+    return np.einsum("bqhk,hkd->bqd", o, at["out/kernel"]) + at["out/bias"]
+
+
+def _mlp(y: np.ndarray, m: dict, approximate_gelu: bool) -> np.ndarray:
+    h = _gelu(y @ m["Dense_0/kernel"] + m["Dense_0/bias"], approximate_gelu)
+    return h @ m["Dense_1/kernel"] + m["Dense_1/bias"]
 
 
 def sub_of(d: dict, name: str) -> dict:
@@ -190,6 +212,21 @@ def test_forward_matches_numpy_reference(kw, tmp_path):
         assert model.cfg.no_embed_class == kw.get("cls", True)
         assert model.cfg.pos_embed == ("sincos2d" if kw.get("pos") == "sincos2d" else "learn")
     check(model, a, kw["naming"])
+
+
+@pytest.mark.parametrize("pos", ["learn", "sincos2d"])
+def test_map_head(pos, tmp_path):
+    """big_vision's attention-pooling head (classifier='map', no class token): the probe attends over the
+    patch tokens, then a LayerNorm + MLP residual branch."""
+    a = make_npz("big_vision", D=32, H=4, cls=False, pos=pos, map_head=True)
+    model = from_jax(save(tmp_path, a), overrides={"img_size": 32} if pos == "sincos2d" else None)
+    assert (model.cfg.global_pool, model.cfg.class_token, model.cfg.num_heads) == ("map", False, 4)
+    h = "MAPHead_0/MultiHeadDotProductAttention_0/"
+    assert torch.equal(model.attn_pool.latent, torch.from_numpy(a["MAPHead_0/probe"]))
+    k, v = (torch.from_numpy(a[f"{h}{n}/kernel"]).reshape(32, 32).T for n in ("key", "value"))
+    assert torch.equal(model.attn_pool.kv.weight, torch.cat([k, v]))
+    assert torch.equal(model.attn_pool.proj.weight, torch.from_numpy(a[f"{h}out/kernel"]).reshape(32, 32).T)
+    check(model, a, "big_vision")
 
 
 def test_non_square_grey_and_exact_gelu(tmp_path):

@@ -13,7 +13,7 @@ from vitkit.errors import CheckpointError, ConfigError
 from vitkit.io.convert import from_timm, to_timm
 from vitkit.io.timm import save_timm
 
-from helpers import Payload, assert_same_logits
+from helpers import Payload, assert_same_logits, randomize
 from helpers import random_model as rand_model  # vit_test (2 heads, 10 classes), every weight random
 
 
@@ -22,24 +22,99 @@ from helpers import random_model as rand_model  # vit_test (2 heads, 10 classes)
     dict(class_token=False, global_pool="avg", fc_norm=False, patch_size=4),
     dict(global_pool="avg", qkv_bias=False, layer_scale=1e-4, num_classes=0),
     dict(no_embed_class=True, in_chans=1, mlp_ratio=3.0),
+    dict(reg_tokens=4, qk_norm=True),
+    dict(reg_tokens=2, no_embed_class=True, global_pool="map"),
+    dict(reg_tokens=1, class_token=False, global_pool="avg", layer_scale=1e-5, qkv_bias=False),
+    dict(class_token=False, global_pool="map", qk_norm=True),
 ])
 def test_round_trip_infers_the_architecture(kw):
     model = rand_model(**kw)
     back = from_timm(to_timm(model), overrides={"num_heads": 2})
     c, b = model.cfg, back.cfg
     for f in ("embed_dim", "depth", "patch_size", "in_chans", "img_size", "class_token", "global_pool", "use_fc_norm",
-              "qkv_bias", "num_classes", "mlp_hidden"):
+              "qkv_bias", "num_classes", "mlp_hidden", "reg_tokens", "qk_norm"):
         assert getattr(b, f) == getattr(c, f), f
     assert (b.layer_scale is None) == (c.layer_scale is None)
     assert b.no_embed_class is False  # written with a class slot (zeros when vitkit adds none)
     assert_same_logits(model, back)
 
 
-def test_patch_only_position_table_is_read_as_no_embed_class():
-    model = rand_model(no_embed_class=True)
+@pytest.mark.parametrize("kw", [dict(), dict(reg_tokens=4), dict(reg_tokens=1, class_token=False, global_pool="avg")])
+def test_patch_only_position_table_is_read_as_no_embed_class(kw):
+    model = rand_model(no_embed_class=True, **kw)
     back = from_timm(model.state_dict(), overrides={"num_heads": 2})  # timm's no_embed_class layout
     assert back.cfg.no_embed_class and back.cfg.img_size == (32, 32)
+    assert back.cfg.reg_tokens == model.cfg.reg_tokens
     assert_same_logits(model, back)
+
+
+def test_dinov2_with_registers_layout():
+    """timm's vit_small_patch14_reg4_dinov2 (one block here): 518 px, patch 14, 4 registers after [cls],
+    a position table over the 37 x 37 patches only, LayerScale, no head. Everything but eps and the
+    activation is read from the weights (heads from the width table)."""
+    cfg = ViTConfig(img_size=518, patch_size=14, embed_dim=384, depth=1, num_heads=6, num_classes=0, reg_tokens=4,
+                    no_embed_class=True, layer_scale=1e-5)
+    model = randomize(VisionTransformer(cfg))
+    sd = model.state_dict()  # timm's layout for this config, key for key
+    assert (sd["reg_token"].shape, sd["pos_embed"].shape) == ((1, 4, 384), (1, 37 * 37, 384))
+    from vitkit.io.timm import read_timm
+
+    back, info = read_timm(sd)
+    assert back.cfg == cfg.replace(fc_norm=False)  # token pooling, no fc_norm: timm's defaults
+    assert info["assumed"] == {"num_heads": 6, "norm_eps": 1e-6, "act": "gelu", "global_pool": "token"}
+    assert_same_logits(model, back, torch.randn(1, 3, 518, 518))
+
+
+def test_registers_without_a_class_token_and_table_errors_name_the_slots():
+    model = rand_model(reg_tokens=2, img_size=(16, 40))
+    sd = to_timm(model)  # 10 patches + 3 slots: not square either way
+    with pytest.raises(CheckpointError, match=r"the position table has 13 positions but img_size 32x32 with patch 8 "
+                                              r"makes 16 patches \(\+3 slots for the class and register tokens\)"):
+        from_timm(sd, overrides={"num_heads": 2, "img_size": 32})
+    back = from_timm(sd, overrides={"num_heads": 2, "img_size": [16, 40]})
+    assert (back.cfg.reg_tokens, back.cfg.no_embed_class) == (2, False)
+    assert_same_logits(model, back)
+
+
+def test_timm_keys_of_the_new_features():
+    model = rand_model(reg_tokens=3, qk_norm=True, global_pool="map", no_embed_class=True)
+    sd = to_timm(model)
+    assert list(sd)[:3] == ["cls_token", "reg_token", "pos_embed"]
+    assert torch.equal(sd["pos_embed"][:, :4], torch.zeros(1, 4, 32))  # zero slots: vitkit adds no position there
+    assert torch.equal(sd["pos_embed"][:, 4:], model.pos_embed)
+    assert sd["blocks.1.attn.q_norm.weight"].shape == sd["blocks.1.attn.k_norm.bias"].shape == (16,)
+    pool = sorted(k[len("attn_pool."):] for k in sd if k.startswith("attn_pool."))
+    assert pool == ["kv.bias", "kv.weight", "latent", "mlp.fc1.bias", "mlp.fc1.weight", "mlp.fc2.bias",
+                    "mlp.fc2.weight", "norm.bias", "norm.weight", "proj.bias", "proj.weight", "q.bias", "q.weight"]
+    from vitkit.io.timm import timm_model_kwargs
+
+    kw = timm_model_kwargs(model.cfg)
+    assert (kw["reg_tokens"], kw["qk_norm"], kw["global_pool"], kw["no_embed_class"]) == (3, True, "map", False)
+
+
+def _foreign(sd: dict, key: str, shape=(4,)) -> dict:
+    return {**sd, key: torch.zeros(shape)}
+
+
+@pytest.mark.parametrize("change, what", [
+    (lambda sd: _foreign(sd, "blocks.0.mlp.fc1_g.weight", (64, 32)), r"SwiGLU MLPs \(blocks\.0\.mlp\.fc1_g\.weight\)"),
+    (lambda sd: {**sd, "blocks.0.mlp.fc1.weight": torch.zeros(128, 32), "blocks.0.mlp.fc1.bias": torch.zeros(128)},
+     r"SwiGLU MLPs \(blocks\.0\.mlp\.fc1\.weight \(128, 32\) makes twice the 64 inputs of blocks\.0\.mlp\.fc2"),
+    (lambda sd: _foreign(sd, "blocks.0.attns.0.attn.qkv.weight", (96, 32)), r"parallel blocks \(blocks\.0\.attns\."),
+    (lambda sd: _foreign(sd, "blocks.0.in_proj.weight", (224, 32)), r"parallel blocks \(blocks\.0\.in_proj\.weight\)"),
+    (lambda sd: _foreign(sd, "blocks.1.gamma_1"), r"rotary position embeddings \(timm's Eva blocks\) "
+                                                  r"\(blocks\.1\.gamma_1\)"),
+    (lambda sd: _foreign(sd, "rope.freqs"), r"rotary position embeddings \(timm's Eva blocks\) \(rope\.freqs\)"),
+    (lambda sd: {("embeds." + k if not k.startswith("blocks.") else k): v for k, v in sd.items()},
+     r"NaFlex embeddings \(timm's NaFlexVit\) \(embeds\.cls_token\)"),
+    (lambda sd: _foreign(sd, "blocks.0.attn.lambda_q1", (16,)),
+     r"differential attention \(blocks\.0\.attn\.lambda_q1\)"),
+])
+def test_other_timm_families_are_refused_naming_the_feature(change, what):
+    sd = change(to_timm(rand_model(reg_tokens=1)))
+    with pytest.raises(CheckpointError, match=f"^timm state dict: holds {what}.*, which vitkit's VisionTransformer "
+                                              "does not have$"):
+        from_timm(sd, overrides={"num_heads": 2})
 
 
 @pytest.mark.parametrize("width, heads", [(192, 3), (384, 6), (1024, 16), (128, 2)])

@@ -27,6 +27,14 @@ CONFIGS = {
                                   num_classes=3, layer_scale=1e-5, qkv_bias=False),
     "eps_grey_mlp2": dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=4,
                           num_classes=4, norm_eps=1e-12, mlp_ratio=2.0),
+    "registers": dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10, reg_tokens=4),
+    "registers_avg_no_cls": dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5,
+                                 reg_tokens=1, class_token=False, global_pool="avg", layer_scale=1e-5),
+    "qk_norm": dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10, qk_norm=True),
+    "map": dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10, class_token=False,
+                global_pool="map"),
+    "map_cls_registers_qk_norm": dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=6,
+                                      reg_tokens=2, qk_norm=True, global_pool="map"),
 }
 
 
@@ -49,15 +57,18 @@ def test_timm_to_vitkit(name, tmp_path):
         sets["img_size"] = list(cfg.img_size)
     model = from_timm(tmp_path / "w.pth", overrides=sets)
     for field in ("embed_dim", "depth", "patch_size", "in_chans", "class_token", "global_pool", "use_fc_norm",
-                  "qkv_bias", "num_classes", "img_size", "mlp_hidden"):
+                  "qkv_bias", "num_classes", "img_size", "mlp_hidden", "reg_tokens", "qk_norm"):
         assert getattr(model.cfg, field) == getattr(cfg, field), field
     assert (model.cfg.layer_scale is None) == (cfg.layer_scale is None)
     assert_same_logits(model, ref, random_images(cfg), tol=TOL)
 
 
-@pytest.mark.parametrize("pos", ["sincos2d", "sincos1d", "none", "no_embed_class"])
+@pytest.mark.parametrize("pos", ["sincos2d", "sincos1d", "none", "no_embed_class", "no_embed_class_registers",
+                                 "sincos2d_registers"])
 def test_fixed_and_patch_only_position_tables_become_learned(pos):
-    extra = {"no_embed_class": True} if pos == "no_embed_class" else {"pos_embed": pos}
+    extra = {"reg_tokens": 3} if pos.endswith("_registers") else {}
+    pos = pos.removesuffix("_registers")
+    extra.update({"no_embed_class": True} if pos == "no_embed_class" else {"pos_embed": pos})
     cfg = ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3, **extra)
     model = randomize(VisionTransformer(cfg))
     ref = timm_vit.VisionTransformer(**timm_model_kwargs(cfg)).eval()
@@ -90,11 +101,109 @@ def test_save_timm_files_load_in_timm(tmp_path):
         assert_same_logits(model, ref, x, tol=TOL)
 
 
-def test_timm_features_vitkit_lacks_are_named():
-    kw = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3)
-    ref = timm_vit.VisionTransformer(**kw, reg_tokens=2)
-    with pytest.raises(CheckpointError, match=r"^timm state dict: holds register tokens \(reg_token \(1, 2, 32\)\)"):
-        from_timm(ref.state_dict(), overrides={"num_heads": 2})
-    ref = timm_vit.VisionTransformer(**kw, qk_norm=True)
-    with pytest.raises(CheckpointError, match=r"unexpected: blocks\.0\.attn\.q_norm\.weight, blocks\.0\.attn\.q_norm"):
-        from_timm(ref.state_dict(), overrides={"num_heads": 2})
+@pytest.mark.parametrize("class_token", [True, False])
+def test_timm_patch_only_table_with_registers(class_token, tmp_path):
+    """timm's no_embed_class layout (DINOv2 with registers, the *_reg*_gap_* models): the table covers the
+    patches only; the class and register tokens are added after it."""
+    kw = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=4, reg_tokens=4,
+              no_embed_class=True, init_values=1e-5, class_token=class_token,
+              global_pool="token" if class_token else "avg")
+    ref = randomize(timm_vit.VisionTransformer(**kw), seed=5)
+    torch.save(ref.state_dict(), tmp_path / "w.pth")
+    model = from_timm(tmp_path / "w.pth", overrides={"num_heads": 3})
+    assert (model.cfg.no_embed_class, model.cfg.reg_tokens, model.cfg.class_token) == (True, 4, class_token)
+    assert_same_logits(model, ref, random_images(model.cfg), tol=TOL)
+
+
+def test_dinov2_with_registers_loads():
+    """timm's own vit_small_patch14_reg4_dinov2 (two blocks, random weights): 518 px, patch 14, 4 registers,
+    a patch-only position table, LayerScale, no head. Its architecture is read from the weights alone."""
+    import timm
+
+    ref = randomize(timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=2, num_classes=0),
+                    seed=4)
+    model = from_timm(ref.state_dict())
+    c = model.cfg
+    assert (c.img_size, c.patch_size, c.embed_dim, c.num_heads, c.reg_tokens, c.no_embed_class) == (
+        (518, 518), 14, 384, 6, 4, True)
+    assert c.layer_scale is not None and c.num_classes == 0 and c.global_pool == "token"
+    x = torch.randn(1, 3, 518, 518, generator=torch.Generator().manual_seed(0))
+    assert_same_logits(model, ref, x, tol=TOL)
+    with torch.no_grad():  # the patch features DINOv2 users read
+        ours = model.forward_intermediates(x, 1, norm=True, intermediates_only=True)
+        theirs = ref.forward_intermediates(x, 1, norm=True, intermediates_only=True)
+    assert_same_logits(ours[0], theirs[0], tol=TOL)
+
+
+@pytest.mark.parametrize("name, what", [
+    ("vit_giant_patch14_reg4_dinov2", "SwiGLU MLPs"),
+    ("vit_pwee_patch16_reg1_gap_256", "parallel blocks"),
+    ("vit_base_patch16_18x2_224", "parallel blocks"),
+    ("vit_base_patch16_rope_reg1_gap_256", r"rotary position embeddings \(timm's Eva blocks\)"),
+    ("naflexvit_so150m2_patch16_reg1_gap", r"NaFlex embeddings \(timm's NaFlexVit\)"),
+    ("vit_dwee_patch16_reg1_gap_256", "differential attention"),
+])
+def test_other_timm_reg_families_are_refused_naming_the_feature(name, what):
+    import timm
+
+    with torch.device("meta"):  # the keys and shapes are what is read: no memory for the weights
+        sd = timm.create_model(name, pretrained=False, depth=1).state_dict()
+    with pytest.raises(CheckpointError, match=f"^timm state dict: holds {what} "):
+        from_timm(sd)
+
+
+# ------------------------------------------------------------------------------ forward_intermediates
+INTERMEDIATES = [
+    dict(),
+    dict(indices=2, norm=True),
+    dict(indices=[0, -1], output_fmt="NLC"),
+    dict(indices=[2, 0], return_prefix_tokens=True),
+    dict(indices=1, return_prefix_tokens=True, output_fmt="NLC", norm=True, intermediates_only=True),
+    dict(indices=[1], stop_early=True),
+    dict(indices=[0, 1], stop_early=True, norm=True, output_fmt="NLC", return_prefix_tokens=True),
+    dict(indices=2, output_dict=True, return_prefix_tokens=True),
+]
+
+
+def _flatten(out) -> list[torch.Tensor]:
+    """Every tensor of a forward_intermediates result, in order (tuples, lists and dicts opened)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for k in sorted(out) for t in _flatten(out[k])]
+    return [t for item in out for t in _flatten(item)]
+
+
+@pytest.mark.parametrize("name", ["token", "registers", "avg_no_cls", "avg_fc_norm"])
+@pytest.mark.parametrize("call", range(len(INTERMEDIATES)))
+def test_forward_intermediates_matches_timm(name, call):
+    fields = dict(CONFIGS[name], depth=3)
+    cfg = ViTConfig(**fields)
+    model = randomize(VisionTransformer(cfg))
+    ref = timm_vit.VisionTransformer(**timm_model_kwargs(cfg)).eval()
+    ref.load_state_dict(to_timm(model), strict=True)
+    x = random_images(cfg)
+    kw = INTERMEDIATES[call]
+    with torch.no_grad():
+        ours, theirs = model.forward_intermediates(x, **kw), ref.forward_intermediates(x, **kw)
+    assert type(ours) is type(theirs) and len(ours) == len(theirs)
+    if isinstance(ours, dict):
+        assert ours.keys() == theirs.keys()
+    a, b = _flatten(ours), _flatten(theirs)
+    assert [t.shape for t in a] == [t.shape for t in b]
+    for t, u in zip(a, b):
+        assert_same_logits(t, u, tol=TOL)
+
+
+@pytest.mark.parametrize("args", [(2, True), (2, True, True, True), ([0, 2], False, True), (1, True, False, True)])
+def test_get_intermediate_layers_positional_arguments_as_timm(args):
+    cfg = ViTConfig(**dict(CONFIGS["registers"], depth=3))
+    model = randomize(VisionTransformer(cfg))
+    ref = timm_vit.VisionTransformer(**timm_model_kwargs(cfg)).eval()
+    ref.load_state_dict(to_timm(model), strict=True)
+    x = random_images(cfg)
+    with torch.no_grad():
+        a, b = _flatten(model.get_intermediate_layers(x, *args)), _flatten(ref.get_intermediate_layers(x, *args))
+    assert [t.shape for t in a] == [t.shape for t in b]
+    for t, u in zip(a, b):
+        assert_same_logits(t, u, tol=TOL)

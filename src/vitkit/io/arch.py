@@ -1,11 +1,11 @@
 """The architecture of foreign weights: a ViTConfig from what they show and what is known besides.
 
 Each format's ``infer`` reads from the weights (and HF's config.json) what is visible there: width,
-depth, patch size, channels, class token, classes, pooling, qkv bias, LayerScale, and heads where
-the format stores them (HF config, JAX (D, H, hd) kernels); the image size is read from a learned
-position table's length. What the weights do not show is taken, in this order of precedence, from
-``--set KEY=VALUE`` overrides, a named vitkit model (``--model NAME``), then defaults that are
-reported as assumed. ``resolve_config`` merges these into one ViTConfig.
+depth, patch size, channels, class and register tokens, classes, pooling, qkv bias, qk-norm,
+LayerScale, and heads where the format stores them (HF config, JAX (D, H, hd) kernels); the image
+size is read from a learned position table's length. What the weights do not show is taken, in this
+order of precedence, from ``--set KEY=VALUE`` overrides, a named vitkit model (``--model NAME``),
+then defaults that are reported as assumed. ``resolve_config`` merges these into one ViTConfig.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def resolve_config(
     """Merge what the weights show (``seen``), a named model, overrides and defaults (``guessed``).
 
     Precedence: overrides > seen > named model > guessed. ``pos_len`` is the length of a learned
-    position table; the image size and whether it holds a class slot are read from it. Returns the
+    position table; the image size and whether it holds slots for the prefix tokens are read from it. Returns the
     config and the guessed fields that were used (to report as assumptions).
     """
     overrides = dict(overrides or {})
@@ -83,7 +83,7 @@ def resolve_config(
         table = _PosTable.of(pos_len, data, seen, overrides)
         hw, no_embed_class = _size_from_table(table, overrides, named, source)
         data["img_size"] = list(hw)
-        data["no_embed_class"] = no_embed_class and table.prefix == 1
+        data["no_embed_class"] = no_embed_class and table.prefix > 0
     elif "img_size" not in data:
         data["img_size"] = _named_size(named, source)
     if data.get("num_heads") is None:
@@ -143,27 +143,36 @@ def _named_size(named: Mapping, source: str) -> Any:
 class _PosTable:
     """A learned position table of ``length`` positions: which image sizes fill it, and how.
 
-    A table holds one position per patch, plus a class slot unless it skips the class token
-    (``no_embed_class``). ``options`` are the no_embed_class values still open: the one the weights
-    or overrides fix, else both where there is a class token to skip.
+    A table holds one position per patch, plus a slot for each prefix token (the class token, the
+    registers) unless it skips them (``no_embed_class``). ``options`` are the no_embed_class values
+    still open: the one the weights or overrides fix, else both where there are prefix tokens to skip.
     """
 
     length: int
     patch: int
-    prefix: int  # 1 with a class token, else 0
+    prefix: int  # the class token (1 or 0) and the registers
     options: tuple[bool, ...]
+    registers: int = 0
 
     @classmethod
     def of(cls, length: int, data: Mapping, seen: Mapping, overrides: Mapping) -> _PosTable:
-        prefix = 1 if data.get("class_token", True) else 0
+        registers = int(data.get("reg_tokens", 0))
+        prefix = (1 if data.get("class_token", True) else 0) + registers
         if "no_embed_class" in overrides or "no_embed_class" in seen:
             options = (bool(overrides.get("no_embed_class", seen.get("no_embed_class"))),)
         else:
             options = (False, True) if prefix else (False,)
-        return cls(length, data.get("patch_size", 16), prefix, options)
+        return cls(length, data.get("patch_size", 16), prefix, options, registers)
 
     def patches(self, hw: tuple[int, int]) -> int:
         return (hw[0] // self.patch) * (hw[1] // self.patch)
+
+    def slots(self) -> str:
+        """The prefix slots a table may hold beside the patches, in words."""
+        if not self.registers:
+            return f"+{self.prefix} class slot"
+        tokens = "class and register tokens" if self.prefix > self.registers else "register tokens"
+        return f"+{self.prefix} slots for the {tokens}"
 
     def fit(self, hw: tuple[int, int]) -> bool | None:
         """The no_embed_class value under which an image of size ``hw`` fills the table, or None."""
@@ -193,7 +202,7 @@ def _size_from_table(
         if no_embed_class is None:
             raise CheckpointError(
                 f"{source}: the position table has {table.length} positions but img_size {hw[0]}x{hw[1]} with "
-                f"patch {table.patch} makes {table.patches(hw)} patches (+{table.prefix} class slot)"
+                f"patch {table.patch} makes {table.patches(hw)} patches ({table.slots()})"
             )
         return hw, no_embed_class
     found = table.square()

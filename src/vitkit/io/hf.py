@@ -6,8 +6,9 @@ JAX checkpoints' ``pre_logits``). Files on disk use these names (transformers 5 
 memory, e.g. ``layers.i.attention.q_proj``, and maps them back when saving); both spellings are read.
 
 HF's ViT always has a class token, token pooling, learned position embeddings with a class slot,
-pre-LN blocks without LayerScale, and a patch-projection stem; models that differ are refused with
-the feature named. ``layer_norm_eps`` (HF's default 1e-12) is carried into ViTConfig.norm_eps.
+pre-LN blocks without LayerScale or qk-norm, no register tokens, and a patch-projection stem; models
+that differ are refused with the feature named. ``layer_norm_eps`` (HF's default 1e-12) is carried
+into ViTConfig.norm_eps.
 """
 
 from __future__ import annotations
@@ -215,11 +216,15 @@ def hf_config(model) -> dict:
     cfg = model.cfg
     refuse(model, "HF ViT", {
         "no class token (class_token=False)": not cfg.class_token,
-        f"pooling {cfg.global_pool!r} (HF's classifier reads the [cls] token)": cfg.global_pool != "token",
+        "register tokens (reg_tokens)": cfg.reg_tokens > 0,
+        "attention pooling (global_pool='map')": cfg.global_pool == "map",
+        f"pooling {cfg.global_pool!r} (HF's classifier reads the [cls] token)":
+            cfg.global_pool not in ("token", "map"),
         "a LayerNorm after pooling (fc_norm)": cfg.use_fc_norm,
         "post-LN blocks (norm='post')": cfg.norm == "post",
         "the convolutional stem (stem='conv')": cfg.stem == "conv",
         "LayerScale (layer_scale)": cfg.layer_scale is not None,
+        "qk-norm (qk_norm)": cfg.qk_norm,
         "a pre-logits layer together with a head (ViTForImageClassification has no pooler; "
         "ViTModel has no head)": cfg.representation_size is not None and cfg.num_classes > 0,
     })

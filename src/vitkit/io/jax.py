@@ -7,7 +7,9 @@ Two namings are read:
 - big_vision: LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0; a top-level
   ``pos_embedding`` over the patches only (added before the class token is prepended: vitkit's
   no_embed_class=True), or none at all for fixed 2D sin-cos tables; "scan" checkpoints stack every
-  block under ``Transformer/encoderblock/`` with a leading depth axis.
+  block under ``Transformer/encoderblock/`` with a leading depth axis. Its attention-pooling head
+  (``MAPHead_0/``: probe, MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0) becomes
+  global_pool='map'.
 Keys may sit under ``params/`` or ``opt/target/`` (entries outside it, optimizer state, are ignored).
 
 Layouts (flax -> torch): Dense kernels are (in, out), transposed to (out, in); the patch conv kernel
@@ -47,14 +49,14 @@ def _t(x: torch.Tensor) -> torch.Tensor:
     return x.T
 
 
-def _qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Three (D, H, hd) kernels -> the (3D, D) qkv weight."""
-    return torch.cat([x.reshape(x.shape[0], -1).T for x in (q, k, v)], dim=0)
+def _heads_in(*kernels: torch.Tensor) -> torch.Tensor:
+    """(D, H, hd) q / k / v kernels -> one stacked torch weight: (D, D) for one, (3D, D) for q, k, v."""
+    return torch.cat([x.reshape(x.shape[0], -1).T for x in kernels], dim=0)
 
 
-def _qkv_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Three (H, hd) biases -> the (3D,) qkv bias."""
-    return torch.cat([x.reshape(-1) for x in (q, k, v)], dim=0)
+def _heads_bias(*biases: torch.Tensor) -> torch.Tensor:
+    """(H, hd) q / k / v biases -> one stacked torch bias: (D,) for one, (3D,) for q, k, v."""
+    return torch.cat([x.reshape(-1) for x in biases], dim=0)
 
 
 def _out(x: torch.Tensor) -> torch.Tensor:
@@ -119,8 +121,8 @@ def jax_table(cfg: ViTConfig, naming: str) -> dict[str, Rule]:
         table.update({
             f"{b}norm1.weight": ((f"{j}{n['ln1']}/scale",), same),
             f"{b}norm1.bias": ((f"{j}{n['ln1']}/bias",), same),
-            f"{b}attn.qkv.weight": (tuple(f"{a}{x}/kernel" for x in ("query", "key", "value")), _qkv),
-            f"{b}attn.qkv.bias": (tuple(f"{a}{x}/bias" for x in ("query", "key", "value")), _qkv_bias),
+            f"{b}attn.qkv.weight": (tuple(f"{a}{x}/kernel" for x in ("query", "key", "value")), _heads_in),
+            f"{b}attn.qkv.bias": (tuple(f"{a}{x}/bias" for x in ("query", "key", "value")), _heads_bias),
             f"{b}attn.proj.weight": ((f"{a}out/kernel",), _out),
             f"{b}attn.proj.bias": ((f"{a}out/bias",), same),
             f"{b}norm2.weight": ((f"{j}{n['ln2']}/scale",), same),
@@ -130,7 +132,32 @@ def jax_table(cfg: ViTConfig, naming: str) -> dict[str, Rule]:
             f"{b}mlp.fc2.weight": ((f"{j}{n['mlp']}/Dense_1/kernel",), _t),
             f"{b}mlp.fc2.bias": ((f"{j}{n['mlp']}/Dense_1/bias",), same),
         })
+    table.update(map_head_table())
     return table
+
+
+MAP_HEAD = "MAPHead_0/"
+
+
+def map_head_table() -> dict[str, Rule]:
+    """big_vision's MAPHead -> vitkit's attention pool: the probe's query, the tokens' keys and values
+    (stacked as kv), the output projection, then the LayerNorm and MLP of its residual branch."""
+    h, a = MAP_HEAD, f"{MAP_HEAD}MultiHeadDotProductAttention_0/"
+    return {
+        "attn_pool.latent": ((f"{h}probe",), same),
+        "attn_pool.q.weight": ((f"{a}query/kernel",), _heads_in),
+        "attn_pool.q.bias": ((f"{a}query/bias",), _heads_bias),
+        "attn_pool.kv.weight": ((f"{a}key/kernel", f"{a}value/kernel"), _heads_in),
+        "attn_pool.kv.bias": ((f"{a}key/bias", f"{a}value/bias"), _heads_bias),
+        "attn_pool.proj.weight": ((f"{a}out/kernel",), _out),
+        "attn_pool.proj.bias": ((f"{a}out/bias",), same),
+        "attn_pool.norm.weight": ((f"{h}LayerNorm_0/scale",), same),
+        "attn_pool.norm.bias": ((f"{h}LayerNorm_0/bias",), same),
+        "attn_pool.mlp.fc1.weight": ((f"{h}MlpBlock_0/Dense_0/kernel",), _t),
+        "attn_pool.mlp.fc1.bias": ((f"{h}MlpBlock_0/Dense_0/bias",), same),
+        "attn_pool.mlp.fc2.weight": ((f"{h}MlpBlock_0/Dense_1/kernel",), _t),
+        "attn_pool.mlp.fc2.bias": ((f"{h}MlpBlock_0/Dense_1/bias",), same),
+    }
 
 
 def infer(params: Mapping[str, torch.Tensor], naming: str, source: str) -> tuple[dict, dict, int | None]:
@@ -154,6 +181,8 @@ def infer(params: Mapping[str, torch.Tensor], naming: str, source: str) -> tuple
     seen["qkv_bias"] = f"Transformer/encoderblock_0/{n['attn']}/query/bias" in params
     seen["class_token"] = "cls" in params
     seen["global_pool"] = "token" if seen["class_token"] else "avg"
+    if f"{MAP_HEAD}MultiHeadDotProductAttention_0/query/kernel" in params:  # (a lone probe is unexpected)
+        seen["global_pool"] = "map"
     seen["fc_norm"] = False  # the encoder norm comes before pooling in both codebases
     seen["num_classes"] = params["head/kernel"].shape[-1] if "head/kernel" in params else 0
     seen["representation_size"] = params["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in params else None

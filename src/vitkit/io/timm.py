@@ -2,9 +2,15 @@
 
 Read from a state dict or a .pth / .pt / .bin (torch.load with weights_only=True) / .safetensors
 file. What the weights show: width, depth, patch size, channels, MLP width, qkv bias, class token,
-position table (image size, class slot), LayerScale, fc_norm (average pooling), classes. What they
-do not: heads (taken from the named sizes' width table, else width / 64), LayerNorm eps (1e-6) and
-the activation (exact GELU).
+register tokens (``reg_token``'s length), position table (image size, and whether it has slots for
+the class and register tokens), LayerScale, qk-norm (``attn.q_norm`` / ``k_norm``), fc_norm (average
+pooling), attention pooling (``attn_pool.*``), classes. What they do not: heads (taken from the named
+sizes' width table, else width / 64), LayerNorm eps (1e-6) and the activation (exact GELU).
+
+timm builds some models (many of the ``*_reg*`` ones among them) from parts vitkit does not have:
+SwiGLU MLPs, parallel blocks, Eva's blocks with rotary position embeddings, NaFlex embeddings,
+differential attention. Their state dicts are refused, with the feature and the key that shows it
+named, rather than reported as a list of keys that do not fit.
 """
 
 from __future__ import annotations
@@ -25,8 +31,37 @@ from .checkpoint import load_state_dict_file
 from .keys import assemble, build, expected_state, learned_pos_table, refuse, same
 
 
+# Features of timm models that vitkit's VisionTransformer lacks: (name, pattern of a key that shows it).
+FOREIGN_KEYS = (
+    ("NaFlex embeddings (timm's NaFlexVit)", r"^embeds\."),
+    ("parallel blocks", r"^blocks\.\d+\.(attns|ffns|in_proj|in_norm)\."),
+    ("SwiGLU MLPs", r"^blocks\.\d+\.mlp\.(fc1_g|fc1_x)\."),
+    ("rotary position embeddings (timm's Eva blocks)", r"^rope\.|^blocks\.\d+\.(gamma_1$|attn\.[qv]_bias$)"),
+    ("differential attention", r"^blocks\.\d+\.(attn\.)?lambda_q1$"),
+)
+
+
+def foreign_features(sd: Mapping[str, torch.Tensor]) -> list[str]:
+    """Each feature of ``sd`` that vitkit's VisionTransformer lacks, named with the key that shows it."""
+    found = []
+    for name, pattern in FOREIGN_KEYS:
+        key = next((k for k in sd if re.search(pattern, k)), None)
+        if key is not None:
+            found.append(f"{name} ({key})")
+    fc1, fc2 = sd.get("blocks.0.mlp.fc1.weight"), sd.get("blocks.0.mlp.fc2.weight")
+    if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and fc1.shape[0] == 2 * fc2.shape[1]:
+        # a packed SwiGLU: fc1 makes the gate and the value, fc2 reads their product (half as wide)
+        found.append(f"SwiGLU MLPs (blocks.0.mlp.fc1.weight {tuple(fc1.shape)} makes twice the "
+                     f"{fc2.shape[1]} inputs of blocks.0.mlp.fc2.weight)")
+    return found
+
+
 def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int | None]:
     """(fields the weights show, fields assumed, position-table length) of a timm ViT state dict."""
+    foreign = foreign_features(sd)
+    if foreign:
+        raise CheckpointError(f"{source}: holds {'; '.join(foreign)}, which vitkit's VisionTransformer "
+                              "does not have")
     w = sd.get("patch_embed.proj.weight")
     if w is None or w.ndim != 4:
         got = "no patch_embed.proj.weight" if w is None else f"patch_embed.proj.weight {tuple(w.shape)}"
@@ -34,9 +69,6 @@ def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int 
     D, C, P, P2 = w.shape
     if P != P2:
         raise CheckpointError(f"{source}: patch_embed.proj.weight {tuple(w.shape)} has non-square {P}x{P2} patches")
-    if "reg_token" in sd:
-        raise CheckpointError(f"{source}: holds register tokens (reg_token {tuple(sd['reg_token'].shape)}), "
-                              "which vitkit's VisionTransformer does not have")
     blocks = [int(m.group(1)) for m in map(re.compile(r"blocks\.(\d+)\.").match, sd) if m]
     if not blocks:
         raise CheckpointError(f"{source}: no encoder blocks (no blocks.0.* tensors)")
@@ -46,14 +78,20 @@ def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int 
     if fc1 is not None:
         seen["mlp_ratio"] = mlp_ratio_for(fc1.shape[0], D)
     seen["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
+    # timm's qk_norm makes both norms in every block; a stray one is reported as unexpected
+    seen["qk_norm"] = "blocks.0.attn.q_norm.weight" in sd and "blocks.0.attn.k_norm.weight" in sd
     seen["class_token"] = "cls_token" in sd
+    reg = sd.get("reg_token")
+    seen["reg_tokens"] = reg.shape[1] if reg is not None and reg.ndim == 3 else 0
     seen["layer_scale"] = 1e-5 if "blocks.0.ls1.gamma" in sd else None  # the value only seeds a re-init
     seen["num_classes"] = sd["head.weight"].shape[0] if "head.weight" in sd else 0
     seen["fc_norm"] = "fc_norm.weight" in sd
     seen["pos_embed"] = "learn" if "pos_embed" in sd else "none"
     seen["representation_size"] = sd["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in sd else None
     guessed: dict = dict(num_heads=heads_from_width(D), norm_eps=1e-6, act="gelu")
-    if not seen["class_token"]:
+    if "attn_pool.latent" in sd:
+        seen["global_pool"] = "map"  # the attention-pooling head is in the weights
+    elif not seen["class_token"]:
         seen["global_pool"] = "avg"  # no class token: the mean of the patch tokens
     else:
         guessed["global_pool"] = "avg" if seen["fc_norm"] else "token"  # timm's default pairing
@@ -86,8 +124,9 @@ def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None,
 def to_timm(model) -> dict[str, torch.Tensor]:
     """The weights as a state dict for timm's VisionTransformer built with ``timm_model_kwargs(cfg)``.
 
-    Position embeddings are always written as one learned table with a class slot (timm's default
-    layout); fixed sin-cos tables become the learned table they equal.
+    Position embeddings are always written as one learned table with a slot for every prefix token
+    (timm's default layout: no_embed_class=False); fixed sin-cos tables and patch-only tables become
+    the learned table they equal (zeros in the slots of the class and register tokens).
     """
     cfg = model.cfg
     refuse(model, "timm's VisionTransformer", {
@@ -98,8 +137,8 @@ def to_timm(model) -> dict[str, torch.Tensor]:
     })
     sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     sd["pos_embed"] = learned_pos_table(model).contiguous()
-    # keep timm's key order: cls_token, pos_embed first
-    order = ["cls_token", "pos_embed"]
+    # keep timm's key order: cls_token, reg_token, pos_embed first
+    order = ["cls_token", "reg_token", "pos_embed"]
     return {**{k: sd[k] for k in order if k in sd}, **{k: v for k, v in sd.items() if k not in order}}
 
 
@@ -115,14 +154,16 @@ def timm_model_kwargs(cfg: ViTConfig) -> dict:
         patch_size=cfg.patch_size,
         in_chans=cfg.in_chans,
         num_classes=cfg.num_classes,
-        global_pool={"token": "token", "avg": "avg", "none": ""}[cfg.global_pool],
+        global_pool={"token": "token", "avg": "avg", "map": "map", "none": ""}[cfg.global_pool],
         embed_dim=cfg.embed_dim,
         depth=cfg.depth,
         num_heads=cfg.num_heads,
         mlp_ratio=cfg.mlp_ratio,
         qkv_bias=cfg.qkv_bias,
+        qk_norm=cfg.qk_norm,
         init_values=cfg.layer_scale,
         class_token=cfg.class_token,
+        reg_tokens=cfg.reg_tokens,
         no_embed_class=False,
         fc_norm=cfg.use_fc_norm,
         dynamic_img_size=cfg.dynamic_img_size,
