@@ -46,6 +46,22 @@ CONFIGS: dict[str, tuple[dict, float]] = {
                                 global_pool="avg", layer_scale=1e-5), 0.2),
     "vit_base_patch16_224": (dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12,
                                   num_classes=1000), 0.02),
+    # register tokens, qk-norm and attention pooling (timm only: HF's ViT has none of them)
+    "w48_p8_reg4": (dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10,
+                         reg_tokens=4), 0.2),
+    "w32_reg1_avg_no_cls_ls": (dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5,
+                                    reg_tokens=1, class_token=False, global_pool="avg", layer_scale=1e-5), 0.2),
+    "w48_p8_qk_norm": (dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10,
+                            qk_norm=True), 0.2),
+    "w48_p8_map_no_cls": (dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10,
+                               class_token=False, global_pool="map"), 0.2),
+    "w64_p8_map_cls_reg2_qk_norm": (dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+                                         num_classes=6, reg_tokens=2, qk_norm=True, global_pool="map"), 0.2),
+    "w64_p8_map_cls_reg2_qk_norm_manual_attn": (dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+                                                     num_classes=6, reg_tokens=2, qk_norm=True, global_pool="map",
+                                                     attn_impl="manual"), 0.2),
+    "dinov2_s14_reg4_518_depth2": (dict(img_size=518, patch_size=14, embed_dim=384, depth=2, num_heads=6,
+                                        num_classes=0, reg_tokens=4, no_embed_class=True, layer_scale=1e-5), 0.02),
 }
 
 
@@ -62,7 +78,8 @@ def randomize(model: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
 
 
 def hf_supports(cfg: ViTConfig) -> bool:
-    return cfg.class_token and cfg.global_pool == "token" and not cfg.use_fc_norm and cfg.layer_scale is None
+    return (cfg.class_token and cfg.global_pool == "token" and not cfg.use_fc_norm and cfg.layer_scale is None
+            and not cfg.reg_tokens and not cfg.qk_norm)
 
 
 def timm_supports(cfg: ViTConfig) -> bool:
@@ -80,7 +97,8 @@ def run_timm(cfg: ViTConfig, std: float, x: torch.Tensor, tmp: Path) -> dict[str
     ref.load_state_dict(to_timm(model), strict=True)
     with torch.no_grad():
         out["vitkit->timm"] = (model(x) - ref(x)).abs().max().item()
-    ref = randomize(tv.VisionTransformer(**timm_model_kwargs(cfg)), 1, std)
+    # timm's own layout of the position table: patches only where the config says so (DINOv2 with registers)
+    ref = randomize(tv.VisionTransformer(**{**timm_model_kwargs(cfg), "no_embed_class": cfg.no_embed_class}), 1, std)
     torch.save(ref.state_dict(), tmp / "timm.pth")
     sets = {"num_heads": cfg.num_heads, "norm_eps": cfg.norm_eps, "img_size": list(cfg.img_size),
             "attn_impl": cfg.attn_impl}

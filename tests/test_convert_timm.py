@@ -102,11 +102,10 @@ def _foreign(sd: dict, key: str, shape=(4,)) -> dict:
      r"SwiGLU MLPs \(blocks\.0\.mlp\.fc1\.weight \(128, 32\) makes twice the 64 inputs of blocks\.0\.mlp\.fc2"),
     (lambda sd: _foreign(sd, "blocks.0.attns.0.attn.qkv.weight", (96, 32)), r"parallel blocks \(blocks\.0\.attns\."),
     (lambda sd: _foreign(sd, "blocks.0.in_proj.weight", (224, 32)), r"parallel blocks \(blocks\.0\.in_proj\.weight\)"),
-    (lambda sd: _foreign(sd, "blocks.1.gamma_1"), r"rotary position embeddings \(timm's Eva blocks\) "
-                                                  r"\(blocks\.1\.gamma_1\)"),
-    (lambda sd: _foreign(sd, "rope.freqs"), r"rotary position embeddings \(timm's Eva blocks\) \(rope\.freqs\)"),
+    (lambda sd: _foreign(sd, "blocks.1.gamma_1"), r"rotary position embeddings \(timm's Eva: blocks\.1\.gamma_1\)"),
+    (lambda sd: _foreign(sd, "rope.freqs"), r"rotary position embeddings \(timm's Eva: rope\.freqs\)"),
     (lambda sd: {("embeds." + k if not k.startswith("blocks.") else k): v for k, v in sd.items()},
-     r"NaFlex embeddings \(timm's NaFlexVit\) \(embeds\.cls_token\)"),
+     r"NaFlex embeddings \(timm's NaFlexVit: embeds\.cls_token\)"),
     (lambda sd: _foreign(sd, "blocks.0.attn.lambda_q1", (16,)),
      r"differential attention \(blocks\.0\.attn\.lambda_q1\)"),
 ])

@@ -139,8 +139,8 @@ def test_dinov2_with_registers_loads():
     ("vit_giant_patch14_reg4_dinov2", "SwiGLU MLPs"),
     ("vit_pwee_patch16_reg1_gap_256", "parallel blocks"),
     ("vit_base_patch16_18x2_224", "parallel blocks"),
-    ("vit_base_patch16_rope_reg1_gap_256", r"rotary position embeddings \(timm's Eva blocks\)"),
-    ("naflexvit_so150m2_patch16_reg1_gap", r"NaFlex embeddings \(timm's NaFlexVit\)"),
+    ("vit_base_patch16_rope_reg1_gap_256", r"rotary position embeddings \(timm's Eva: "),
+    ("naflexvit_so150m2_patch16_reg1_gap", r"NaFlex embeddings \(timm's NaFlexVit: "),
     ("vit_dwee_patch16_reg1_gap_256", "differential attention"),
 ])
 def test_other_timm_reg_families_are_refused_naming_the_feature(name, what):
@@ -148,7 +148,7 @@ def test_other_timm_reg_families_are_refused_naming_the_feature(name, what):
 
     with torch.device("meta"):  # the keys and shapes are what is read: no memory for the weights
         sd = timm.create_model(name, pretrained=False, depth=1).state_dict()
-    with pytest.raises(CheckpointError, match=f"^timm state dict: holds {what} "):
+    with pytest.raises(CheckpointError, match=f"^timm state dict: holds {what}"):
         from_timm(sd)
 
 
@@ -207,3 +207,16 @@ def test_get_intermediate_layers_positional_arguments_as_timm(args):
     assert [t.shape for t in a] == [t.shape for t in b]
     for t, u in zip(a, b):
         assert_same_logits(t, u, tol=TOL)
+
+
+@pytest.mark.parametrize("size", ["small", "base", "large"])
+def test_named_dinov2_models_have_timms_tensors(size):
+    import timm
+
+    import vitkit
+
+    name = f"vit_{size}_patch14_reg4_dinov2"
+    with torch.device("meta"):
+        ours = vitkit.create_model(name).state_dict()
+        theirs = timm.create_model(name, pretrained=False, num_classes=0).state_dict()
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}

@@ -25,6 +25,7 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
 
 # (size, patch, image size, extra config) of published ImageNet models; 1000 classes unless changed.
 _GAP = dict(class_token=False, global_pool="avg", fc_norm=False)
+_REG4_DINOV2 = dict(reg_tokens=4, no_embed_class=True, layer_scale=1e-5, num_classes=0)
 PUBLISHED: list[tuple[str, int, int, dict]] = [
     ("tiny", 16, 224, {}),
     ("tiny", 16, 384, {}),
@@ -53,6 +54,11 @@ PUBLISHED: list[tuple[str, int, int, dict]] = [
     ("huge", 14, 224, dict(_GAP, name="vit_huge_patch14_gap_224")),
     ("huge", 16, 448, dict(_GAP, name="vit_huge_patch16_gap_448")),
     ("giant", 16, 224, dict(_GAP, name="vit_giant_patch16_gap_224")),
+    # DINOv2 with registers (Darcet et al. 2023), as timm builds it: 4 registers after [cls], a position
+    # table over the 37 x 37 patches only, LayerScale; self-supervised backbones without a head
+    ("small", 14, 518, dict(_REG4_DINOV2, name="vit_small_patch14_reg4_dinov2")),
+    ("base", 14, 518, dict(_REG4_DINOV2, name="vit_base_patch14_reg4_dinov2")),
+    ("large", 14, 518, dict(_REG4_DINOV2, name="vit_large_patch14_reg4_dinov2")),
 ]
 
 # Small-image presets: CIFAR-like 32x32 RGB and MNIST-like 28x28 grey, 10 classes by default.

@@ -31,23 +31,24 @@ from .checkpoint import load_state_dict_file
 from .keys import assemble, build, expected_state, learned_pos_table, refuse, same
 
 
-# Features of timm models that vitkit's VisionTransformer lacks: (name, pattern of a key that shows it).
+# Features of timm models that vitkit's VisionTransformer lacks: (name, the timm model class that has it
+# or "", pattern of a key that shows it).
 FOREIGN_KEYS = (
-    ("NaFlex embeddings (timm's NaFlexVit)", r"^embeds\."),
-    ("parallel blocks", r"^blocks\.\d+\.(attns|ffns|in_proj|in_norm)\."),
-    ("SwiGLU MLPs", r"^blocks\.\d+\.mlp\.(fc1_g|fc1_x)\."),
-    ("rotary position embeddings (timm's Eva blocks)", r"^rope\.|^blocks\.\d+\.(gamma_1$|attn\.[qv]_bias$)"),
-    ("differential attention", r"^blocks\.\d+\.(attn\.)?lambda_q1$"),
+    ("NaFlex embeddings", "timm's NaFlexVit", r"^embeds\."),
+    ("parallel blocks", "", r"^blocks\.\d+\.(attns|ffns|in_proj|in_norm)\."),
+    ("SwiGLU MLPs", "", r"^blocks\.\d+\.mlp\.(fc1_g|fc1_x)\."),
+    ("rotary position embeddings", "timm's Eva", r"^rope\.|^blocks\.\d+\.(gamma_1$|attn\.[qv]_bias$)"),
+    ("differential attention", "", r"^blocks\.\d+\.(attn\.)?lambda_q1$"),
 )
 
 
 def foreign_features(sd: Mapping[str, torch.Tensor]) -> list[str]:
     """Each feature of ``sd`` that vitkit's VisionTransformer lacks, named with the key that shows it."""
     found = []
-    for name, pattern in FOREIGN_KEYS:
+    for name, owner, pattern in FOREIGN_KEYS:
         key = next((k for k in sd if re.search(pattern, k)), None)
         if key is not None:
-            found.append(f"{name} ({key})")
+            found.append(f"{name} ({owner + ': ' if owner else ''}{key})")
     fc1, fc2 = sd.get("blocks.0.mlp.fc1.weight"), sd.get("blocks.0.mlp.fc2.weight")
     if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and fc1.shape[0] == 2 * fc2.shape[1]:
         # a packed SwiGLU: fc1 makes the gate and the value, fc2 reads their product (half as wide)
