@@ -289,6 +289,10 @@ def test_attention_pooling_head():
     k, v = pool.kv(patches).reshape(2, 16, 2, 2, 16).permute(2, 0, 3, 1, 4).unbind(0)
     attended = pool.proj((probs @ v).transpose(1, 2).reshape(2, 1, 32))
     torch.testing.assert_close(pooled, (attended + pool.mlp(pool.norm(attended)))[:, 0], atol=ATOL, rtol=0)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False), torch.no_grad():  # as `vitkit bench` counts FLOPs
+        m(x[:1])
 
 
 def test_new_parameters_initialisation():

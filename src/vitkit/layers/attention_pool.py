@@ -51,7 +51,10 @@ class AttentionPool(nn.Module):
     def _pool(self, x: torch.Tensor, with_attention: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, D = x.shape
         H, hd = self.num_heads, self.head_dim
-        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, H, hd).transpose(1, 2)  # (B, H, 1, hd)
+        # the probe, once per image; a copy, not a view: a view of a parameter made under no_grad looks
+        # like a leaf that needs a gradient, which torch's FlopCounterMode (vitkit bench) cannot track
+        probe = self.latent.repeat(B, 1, 1)
+        q = self.q(probe).reshape(B, 1, H, hd).transpose(1, 2)  # (B, H, 1, hd)
         k, v = self.kv(x).reshape(B, T, 2, H, hd).permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, H, T, hd)
         if self.fused and not with_attention:
             out, attn = F.scaled_dot_product_attention(q, k, v), None
