@@ -200,14 +200,16 @@ def test_forward_intermediates_stop_early_and_dict():
 
 
 @pytest.mark.parametrize("call, msg", [
-    (dict(indices=4), r"forward_intermediates: the last 4 blocks: n must be in 1\.\.3"),
-    (dict(indices=[0, 3]), r"forward_intermediates: block indices must be in -3\.\.2, got \[0, 3\]"),
-    (dict(indices=[]), r"block indices must be in -3\.\.2, got \[\]"),
-    (dict(output_fmt="NHWC"), r"output_fmt must be 'NCHW' or 'NLC', got 'NHWC'"),
+    (dict(indices=4), r"^forward_intermediates: indices: the number of last blocks must be in 1\.\.3, got 4$"),
+    (dict(indices=[0, 3]), r"^forward_intermediates: indices: block indices must be in -3\.\.2, got \[0, 3\]$"),
+    (dict(indices=[]), r"block indices must be in -3\.\.2, got \[\]$"),
+    (dict(output_fmt="NHWC"), r"^forward_intermediates: output_fmt must be 'NCHW' or 'NLC', got 'NHWC'$"),
 ])
 def test_forward_intermediates_errors(call, msg):
     with pytest.raises(ConfigError, match=msg):
         tiny(depth=3).forward_intermediates(torch.randn(1, 3, 32, 32), **call)
+    with pytest.raises(ConfigError, match=r"^get_intermediate_layers: n: block indices must be in -3\.\.2"):
+        tiny(depth=3).get_intermediate_layers(torch.randn(1, 3, 32, 32), [-4], True)
 
 
 # ---------------------------------------------------------------------------------------- registers

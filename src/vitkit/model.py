@@ -285,7 +285,7 @@ class VisionTransformer(nn.Module):
         """
         if output_fmt not in ("NCHW", "NLC"):
             raise ConfigError(f"forward_intermediates: output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        take = self._take_indices(indices, "forward_intermediates")
+        take = self._take_indices(indices, "forward_intermediates: indices")
         enc = self._encode(x, keep=set(take), last=max(take) if stop_early else None)
         outs = [self.norm(t) if norm else t for t in enc.kept]
         P = self.num_prefix_tokens
@@ -319,26 +319,26 @@ class VisionTransformer(nn.Module):
         map, and with ``return_prefix_tokens`` a pair (patch tokens, as a map with ``reshape``, and the
         prefix tokens (B, prefix, D)), as ``forward_intermediates``.
         """
+        take = self._take_indices(n, "get_intermediate_layers: n")
         if reshape or return_prefix_tokens:
-            return self.forward_intermediates(x, n, return_prefix_tokens, norm, stop_early=True,
+            return self.forward_intermediates(x, take, return_prefix_tokens, norm, stop_early=True,
                                               output_fmt="NCHW" if reshape else "NLC", intermediates_only=True)
-        take = self._take_indices(n, "get_intermediate_layers")
         enc = self._encode(x, keep=set(take), last=max(take))
         return [self.norm(t) if norm else t for t in enc.kept]
 
-    def _take_indices(self, indices: int | Sequence[int] | None, where: str) -> list[int]:
-        """Block indices from None (all), n (the last n) or a sequence (negative from the end), as timm."""
+    def _take_indices(self, indices: int | Sequence[int] | None, what: str) -> list[int]:
+        """Block indices from None (all), n (the last n) or a sequence (negative from the end), as timm;
+        ``what`` names the argument in errors."""
         depth = len(self.blocks)
         if indices is None:
             return list(range(depth))
         if isinstance(indices, int):
             if not 1 <= indices <= depth:
-                raise ConfigError(f"{where}: the last {indices} blocks: n must be in 1..{depth}")
+                raise ConfigError(f"{what}: the number of last blocks must be in 1..{depth}, got {indices}")
             return list(range(depth - indices, depth))
         take = [i + depth if i < 0 else i for i in indices]
-        bad = [i for i, j in zip(indices, take) if not 0 <= j < depth]
-        if bad or not take:
-            raise ConfigError(f"{where}: block indices must be in {-depth}..{depth - 1}, got {list(indices)}")
+        if not take or not all(0 <= j < depth for j in take):
+            raise ConfigError(f"{what}: block indices must be in {-depth}..{depth - 1}, got {list(indices)}")
         return take
 
     @staticmethod
