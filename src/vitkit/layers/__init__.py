@@ -3,7 +3,7 @@
 from .attention import Attention, PerHeadAttention
 from .block import Block, DropPath, LayerScale
 from .mlp import Mlp
-from .patch_embed import ConvStem, PatchEmbed
+from .patch_embed import RESIZE_MODES, ConvStem, PatchEmbed, resample_patch_embed, resize_matrix
 from .pos_embed import resample_pos_embed, sincos_1d, sincos_2d
 from .weight_init import lecun_normal_
 
@@ -16,6 +16,9 @@ __all__ = [
     "Mlp",
     "PatchEmbed",
     "ConvStem",
+    "RESIZE_MODES",
+    "resample_patch_embed",
+    "resize_matrix",
     "resample_pos_embed",
     "sincos_1d",
     "sincos_2d",
