@@ -31,7 +31,6 @@ from torch import nn
 from .config import Preprocess, ViTConfig
 from .errors import ConfigError, ShapeError
 from .layers import Block, ConvStem, LayerScale, PatchEmbed, lecun_normal_, resample_pos_embed, sincos_1d, sincos_2d
-from .layers.patch_embed import RESIZE_MODES
 
 
 class Encoded(NamedTuple):
@@ -151,8 +150,6 @@ class VisionTransformer(nn.Module):
             raise ConfigError(f"resample_patch_size: a model with stem={cfg.stem!r} has no patch kernel to resize")
         if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
             raise ConfigError(f"resample_patch_size: the patch size must be a positive integer, got {patch_size!r}")
-        if mode not in RESIZE_MODES:
-            raise ConfigError(f"resample_patch_size: mode {mode!r} is not one of {', '.join(RESIZE_MODES)}")
         h, w = cfg.img_size
         if h % patch_size or w % patch_size:
             raise ConfigError(f"resample_patch_size: img_size {h}x{w} is not a multiple of patch size {patch_size}")

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from .weight_init import lecun_normal_
 
 
@@ -89,6 +90,8 @@ class PatchEmbed(nn.Module):
     def resample_patch_size(self, patch_size: int, mode: str = "bicubic", antialias: bool = True) -> None:
         """Take patches of ``patch_size`` from now on, the kernel resized by ``resample_patch_embed``:
         in place, the bias kept, no random draw (a fresh Conv2d would consume the RNG)."""
+        if mode not in RESIZE_MODES:
+            raise ConfigError(f"resample_patch_size: mode {mode!r} is not one of {', '.join(RESIZE_MODES)}")
         proj = self.proj
         new = resample_patch_embed(proj.weight, (patch_size, patch_size), mode, antialias)
         proj.weight = nn.Parameter(new, requires_grad=proj.weight.requires_grad)
