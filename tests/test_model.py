@@ -278,14 +278,16 @@ def test_patch_size_resampling_end_to_end():
 
 
 def test_patch_size_resampling_errors():
-    with pytest.raises(ConfigError, match=r"^resample_patch_size: img_size 32x32 is not a multiple of patch size 12$"):
+    with pytest.raises(ConfigError, match=r"^ViTConfig.img_size: 32x32 is not divisible by patch_size 12$"):
         tiny().resample_patch_size(12)
-    with pytest.raises(ConfigError, match=r"^resample_patch_size: a model with stem='conv' has no patch kernel"):
+    with pytest.raises(ConfigError, match=r"^resample_patch_size: the conv stem \(stem='conv'\) has no patch kernel"):
         tiny(stem="conv").resample_patch_size(4)
     with pytest.raises(ConfigError, match=r"^resample_patch_size: mode 'area' is not one of bicubic, bilinear"):
         tiny().resample_patch_size(16, mode="area")
-    with pytest.raises(ConfigError, match=r"^resample_patch_size: the patch size must be a positive integer, got 0$"):
-        tiny().resample_patch_size(0)
+    m = tiny()
+    with pytest.raises(ConfigError, match=r"^ViTConfig.patch_size: must be a positive integer, got 0$"):
+        m.resample_patch_size(0)
+    assert m.cfg.patch_size == 8 and m.patch_embed.proj.weight.shape[-1] == 8  # a refusal changes nothing
 
 
 def test_224_model_runs_at_384():

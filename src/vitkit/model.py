@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .config import Preprocess, ViTConfig
-from .errors import ConfigError, ShapeError
+from .errors import ShapeError
 from .layers import Block, ConvStem, LayerScale, PatchEmbed, lecun_normal_, resample_pos_embed, sincos_1d, sincos_2d
 
 
@@ -143,20 +143,13 @@ class VisionTransformer(nn.Module):
         so that a patch resized to the new size with ``mode`` embeds as the original patch did (exactly
         when the patches grow, least squares when they shrink); learned position embeddings are
         resampled to the new grid with the same interpolation. ``img_size`` stays: it must be a multiple
-        of the new size. The defaults are timm's (bicubic, antialias). The conv stem has no kernel to resize.
+        of the new size. The defaults are timm's (bicubic, antialias). The conv stem refuses: it has no
+        patch kernel.
         """
-        cfg = self.cfg
-        if cfg.stem != "patch":
-            raise ConfigError(f"resample_patch_size: a model with stem={cfg.stem!r} has no patch kernel to resize")
-        if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
-            raise ConfigError(f"resample_patch_size: the patch size must be a positive integer, got {patch_size!r}")
-        h, w = cfg.img_size
-        if h % patch_size or w % patch_size:
-            raise ConfigError(f"resample_patch_size: img_size {h}x{w} is not a multiple of patch size {patch_size}")
-        new = cfg.replace(patch_size=patch_size)
+        old, new = self.cfg, self.cfg.replace(patch_size=patch_size)  # checks the size against img_size
         self.patch_embed.resample_patch_size(patch_size, mode, antialias)
         if self.pos_embed is not None:
-            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, cfg.grid_size, self._pos_prefix, mode, antialias)
+            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, old.grid_size, self._pos_prefix, mode, antialias)
             self.pos_embed = nn.Parameter(pe)
         self.cfg = new
 

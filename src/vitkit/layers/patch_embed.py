@@ -90,6 +90,8 @@ class PatchEmbed(nn.Module):
     def resample_patch_size(self, patch_size: int, mode: str = "bicubic", antialias: bool = True) -> None:
         """Take patches of ``patch_size`` from now on, the kernel resized by ``resample_patch_embed``:
         in place, the bias kept, no random draw (a fresh Conv2d would consume the RNG)."""
+        if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
+            raise ConfigError(f"resample_patch_size: the patch size must be a positive integer, got {patch_size!r}")
         if mode not in RESIZE_MODES:
             raise ConfigError(f"resample_patch_size: mode {mode!r} is not one of {', '.join(RESIZE_MODES)}")
         proj = self.proj
@@ -132,6 +134,11 @@ class ConvStem(nn.Module):
         self.patch_size = patch_size
         self.stem = nn.Sequential(*layers)
         self.proj = nn.Conv2d(c_in, embed_dim, kernel_size=1)
+
+    def resample_patch_size(self, patch_size: int, mode: str = "bicubic", antialias: bool = True) -> None:
+        """Refused: the stem's strided convolutions fix its patch size; there is no patch kernel to resize."""
+        raise ConfigError(f"resample_patch_size: the conv stem (stem='conv') has no patch kernel to resize "
+                          f"to {patch_size}; only stem='patch' models can change their patch size")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.proj(self.stem(x))  # (B, D, H/P, W/P)
