@@ -177,3 +177,63 @@ def test_resample_errors():
         resample_pos_embed(torch.zeros(1, 1 + 6, 4), (3, 3))
     with pytest.raises(ValueError, match="does not hold"):
         resample_pos_embed(torch.zeros(1, 1 + 6, 4), (3, 3), old_grid=(2, 2))
+
+
+# ------------------------------------------------------------------------ patch-size resampling
+def _resize(patches: torch.Tensor, size: int, mode: str) -> torch.Tensor:
+    """(n, C, p, p) patches, each resized on its own to (size, size) as the kernel resize assumes."""
+    kw = {} if mode == "nearest" else {"align_corners": False, "antialias": True}
+    return torch.nn.functional.interpolate(patches, size=(size, size), mode=mode, **kw)
+
+
+def _cut(x: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B*N, C, p, p): the patches, in raster order."""
+    B, C, H, W = x.shape
+    return x.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5).reshape(-1, C, p, p)
+
+
+def _embed_each(pe: PatchEmbed, patches: torch.Tensor) -> torch.Tensor:
+    """Patch embedding of single patches: (n, C, p, p) -> (n, D)."""
+    return pe(patches)[:, 0]
+
+
+def _resampled(pe: PatchEmbed, patch_size: int, mode: str = "bicubic") -> PatchEmbed:
+    """A copy of ``pe`` resampled to ``patch_size``."""
+    out = PatchEmbed(pe.patch_size, pe.proj.in_channels, pe.proj.out_channels, pe.mode)
+    out.load_state_dict(pe.state_dict())
+    out.resample_patch_size(patch_size, mode)
+    return out
+
+
+def _relative_close(got: torch.Tensor, ref: torch.Tensor, rtol: float = 1e-4) -> None:
+    torch.testing.assert_close(got, ref, rtol=rtol, atol=rtol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear", "nearest"])
+@pytest.mark.parametrize("new", [16, 12])
+@pytest.mark.parametrize("linear", [False, True])
+def test_resampled_kernel_embeds_enlarged_patches_as_the_original(mode, new, linear):
+    """FlexiViT's pseudo-inverse resize: an 8x8 patch enlarged to new x new (the same interpolation)
+    gives through the resized kernel the embedding the original kernel gives the 8x8 patch."""
+    torch.manual_seed(0)
+    pe8 = PatchEmbed(8, 3, 24, mode="linear" if linear else "conv")
+    pe_new = _resampled(pe8, new, mode)
+    assert pe_new.proj.weight.shape == (24, 3, new, new) and pe_new.patch_size == new
+    patches = _cut(torch.randn(2, 3, 32, 32), 8)  # 32 patches 8x8
+    _relative_close(_embed_each(pe_new, _resize(patches, new, mode)), _embed_each(pe8, patches))
+
+
+def test_shrunk_kernel_is_the_least_squares_fit():
+    """Shrinking 16 -> 8 cannot keep every patch's embedding (64 numbers for 256 pixels): the kernel is the
+    least-squares fit, i.e. exact on the patches B^T y that the resize B sees fully (the normal equations)."""
+    torch.manual_seed(0)
+    pe16 = PatchEmbed(16, 3, 24)
+    pe8 = _resampled(pe16, 8)
+    y = torch.randn(10, 3, 8, 8)
+    z = torch.zeros(10, 3, 16, 16, requires_grad=True)
+    (bt_y,) = torch.autograd.grad((_resize(z, 8, "bicubic") * y).sum(), z)  # B^T y: the adjoint of the resize
+    _relative_close(_embed_each(pe8, _resize(bt_y, 8, "bicubic")), _embed_each(pe16, bt_y))
+    # an arbitrary patch is only approximated
+    x = torch.randn(10, 3, 16, 16)
+    err = (_embed_each(pe8, _resize(x, 8, "bicubic")) - _embed_each(pe16, x)).abs().max()
+    assert err > 1e-2

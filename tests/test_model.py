@@ -416,6 +416,48 @@ def test_dynamic_size_sincos2d():
     assert m(torch.randn(1, 3, 40, 24)).shape == (1, 5)
 
 
+@pytest.mark.parametrize("patch", [16, 4])
+def test_patch_size_resampled_model_runs_and_conv_equals_linear(patch):
+    conv = tiny()
+    linear = tiny(patch_embed="linear")
+    linear.load_state_dict(conv.state_dict())
+    for m in (conv, linear):
+        m.resample_patch_size(patch)
+        grid = 32 // patch
+        assert m.cfg.patch_size == patch and m.cfg.img_size == (32, 32) and m.cfg.grid_size == (grid, grid)
+        assert m.patch_embed.proj.weight.shape == (32, 3, patch, patch) and m.pos_embed.shape == (1, 1 + grid**2, 32)
+    x = torch.randn(2, 3, 32, 32)
+    assert conv(x).shape == (2, 5)
+    torch.testing.assert_close(linear(x), conv(x), atol=ATOL, rtol=0)
+
+
+def test_patch_size_resampling_end_to_end():
+    """Patch 8 -> 16 on images whose 8x8 patches are each enlarged to 16x16 (bicubic with antialias, the
+    resize the kernel assumes by default): the same logits. A fixed sin-cos table gives the same
+    positions to the same grid."""
+    m8 = tiny(pos_embed="sincos2d", dynamic_img_size=True)
+    m16 = tiny(pos_embed="sincos2d", dynamic_img_size=True)
+    m16.resample_patch_size(16)
+    x = torch.randn(2, 3, 32, 32)
+    patches = x.reshape(2, 3, 4, 8, 4, 8).permute(0, 2, 4, 1, 3, 5).reshape(32, 3, 8, 8)
+    big = torch.nn.functional.interpolate(patches, size=(16, 16), mode="bicubic", antialias=True)  # as assumed
+    big = big.reshape(2, 4, 4, 3, 16, 16).permute(0, 3, 1, 4, 2, 5).reshape(2, 3, 64, 64)
+    torch.testing.assert_close(m16(big), m8(x), rtol=1e-4, atol=1e-4)
+
+
+def test_patch_size_resampling_errors():
+    with pytest.raises(ConfigError, match=r"^ViTConfig.img_size: 32x32 is not divisible by patch_size 12$"):
+        tiny().resample_patch_size(12)
+    with pytest.raises(ConfigError, match=r"^resample_patch_size: the conv stem \(stem='conv'\) has no patch kernel"):
+        tiny(stem="conv").resample_patch_size(4)
+    with pytest.raises(ConfigError, match=r"^resample_patch_size: mode 'area' is not one of bicubic, bilinear"):
+        tiny().resample_patch_size(16, mode="area")
+    m = tiny()
+    with pytest.raises(ConfigError, match=r"^ViTConfig.patch_size: must be a positive integer, got 0$"):
+        m.resample_patch_size(0)
+    assert m.cfg.patch_size == 8 and m.patch_embed.proj.weight.shape[-1] == 8  # a refusal changes nothing
+
+
 def test_224_model_runs_at_384():
     cfg = ViTConfig(img_size=224, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=3)
     m = VisionTransformer(cfg).eval()

@@ -88,6 +88,24 @@ def test_resampled_position_table_matches_timm_with_antialias(tmp_path):
     assert (model.pos_embed - ref_pe).abs().max().item() <= 1e-6
 
 
+@pytest.mark.parametrize("new_patch", [16, 4])
+def test_patch_size_resampling_matches_timm(new_patch):
+    """resample_patch_size reproduces timm's loading of a checkpoint into a model of another patch size
+    (checkpoint_filter_fn: resample_patch_embed and resample_abs_pos_embed at their defaults)."""
+    from timm.layers import resample_patch_embed
+
+    cfg = ViTConfig(**CONFIGS["token"])  # patch 8 at 32x32
+    model = randomize(VisionTransformer(cfg))
+    weights = to_timm(model)
+    model.resample_patch_size(new_patch)
+    ref_kernel = resample_patch_embed(weights["patch_embed.proj.weight"], [new_patch, new_patch])
+    torch.testing.assert_close(model.patch_embed.proj.weight, ref_kernel, rtol=1e-5,
+                               atol=1e-5 * ref_kernel.abs().max().item())
+    ref = timm_vit.VisionTransformer(**timm_model_kwargs(model.cfg)).eval()
+    ref.load_state_dict(timm_vit.checkpoint_filter_fn(weights, ref), strict=True)
+    assert_same_logits(model, ref, random_images(model.cfg), tol=TOL)
+
+
 def test_save_timm_files_load_in_timm(tmp_path):
     cfg = ViTConfig(**CONFIGS["avg_fc_norm"])
     model = randomize(VisionTransformer(cfg))

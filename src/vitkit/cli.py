@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune": ("finetune", "fine-tune a checkpoint on new data, at a new resolution"),
     "eval": ("evaluate", "evaluate a checkpoint: loss, top-1/top-5, per-class metrics, confusion matrix"),
     "predict": ("predict", "top-k predictions for images, folders or globs"),
-    "explain": ("explain", "attention rollout and class-token attention overlaid on an image"),
+    "explain": ("explain", "attention rollout, class-token attention and class relevance over an image"),
     "export": ("export", "export to ONNX, TorchScript or an ExportedProgram, checked against eager"),
     "convert": ("convert", "convert weights from/to timm, Hugging Face or JAX checkpoints"),
     "bench": ("bench", "measure throughput, latency, memory, FLOPs and MFU"),

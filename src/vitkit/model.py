@@ -144,6 +144,24 @@ class VisionTransformer(nn.Module):
             self.pos_embed = nn.Parameter(pe)
         self.cfg = new
 
+    @torch.no_grad()
+    def resample_patch_size(self, patch_size: int, mode: str = "bicubic", antialias: bool = True) -> None:
+        """Convert the model once to another patch size (FlexiViT, Beyer et al. 2023).
+
+        The patch kernel is resized by the pseudo-inverse of resizing a patch (``layers.resample_patch_embed``),
+        so that a patch resized to the new size with ``mode`` embeds as the original patch did (exactly
+        when the patches grow, least squares when they shrink); learned position embeddings are
+        resampled to the new grid with the same interpolation. ``img_size`` stays: it must be a multiple
+        of the new size. The defaults are timm's (bicubic, antialias). The conv stem refuses: it has no
+        patch kernel.
+        """
+        old, new = self.cfg, self.cfg.replace(patch_size=patch_size)  # checks the size against img_size
+        self.patch_embed.resample_patch_size(patch_size, mode, antialias)
+        if self.pos_embed is not None:
+            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, old.grid_size, self._pos_prefix, mode, antialias)
+            self.pos_embed = nn.Parameter(pe)
+        self.cfg = new
+
     # ----------------------------------------------------------------------------------- checks
     def check_input(self, x: torch.Tensor) -> tuple[int, int]:
         """Raise ShapeError unless ``x`` is a float (B, C, H, W) batch the model can take; return the grid."""

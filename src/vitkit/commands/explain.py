@@ -1,4 +1,5 @@
-"""`vitkit explain CKPT IMAGE --out FILE.png`: attention rollout and class-token attention over the image."""
+"""`vitkit explain CKPT IMAGE --out FILE.png [--class NAME|INDEX]`: attention rollout, class-token attention
+and the gradient-weighted rollout of one class over the image."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ def register(p):
     p.add_argument("checkpoint", help="a vitkit checkpoint directory or a training run directory")
     p.add_argument("image", help="an image file")
     p.add_argument("--out", required=True, help="the PNG to write (input | overlays side by side)")
-    p.add_argument("--method", choices=("rollout", "cls", "both"), default="both",
-                   help="attention rollout, last-block class-token attention, or both (default)")
-    p.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean", help="how heads are combined")
+    p.add_argument("--method", choices=("rollout", "cls", "grad", "both", "all"), default="all",
+                   help="attention rollout, last-block class-token attention, gradient-weighted rollout for a class "
+                        "(grad), rollout and cls (both), or all three (default; grad where the model has a class score)")
+    p.add_argument("--class", dest="target", metavar="NAME|INDEX", default=None,
+                   help="the class the grad map explains: a class name or an index (default: the predicted class)")
+    p.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean",
+                   help="how heads are combined (rollout, cls; grad takes the mean)")
     p.add_argument("--discard-ratio", type=float, default=0.0,
                    help="rollout: zero this fraction of the weakest attention weights per block (default 0)")
     p.add_argument("--img-size", type=image_size, default=None,
@@ -25,13 +30,14 @@ def register(p):
 def run(args) -> int:
     import json
 
-    from ..explain import explain
+    from ..explain import MAPS, explain
 
     res = explain(args.checkpoint, args.image, out=args.out, method=args.method, head_fusion=args.head_fusion,
-                  discard_ratio=args.discard_ratio, img_size=args.img_size, alpha=args.alpha, max_pixels=max_pixels(args))
+                  discard_ratio=args.discard_ratio, img_size=args.img_size, alpha=args.alpha,
+                  max_pixels=max_pixels(args), target=args.target)
     if args.json:
         out = dict(res)
-        for k in ("rollout", "cls"):
+        for k in MAPS:
             out[k] = None if res[k] is None else [[round(float(v), 6) for v in row] for row in res[k]]
         print(json.dumps(out))
         return 0
@@ -40,11 +46,16 @@ def run(args) -> int:
     pred = res["pred"]
     print(f"{res['source']}: ran at {h}x{w}, attention grid {gh}x{gw}"
           + (f", predicted {pred['label']} ({pred['prob']:.3f})" if pred else ""))
-    for k in ("rollout", "cls"):
+    for k in MAPS:
         m = res[k]
-        if m is not None:
-            r, c = divmod(int(m.argmax()), m.shape[1])
-            print(f"  {k:<7}: strongest patch at row {r}, column {c} (weight {float(m.max()):.4f}, mean {float(m.mean()):.4f})")
+        if m is None:
+            continue
+        r, c = divmod(int(m.argmax()), m.shape[1])
+        where = f"strongest patch at row {r}, column {c} (weight {float(m.max()):.4f}, mean {float(m.mean()):.4f})"
+        if k == "grad":
+            t = res["target"]
+            where = f"gradient-weighted rollout for class {t['label']} ({t['prob']:.3f}): {where}"
+        print(f"  {k:<7}: {where}")
     if res["note"]:
         print(f"  note: {res['note']}")
     print(f"wrote {res['out']}")

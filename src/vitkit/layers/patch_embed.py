@@ -6,6 +6,12 @@ Two ways to compute the same thing, sharing one parameter, ``proj.weight`` of sh
             apply a Linear layer whose weight is ``proj.weight`` viewed as (D, C*P*P) (the tutorials).
 Because the parameter is the same tensor, either mode loads the other's checkpoint unchanged.
 
+``resample_patch_embed`` resizes that kernel to another patch size (FlexiViT, Beyer et al. 2023): with
+B the matrix that resizes a flattened P x P patch to the new size by the chosen interpolation, the new
+kernel is pinv(B^T) w, so that <B x, w_new> = <x, w> for every patch x when the new size is larger
+(exactly), and in the least-squares sense when it is smaller. ``PatchEmbed.resample_patch_size``
+applies it in place.
+
 Each stem knows its initialisation (``init_weights``), the same under every model init: the patch
 projection as the Dense layer it is (LeCun normal), the convolutional stem as a CNN (He normal).
 """
@@ -18,7 +24,45 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from .weight_init import lecun_normal_
+
+
+RESIZE_MODES = ("bicubic", "bilinear", "nearest")  # interpolations a patch kernel can be resampled for
+
+
+def resize_matrix(
+    old_size: tuple[int, int], new_size: tuple[int, int], mode: str = "bicubic", antialias: bool = True
+) -> torch.Tensor:
+    """The float64 matrix B (new_h*new_w, old_h*old_w) of ``F.interpolate`` resizing one patch:
+    resize(x).flatten() = B @ x.flatten(). Column j is the resized j-th basis image."""
+    n_old = old_size[0] * old_size[1]
+    basis = torch.eye(n_old, dtype=torch.float64).reshape(n_old, 1, *old_size)
+    kw = {} if mode == "nearest" else {"align_corners": False, "antialias": antialias}
+    resized = F.interpolate(basis, size=tuple(new_size), mode=mode, **kw)  # (n_old, 1, new_h, new_w)
+    return resized.reshape(n_old, -1).T
+
+
+def resample_patch_embed(
+    weight: torch.Tensor, new_size: tuple[int, int], mode: str = "bicubic", antialias: bool = True
+) -> torch.Tensor:
+    """A patch kernel (D, C, p, p) resized to (D, C, *new_size) by the pseudo-inverse resize (FlexiViT).
+
+    Each (p, p) filter w becomes pinv(B^T) w, B = ``resize_matrix``: the embedding of a patch resized
+    with ``mode`` / ``antialias`` through the new kernel equals that of the patch through the old one
+    (exactly when enlarging; least squares when shrinking). Computed in float64, returned in the
+    weight's dtype. The defaults are timm's (``timm.layers.resample_patch_embed``).
+    """
+    if weight.ndim != 4:
+        raise ValueError(f"resample_patch_embed: expected a (D, C, p, p) kernel, got {tuple(weight.shape)}")
+    old_size, new_size = tuple(weight.shape[-2:]), (int(new_size[0]), int(new_size[1]))
+    if old_size == new_size:
+        return weight
+    B = resize_matrix(old_size, new_size, mode, antialias)  # (new, old)
+    pinv_t = torch.linalg.pinv(B.T).to(weight.device)  # (new, old): w_new = pinv(B^T) w
+    D, C = weight.shape[:2]
+    flat = weight.detach().double().reshape(D * C, -1)  # one filter a row
+    return (flat @ pinv_t.T).reshape(D, C, *new_size).to(weight.dtype)
 
 
 class PatchEmbed(nn.Module):
@@ -41,6 +85,20 @@ class PatchEmbed(nn.Module):
         x = x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * P * P)  # (B, N, C*P*P), (C, P, P) order
         weight = self.proj.weight.reshape(self.proj.out_channels, -1)  # (D, C*P*P)
         return F.linear(x, weight, self.proj.bias)  # (B, N, D)
+
+    @torch.no_grad()
+    def resample_patch_size(self, patch_size: int, mode: str = "bicubic", antialias: bool = True) -> None:
+        """Take patches of ``patch_size`` from now on, the kernel resized by ``resample_patch_embed``:
+        in place, the bias kept, no random draw (a fresh Conv2d would consume the RNG)."""
+        if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
+            raise ConfigError(f"resample_patch_size: the patch size must be a positive integer, got {patch_size!r}")
+        if mode not in RESIZE_MODES:
+            raise ConfigError(f"resample_patch_size: mode {mode!r} is not one of {', '.join(RESIZE_MODES)}")
+        proj = self.proj
+        new = resample_patch_embed(proj.weight, (patch_size, patch_size), mode, antialias)
+        proj.weight = nn.Parameter(new, requires_grad=proj.weight.requires_grad)
+        proj.kernel_size = proj.stride = (patch_size, patch_size)
+        self.patch_size = patch_size
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -76,6 +134,11 @@ class ConvStem(nn.Module):
         self.patch_size = patch_size
         self.stem = nn.Sequential(*layers)
         self.proj = nn.Conv2d(c_in, embed_dim, kernel_size=1)
+
+    def resample_patch_size(self, patch_size: int, mode: str = "bicubic", antialias: bool = True) -> None:
+        """Refused: the stem's strided convolutions fix its patch size; there is no patch kernel to resize."""
+        raise ConfigError(f"resample_patch_size: the conv stem (stem='conv') has no patch kernel to resize "
+                          f"to {patch_size}; only stem='patch' models can change their patch size")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.proj(self.stem(x))  # (B, D, H/P, W/P)
