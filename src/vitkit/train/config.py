@@ -198,6 +198,8 @@ def read_run_config(path: str | Path) -> dict:
 def load_config_file(path: str | Path) -> dict:
     """A config file as a dict: a run's config.json or run directory (``read_run_config``), else TOML."""
     path = Path(path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ConfigError(f"{path}: is a directory, expected a TOML file or a run directory (it holds no config.json)")
     if path.is_dir() or path.suffix.lower() == ".json":
         return read_run_config(path)
     return load_toml(path)
