@@ -30,6 +30,16 @@ def data(tmp_path):
     return image_folder(tmp_path / "data", CLASSES, n=4, test=6)
 
 
+def mnist_folder(root):
+    """MNIST IDX files of random 28x28 digits: 30 training images and 12 test images (t10k)."""
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    for part, n in (("train", 30), ("t10k", 12)):
+        (root / f"{part}-images-idx3-ubyte").write_bytes(idx_bytes(rng.integers(0, 255, (n, 28, 28))))
+        (root / f"{part}-labels-idx1-ubyte").write_bytes(idx_bytes(np.arange(n) % 10))
+    return root
+
+
 def _reference(model, root):
     """top-1, loss and confusion computed image by image, independently of evaluate()."""
     conf = np.zeros((3, 3), int)
@@ -123,12 +133,7 @@ def test_mnist_and_cifar_give_their_test_part(tmp_path):
     import pickle
 
     rng = np.random.default_rng(0)
-    mnist = tmp_path / "mnist"
-    mnist.mkdir()
-    for part, n in (("train", 30), ("t10k", 12)):
-        (mnist / f"{part}-images-idx3-ubyte").write_bytes(idx_bytes(rng.integers(0, 255, (n, 28, 28))))
-        (mnist / f"{part}-labels-idx1-ubyte").write_bytes(idx_bytes(np.arange(n) % 10))
-    res = evaluate(tiny_model(in_chans=1), mnist)
+    res = evaluate(tiny_model(in_chans=1), mnist_folder(tmp_path / "mnist"))
     assert (res["format"], res["scored"]) == ("mnist", "test part: all 12 images")
     cifar = tmp_path / "cifar-10-batches-py"
     cifar.mkdir()
@@ -193,12 +198,7 @@ def test_out_folder_and_cli(tmp_path, data, capsys):
 
 def test_array_dataset_lists_mistakes_by_index_and_grey_model(tmp_path):
     """MNIST IDX files (grey 28x28) on a grey model of another size: resized by eval_batch."""
-    rng = np.random.default_rng(0)
-    root = tmp_path / "mnist"
-    root.mkdir()
-    for part, n in (("train", 30), ("t10k", 12)):
-        (root / f"{part}-images-idx3-ubyte").write_bytes(idx_bytes(rng.integers(0, 255, (n, 28, 28))))
-        (root / f"{part}-labels-idx1-ubyte").write_bytes(idx_bytes(np.arange(n) % 10))
+    root = mnist_folder(tmp_path / "mnist")
     m = tiny_model(in_chans=1, head_std=3.0)
     res = evaluate(m, root, out=tmp_path / "ev")
     assert res["format"] == "mnist" and res["split"] == "test" and res["num_images"] == 12

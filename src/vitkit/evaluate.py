@@ -116,14 +116,10 @@ def evaluate(
     model = load_model(model_or_path, device)
     if not model.cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
-    run = _run_config(model_or_path) if data is None or (split == "val" and seed is None) else None
-    own = data is None and run is not None  # the run's data, split as the run split it
-    if own:
-        data, data_format = run.data.path, run.data.format
-    seed = seed if seed is not None else run.seed if run is not None else 0
+    data, data_format, own, seed = _source(model_or_path, data, data_format, split, seed)
     where = "built-in demo set" if data is None else str(data)
     splits = _open(data, data_format, model, strict, max_pixels)
-    split, ds, scored = _choose(splits, split, where, run if own else None, val_fraction, seed)
+    split, ds, scored = _choose(splits, split, where, own, val_fraction, seed)
     remap = match_classes(model, splits.classes, where)
     skipped = [dict(path=str(p), reason=r) for p, r in splits.skipped]
     tally = _score(model, ds, remap, batch_size, strict, skipped)
@@ -146,6 +142,16 @@ def evaluate(
     if out is not None:
         res["files"] = _write_outputs(Path(out), res, ds, remap)
     return res
+
+
+def _source(model_or_path, data, data_format, split, seed):
+    """(data, data_format, the RunConfig whose own data that is or None, seed): without ``data``, a run
+    directory's own data; the seed of a carve, unless given: the run's, else 0."""
+    run = _run_config(model_or_path) if data is None or (split == "val" and seed is None) else None
+    own = run if data is None else None  # the run's data, to split as the run split it
+    if own is not None:
+        data, data_format = own.data.path, own.data.format
+    return data, data_format, own, seed if seed is not None else run.seed if run is not None else 0
 
 
 def _run_config(model_or_path):

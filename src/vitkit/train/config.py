@@ -8,14 +8,13 @@ a small hybrid ViT that reaches >= 98.5% test accuracy within a few minutes on t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from ..data import AugmentConfig
 from ..errors import ConfigError
-from ..strict import apply_overrides, from_dict, parse_override, to_dict
+from ..strict import apply_overrides, from_dict, parse_override, read_json_object, to_dict
 
 
 @dataclass
@@ -183,12 +182,7 @@ def read_run_config(path: str | Path) -> dict:
     if not file.is_file():
         raise ConfigError(f"{path}: no config.json there; not a vitkit run directory" if path.is_dir()
                           else f"{path}: no such config file")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(f"{file}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    data = read_json_object(file)
     if data.get("format") == "vitkit":
         raise ConfigError(f"{file}: is a checkpoint's config, not a run's; fine-tune from the checkpoint with "
                           "`vitkit finetune`")
