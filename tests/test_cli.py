@@ -71,6 +71,30 @@ def test_library_error_is_one_line_exit_1(capsys):
     assert err == "vitkit: error: model 'vit_nonexistent' is not a known name; `vitkit list` shows every name\n"
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "--weight-decy", "0.1"], "unrecognized arguments: --weight-decy; did you mean --weight-decay?"),
+    (["train", "--label-smoothing", "0.1"],
+     "unrecognized arguments: --label-smoothing; did you mean --smoothing or --set augment.label_smoothing=0.1?"),
+    (["finetune", "ck", "--erase-prob=0.25"],
+     "unrecognized arguments: --erase-prob=0.25; did you mean --set augment.erase_prob=0.25?"),
+    (["eval", "ck", "--devcie", "cpu"], "unrecognized arguments: --devcie cpu; did you mean --device?"),
+    (["predict", "ck", "x.png", "--topk", "3"], "unrecognized arguments: --topk 3; did you mean --top-k?"),
+])
+def test_an_unknown_flag_suggests_the_closest_flag_or_set_key(argv, hint, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and err[0].startswith(f"usage: vitkit {argv[0]}")
+    assert err[-1] == f"vitkit {argv[0]}: error: {hint}" and sum("error:" in line for line in err) == 1
+
+
+@pytest.mark.parametrize("command", ["eval", "predict", "explain"])
+def test_tools_take_device_and_default_to_auto(command):
+    argv = {"eval": ["ck"], "predict": ["ck", "x.png"], "explain": ["ck", "x.png", "--out", "o.png"]}[command]
+    assert parse_args([command, *argv]).device == "auto"
+    assert parse_args([command, *argv, "--device", "cpu"]).device == "cpu"
+
+
 # ------------------------------------------------------------------------------------------------ fuzz
 _words = st.sampled_from(
     available_commands()

@@ -264,3 +264,69 @@ def test_cli_errors(tmp_path, capsys):
     vitkit.save(rand_model(), tmp_path / "ckpt")
     assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "w.txt"), "--to", "timm"]) == 1
     assert "a timm state dict is written as .safetensors or .pth (got '.txt')" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------- any format in one step: the container
+def test_the_container_tells_the_format(tmp_path):
+    import numpy as np
+
+    from vitkit.io.convert import detect_format, to_hf
+
+    model = rand_model()
+    for name in ("w.pth", "w.bin", "w.safetensors"):
+        save_timm(model, tmp_path / name)
+        assert detect_format(tmp_path / name) == "timm"
+    np.savez(tmp_path / "w.npz", x=np.zeros(1))
+    assert detect_format(tmp_path / "w.npz") == "jax"
+    to_hf(model, tmp_path / "hf")
+    assert detect_format(tmp_path / "hf") == "hf"
+    ckpt = vitkit.save(model, tmp_path / "ckpt")
+    assert detect_format(ckpt) == "vitkit" and detect_format(ckpt / "model.safetensors") == "vitkit"
+    (tmp_path / "run" / "best").mkdir(parents=True)  # a run directory: its config.json beside best/
+    vitkit.save(model, tmp_path / "run" / "best")
+    (tmp_path / "run" / "config.json").write_text("{}")
+    assert detect_format(tmp_path / "run") == "vitkit"
+    (tmp_path / "w.onnx").write_bytes(b"onnx")
+    (tmp_path / "empty").mkdir()
+    for bad in ("w.onnx", "empty"):
+        with pytest.raises(CheckpointError) as e:
+            detect_format(tmp_path / bad)
+        assert str(e.value) == (f"{tmp_path / bad}: not a weights container vitkit knows; expected a vitkit checkpoint "
+                                "or run directory (vitkit's config.json), an HF model directory (config.json with "
+                                "model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
+    with pytest.raises(CheckpointError, match=r"none\.pth: no such file or directory"):
+        detect_format(tmp_path / "none.pth")
+
+
+def test_create_model_reads_weights_of_any_format(tmp_path):
+    from vitkit.io.convert import to_hf
+
+    model = rand_model()
+    save_timm(model, tmp_path / "w.safetensors")
+    to_hf(model, tmp_path / "hf")
+    # the architecture from the weights; a name (or single fields) for what they do not show
+    assert_same_logits(model, vitkit.create_model("vit_test", weights=tmp_path / "w.safetensors"))
+    assert_same_logits(model, vitkit.create_model(weights=tmp_path / "w.safetensors", num_heads=2))
+    assert_same_logits(model, vitkit.create_model("auto", weights=tmp_path / "hf", norm_eps=1e-6))
+    ckpt = vitkit.save(model, tmp_path / "ckpt")
+    assert_same_logits(model, vitkit.create_model(weights=ckpt))
+    # num_classes: a new, zero-initialised head, as for fine-tuning
+    three = vitkit.create_model("vit_test", weights=tmp_path / "w.safetensors", num_classes=3)
+    assert three.cfg.num_classes == 3 and not three.head.weight.any() and not three.training
+    with pytest.raises(CheckpointError, match=r"number of heads is not visible .* --model NAME"):
+        vitkit.create_model(weights=tmp_path / "w.safetensors")
+    with pytest.raises(ConfigError, match=r"a vitkit checkpoint has its config"):
+        vitkit.create_model("vit_test", weights=ckpt)
+    with pytest.raises(ConfigError, match=r"give a model name .* or weights=PATH"):
+        vitkit.create_model()
+
+
+def test_cli_without_from_reads_the_format_from_the_container(tmp_path, capsys):
+    model = rand_model()
+    save_timm(model, tmp_path / "w.pth")
+    assert main(["convert", str(tmp_path / "w.pth"), str(tmp_path / "ckpt"), "--model", "vit_test"]) == 0
+    assert capsys.readouterr().out.startswith(f"read timm: {tmp_path / 'w.pth'}\nmodel: width 32, depth 2, heads 2")
+    assert_same_logits(model, vitkit.load(tmp_path / "ckpt"))
+    with pytest.raises(SystemExit) as e:  # a vitkit checkpoint goes nowhere without --to
+        main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "again")])
+    assert e.value.code == 2 and "give --from FORMAT" in capsys.readouterr().err

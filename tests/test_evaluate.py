@@ -30,6 +30,16 @@ def data(tmp_path):
     return image_folder(tmp_path / "data", CLASSES, n=4, test=6)
 
 
+def mnist_folder(root):
+    """MNIST IDX files of random 28x28 digits: 30 training images and 12 test images (t10k)."""
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    for part, n in (("train", 30), ("t10k", 12)):
+        (root / f"{part}-images-idx3-ubyte").write_bytes(idx_bytes(rng.integers(0, 255, (n, 28, 28))))
+        (root / f"{part}-labels-idx1-ubyte").write_bytes(idx_bytes(np.arange(n) % 10))
+    return root
+
+
 def _reference(model, root):
     """top-1, loss and confusion computed image by image, independently of evaluate()."""
     conf = np.zeros((3, 3), int)
@@ -92,15 +102,69 @@ def test_class_mismatch_names_both(tmp_path, data):
         evaluate(m, data)
 
 
-def test_default_split_is_val_without_test_and_missing_split_is_an_error(tmp_path, data):
+# -------------------------------------------------------------------------------- which images are scored
+def test_a_plain_folder_is_scored_whole(tmp_path, data):
     import shutil
 
     shutil.rmtree(data / "test")
     (data / "train").rename(tmp_path / "flat")
-    res = evaluate(_model(), tmp_path / "flat", val_fraction=0.25)
-    assert res["split"] == "val" and res["format"] == "folder" and res["num_images"] == 3
-    with pytest.raises(vitkit.DataError, match=r"flat: has no 'test' split \(it has: val, train\)"):
+    res = evaluate(_model(), tmp_path / "flat")
+    assert res["split"] == "all" and res["format"] == "folder" and res["num_images"] == 12
+    assert res["scored"] == "whole: all 12 images"
+    # --split val asks for a carve of it: seeded, as a run would hold it out
+    res = evaluate(_model(), tmp_path / "flat", split="val", val_fraction=0.25)
+    assert res["num_images"] == 3 and res["scored"] == "validation carve (seed 0, 25% of the training images): all 3 images"
+    assert evaluate(_model(), tmp_path / "flat", split="train")["num_images"] == 12
+    with pytest.raises(vitkit.DataError, match=r"flat: has no 'test' split \(it has: train\)"):
         evaluate(_model(), tmp_path / "flat", split="test")
+
+
+def test_data_with_a_test_part_gives_it_and_split_chooses_another(data):
+    assert evaluate(_model(), data)["scored"] == "test part: all 18 images"
+    res = evaluate(_model(), data, split="all")
+    assert res["num_images"] == 30 and res["scored"] == "all parts (train, test): all 30 images"
+    assert sum(c["support"] for c in res["per_class"]) == 30
+    assert evaluate(_model(), data, split="train")["scored"] == "train part: all 12 images"
+    (data / "test").rename(data / "val")  # train/ + val/: the val part
+    assert evaluate(_model(), data)["scored"] == "val part: all 18 images"
+
+
+def test_mnist_and_cifar_give_their_test_part(tmp_path):
+    import pickle
+
+    rng = np.random.default_rng(0)
+    res = evaluate(tiny_model(in_chans=1), mnist_folder(tmp_path / "mnist"))
+    assert (res["format"], res["scored"]) == ("mnist", "test part: all 12 images")
+    cifar = tmp_path / "cifar-10-batches-py"
+    cifar.mkdir()
+    for name, n in (("data_batch_1", 20), ("test_batch", 10)):
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": [i % 10 for i in range(n)]}
+        (cifar / name).write_bytes(pickle.dumps(batch, protocol=2))
+    res = evaluate(tiny_model(), cifar)
+    assert (res["format"], res["scored"]) == ("cifar10", "test part: all 10 images")
+    assert evaluate(tiny_model(), cifar, split="all")["num_images"] == 30
+
+
+def test_a_run_without_data_is_scored_on_its_validation_carve(tmp_path, capsys):
+    """A run on a plain folder held out a seeded 10% to validate on: eval of the run directory without
+    --data scores exactly those images (best/ is the model that scored best on them)."""
+    from helpers import FAST_TRAIN_ARGS
+
+    folder = image_folder(tmp_path / "data", CLASSES, n=10, test=0) / "train"
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(folder), "--epochs", "2", "--seed", "3", "--out", str(run), "--json",
+                 *FAST_TRAIN_ARGS]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    res = evaluate(run)
+    assert res["data"] == str(folder) and res["split"] == "val" and res["num_images"] == 3
+    assert res["scored"] == "the run's validation carve (seed 3, 10% of the training images): all 3 images"
+    assert res["top1"] == pytest.approx(summary["best_val_acc"], abs=1e-5)
+    assert evaluate(run, split="train")["scored"] == "train part less the run's validation carve (seed 3): all 27 images"
+    # given --data, the same folder is data like any other: scored whole
+    assert evaluate(run, folder)["scored"] == "whole: all 30 images"
+    assert main(["eval", str(run)]) == 0
+    assert capsys.readouterr().out.startswith(f"{folder} (folder), the run's validation carve (seed 3, 10% of the "
+                                              "training images): all 3 images")
 
 
 def test_out_folder_and_cli(tmp_path, data, capsys):
@@ -120,7 +184,7 @@ def test_out_folder_and_cli(tmp_path, data, capsys):
 
     assert main(["eval", str(ckpt), "--data", str(data)]) == 0
     text = capsys.readouterr().out
-    assert "split-folder), test split: 18 images" in text and "cat " in text
+    assert "split-folder), test part: all 18 images" in text and "cat " in text
 
     # images of other sizes are brought to the model's size
     Image.fromarray(np.zeros((40, 56, 3), np.uint8)).save(data / "test" / "dog" / "wide.png")
@@ -134,12 +198,7 @@ def test_out_folder_and_cli(tmp_path, data, capsys):
 
 def test_array_dataset_lists_mistakes_by_index_and_grey_model(tmp_path):
     """MNIST IDX files (grey 28x28) on a grey model of another size: resized by eval_batch."""
-    rng = np.random.default_rng(0)
-    root = tmp_path / "mnist"
-    root.mkdir()
-    for part, n in (("train", 30), ("t10k", 12)):
-        (root / f"{part}-images-idx3-ubyte").write_bytes(idx_bytes(rng.integers(0, 255, (n, 28, 28))))
-        (root / f"{part}-labels-idx1-ubyte").write_bytes(idx_bytes(np.arange(n) % 10))
+    root = mnist_folder(tmp_path / "mnist")
     m = tiny_model(in_chans=1, head_std=3.0)
     res = evaluate(m, root, out=tmp_path / "ev")
     assert res["format"] == "mnist" and res["split"] == "test" and res["num_images"] == 12
@@ -153,4 +212,4 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path, data, capsys):
     res = evaluate(_model(), data)
     assert res["num_images"] == 18 and res["skipped_files"] == 1
     assert main(["eval", str(vitkit.save(_model(), tmp_path / "ck")), "--data", str(data)]) == 0
-    assert "test split: 18 images (1 unreadable file(s) skipped)" in capsys.readouterr().out
+    assert "test part: all 18 images (1 unreadable file(s) skipped)" in capsys.readouterr().out

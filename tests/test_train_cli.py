@@ -146,3 +146,112 @@ def test_a_bad_augment_key_is_one_error_before_any_process_starts(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert code == 1 and not started
     assert len(err.splitlines()) == 1 and err.startswith("vitkit: error: ") and re.search(message, err), err
+
+
+# ------------------------------------------------------------------------------- pretrained weights in one step
+# finetune flags for a tiny run of 8 logged steps: no --model here (finetune's --model names foreign weights)
+FT = ["--epochs", "2", "--batch-size", "8", "--threads", "1", "--device", "cpu", "--precision", "fp32",
+      "--set", "plots=false", "--set", "log_every=1"]
+
+
+def test_finetune_from_timm_weights_equals_convert_then_finetune(tmp_path, capsys):
+    from vitkit.io.timm import save_timm
+
+    from helpers import assert_same_weights, random_model, step_losses
+
+    data = make_folder(tmp_path / "data", classes=("a", "b", "c"))
+    weights = tmp_path / "vit.safetensors"
+    save_timm(random_model(), weights)  # vit_test in timm's layout: width 32, so the heads are not visible
+
+    one = tmp_path / "one"
+    assert main(["finetune", str(weights), "--data", str(data), "--out", str(one), "--set", "model_args.num_heads=2",
+                 *FT]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == [
+        f"read timm: {weights}",
+        "model: width 32, depth 2, heads 2, patch 8, image 32x32, classes 10, pool token, 0.02M parameters",
+        "not in the weights, assumed: norm_eps=1e-06, act=gelu, global_pool=token (change with --model NAME or "
+        "--set model_args.KEY=VALUE)",
+    ]
+    assert json.loads((one / "config.json").read_text())["init_from"] == str(weights)
+
+    ckpt = tmp_path / "ckpt"
+    assert main(["convert", str(weights), str(ckpt), "--from", "timm", "--set", "num_heads=2"]) == 0
+    two = tmp_path / "two"
+    assert main(["finetune", str(ckpt), "--data", str(data), "--out", str(two), "--quiet", *FT]) == 0
+    assert len(step_losses(one)) == 8 and step_losses(one) == step_losses(two)
+    assert_same_weights(one, two)
+
+    # a named model supplies what the weights do not show; a vitkit checkpoint needs none
+    capsys.readouterr()
+    assert main(["finetune", str(weights), "--model", "vit_test", "--data", str(data), "--out", str(tmp_path / "n"),
+                 "--epochs", "1", *FT[2:]]) == 0
+    assert "not in the weights" not in capsys.readouterr().out
+    assert main(["finetune", str(ckpt), "--model", "vit_test", "--data", str(data), "--out", str(tmp_path / "x"),
+                 *FT]) == 1
+    assert "init_model: " in capsys.readouterr().err
+
+
+def test_finetune_names_an_unknown_container(tmp_path, capsys):
+    data = make_folder(tmp_path / "data")
+    (tmp_path / "model.onnx").write_bytes(b"onnx")
+    assert main(["finetune", str(tmp_path / "model.onnx"), "--data", str(data), "--out", str(tmp_path / "r"), *FT]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"vitkit: error: {tmp_path / 'model.onnx'}: not a weights container vitkit knows; expected a vitkit "
+                   "checkpoint or run directory (vitkit's config.json), an HF model directory (config.json with "
+                   "model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
+
+
+# ------------------------------------------------------------------------------------------- replayable runs
+TIMING = {"seconds", "img_per_s", "train_seconds", "total_seconds", "cpu_seconds", "run_dir"}
+
+
+def records(run) -> list[dict]:
+    """metrics.jsonl without the fields that time the run or name its directory."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_a_run_replayed_from_its_config_gives_the_same_metrics(tmp_path, capsys):
+    from helpers import assert_same_weights
+
+    data = make_folder(tmp_path / "data")
+    first = tmp_path / "first"
+    assert main(["train", "--data", str(data), "--epochs", "2", "--out", str(first), *FAST,
+                 "--set", "log_every=1", "--set", "eval_every=1", "--set", "data.val_fraction=0.2"]) == 0
+    saved = json.loads((first / "config.json").read_text())
+    assert saved["threads"] == 1 and saved["processes"] == 1  # what it ran with, resolved
+
+    again = tmp_path / "again"
+    assert main(["train", "--config", str(first), "--out", str(again), "--quiet"]) == 0
+    assert json.loads((again / "config.json").read_text()) == saved
+    assert len(records(first)) == 8 and records(again) == records(first)  # 4 steps, 2 epochs, 2 validations
+    assert_same_weights(first, again)
+
+    # flags override the replayed config, whether it is named by its directory or its file
+    third = tmp_path / "third"
+    assert main(["train", "--config", str(first / "config.json"), "--out", str(third), "--epochs", "1", "--quiet"]) == 0
+    assert records(third)[0]["loss"] == records(first)[0]["loss"]  # the same start, on a shorter schedule
+    assert json.loads((third / "config.json").read_text()) == dict(saved, epochs=1)
+    # a checkpoint's config.json is not a run's
+    assert main(["train", "--config", str(first / "best" / "config.json"), "--out", str(tmp_path / "x")]) == 1
+    assert "is a checkpoint's config, not a run's" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------- familiar flags
+def test_timm_style_flags_set_their_config_keys(tmp_path, capsys):
+    from vitkit.cli import parse_args
+    from vitkit.commands.train import flags_from_args, overrides_from_args
+    from vitkit.train.config import resolve_config
+
+    args = parse_args(["train", "--img-size", "48", "--weight-decay", "0.01", "--drop-path", "0.1", "--smoothing",
+                       "0.2", "--mixup", "0.8", "--cutmix", "1.0", "--workers", "2", "--threads", "3"])
+    cfg = resolve_config(None, flags_from_args(args), overrides_from_args(args))
+    assert (cfg.img_size, cfg.optim.weight_decay, cfg.model_args["drop_path_rate"], cfg.augment.label_smoothing,
+            cfg.augment.mixup_alpha, cfg.augment.cutmix_alpha, cfg.data.workers, cfg.threads) == \
+        (48, 0.01, 0.1, 0.2, 0.8, 1.0, 2, 3)
+    # a flag and an override of the same key: neither silently wins
+    assert main(["train", "--weight-decay", "0.1", "--set", "optim.weight_decay=0.2", "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("vitkit: error: override 'optim.weight_decay=0.2': optim.weight_decay is also given by a flag; "
+                   "give one of the two")

@@ -31,7 +31,8 @@ def test_run_directory_contents(tmp_path):
               "last/config.json", "last/trainer.pt", "best/model.safetensors", "best/config.json"):
         assert (out / f).is_file(), f
     assert json.loads((out / "classes.json").read_text()) == ["a", "b"]
-    assert RunConfig.from_dict(json.loads((out / "config.json").read_text())).ema == 0.9
+    saved = RunConfig.from_dict(json.loads((out / "config.json").read_text()))
+    assert saved.ema == 0.9 and saved.threads == torch.get_num_threads() == 1 and saved.processes == 1  # as it ran
     recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if r["type"] == "step"] == list(range(1, 9))
     assert sum(r["type"] == "eval" for r in recs) == 2 and recs[-1]["type"] == "final"
@@ -69,6 +70,19 @@ def test_finetune_new_head_new_resolution(tmp_path):
     assert s["status"] == "completed" and m.cfg.num_classes == 3 and m.labels == list(three)
     assert m.cfg.img_size == (48, 48) and m.pos_embed.shape == (1, 1 + 36, 32)
     assert m(torch.zeros(1, 3, 48, 48)).shape == (1, 3)
+
+
+def test_finetune_from_hf_weights_reads_them_as_convert_does(tmp_path):
+    from vitkit.io.convert import from_hf, to_hf
+
+    from helpers import random_model
+
+    to_hf(random_model(), tmp_path / "hf")  # HF's config.json tells the heads and eps
+    said = []
+    train(cfg(init_from=str(tmp_path / "hf"), epochs=1), tmp_path / "ft", splits=tiny_splits(), log=said.append)
+    assert said[0] == f"read hf: {tmp_path / 'hf'}" and said[1].startswith("model: width 32, depth 2, heads 2")
+    m, hf = vitkit.load(tmp_path / "ft"), from_hf(tmp_path / "hf")
+    assert m.cfg.replace(num_classes=10) == hf.cfg and m.labels == ["a", "b"]
 
 
 def test_resume_with_other_classes_is_an_error(tmp_path):

@@ -8,6 +8,7 @@ arguments) and ``run(args) -> int``. Modules are imported only when their subcom
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -61,6 +62,37 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def unrecognized(extra: list[str], argv: list[str], parser: argparse.ArgumentParser, keys: list[str]) -> str:
+    """argparse's message for arguments no option takes, with a hint for the first unknown flag: the
+    closest flag of ``parser`` and, where one of the config's dotted ``keys`` is closer to its name than
+    any flag, that key as a --set override (with the value that followed the flag)."""
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    flag = next((a for a in extra if a.startswith("--")), None)
+    if flag is None:
+        return message
+    name, eq, value = flag.partition("=")
+    if not eq:  # the value, as the next argument (which parses as a stray argument of its own)
+        after = argv[argv.index(flag) + 1:argv.index(flag) + 2]
+        value = after[0] if after and not after[0].startswith("-") else "VALUE"
+    flags = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+    hints = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+    key = _closest_key(name[2:].replace("-", "_"), keys)
+    if key and not (hints and hints[0][2:].replace("-", "_") == key.rsplit(".", 1)[-1]):
+        hints.append(f"--set {key}={value}")
+    return message + (f"; did you mean {' or '.join(hints)}?" if hints else "")
+
+
+def _closest_key(name: str, keys: list[str]) -> str | None:
+    """The dotted key whose last part (or whole, dots as underscores) is closest to ``name``; the
+    shortest key where several end alike (img_size, not data.img_size)."""
+    forms: dict[str, str] = {}
+    for key in sorted(keys, key=lambda k: (k.count("."), k)):
+        forms.setdefault(key.rsplit(".", 1)[-1], key)
+        forms.setdefault(key.replace(".", "_"), key)
+    close = difflib.get_close_matches(name, list(forms), n=1, cutoff=0.75)
+    return forms[close[0]] if close else None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse ``argv``; errors (exit 2) print the usage of the subcommand at fault, not the top level's."""
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -68,7 +100,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args, extra = parser.parse_known_args(argv)
     if extra:
         at_fault = parser.subcommands.get(args.command, parser)
-        at_fault.error(f"unrecognized arguments: {' '.join(extra)}")
+        keys = getattr(args, "config_keys", None)  # commands with a run config: train, finetune
+        at_fault.error(unrecognized(extra, argv, at_fault, keys() if keys else []))
     args._parser = parser
     args.argv = list(argv)  # the command line as given, for commands that start copies of themselves
     return args

@@ -2,8 +2,15 @@
 confusion matrix and the most confidently wrong images.
 
     from vitkit.evaluate import evaluate
-    res = evaluate("runs/mnist", data="data/mnist", out="eval/")     # split: test if any, else val
-    res["top1"], res["per_class"][3]["recall"], res["worst"][0]
+    res = evaluate("runs/mnist", data="data/mnist", out="eval/")     # MNIST's test part
+    res["top1"], res["per_class"][3]["recall"], res["worst"][0], res["scored"]
+
+Which images are scored: the data's test part; else its val part; else, for data without either (a
+plain class folder), all of it. ``split`` chooses otherwise: 'test', 'val', 'train' or 'all' (every
+part); 'val' on data without a val part scores a seeded carve of its training images. Without
+``data``, a run directory is scored on the run's own data, split as the run split it: its test part,
+else its val part, else the validation carve the run held out (with the run's seed); a checkpoint on
+the built-in demo set. ``res["scored"]`` says which images, e.g. "test part: all 10000 images".
 
 Images go through the checkpoint's own preprocessing (``eval_batch`` with ``model.preprocess`` at
 ``model.cfg.img_size``). The dataset's classes must be the model's: the same names (in any order: the
@@ -31,7 +38,8 @@ from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
 from .runtime import label_names, load_model
 
-SPLITS = ("test", "val", "train")
+SPLITS = ("test", "val", "train")  # the parts a dataset may have
+CHOICES = SPLITS + ("all",)  # what ``split`` takes: a part, or every part
 
 
 def _preview(names: list[str], n: int = 4) -> str:
@@ -60,14 +68,13 @@ def match_classes(model, classes: list[str], where: str) -> torch.Tensor | None:
     return None
 
 
-def _open(data, data_format, model, val_fraction, seed, strict=False, max_pixels=DEFAULT_MAX_PIXELS):
+def _open(data, data_format, model, strict=False, max_pixels=DEFAULT_MAX_PIXELS):
     from .data import open_dataset
 
     cfg, pre = model.cfg, model.preprocess
     # in_memory=False: image folders are streamed (only headers are read up front; the one split we
     # evaluate is decoded batch by batch) and keep their file paths for the report
-    kw = dict(channels=cfg.in_chans, val_fraction=val_fraction, seed=seed, in_memory=False, strict=strict,
-              max_pixels=max_pixels)
+    kw = dict(channels=cfg.in_chans, val_fraction=0.0, in_memory=False, strict=strict, max_pixels=max_pixels)
     try:
         return open_dataset(data, data_format, **kw)
     except DataError as e:
@@ -90,27 +97,29 @@ def evaluate(
     device: str | torch.device = "cpu",
     num_worst: int = 16,
     val_fraction: float = 0.1,
-    seed: int = 0,
+    seed: int | None = None,
     strict: bool = False,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> dict:
-    """Evaluate on ``split`` of ``data`` (a dataset folder; None = the built-in demo set).
+    """Evaluate on ``split`` of ``data`` (a dataset folder; None = a run directory's own data, else the
+    built-in demo set); which images that is, the module docstring says.
 
-    split None: 'test' when the data has one, else 'val' (split off train with ``val_fraction`` and
-    ``seed``, as training does by default). Unreadable images are skipped and listed in
-    ``skipped`` as {"path", "reason"}; with ``strict`` the first one is an error. Returns a dict (see
-    the module docstring).
+    ``val_fraction`` and ``seed`` (default: a run directory's seed, else 0) carve a val part for
+    split='val' from data without one. Unreadable images are skipped and listed in ``skipped`` as
+    {"path", "reason"}; with ``strict`` the first one is an error. Returns a dict (see the module
+    docstring).
     """
-    if split is not None and split not in SPLITS:
-        raise ConfigError(f"--split: {split!r} is not one of {', '.join(SPLITS)}")
+    if split is not None and split not in CHOICES:
+        raise ConfigError(f"--split: {split!r} is not one of {', '.join(CHOICES)}")
     if batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {batch_size}")
     model = load_model(model_or_path, device)
     if not model.cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
+    data, data_format, own, seed = _source(model_or_path, data, data_format, split, seed)
     where = "built-in demo set" if data is None else str(data)
-    splits = _open(data, data_format, model, val_fraction, seed, strict, max_pixels)
-    split, ds = _pick_split(splits, split, where)
+    splits = _open(data, data_format, model, strict, max_pixels)
+    split, ds, scored = _choose(splits, split, where, own, val_fraction, seed)
     remap = match_classes(model, splits.classes, where)
     skipped = [dict(path=str(p), reason=r) for p, r in splits.skipped]
     tally = _score(model, ds, remap, batch_size, strict, skipped)
@@ -122,6 +131,7 @@ def evaluate(
         data=where,
         format=splits.format,
         split=split,
+        scored=f"{scored}: {'all' if tally.n == len(ds) else f'{tally.n} of'} {len(ds)} images",
         num_images=tally.n,
         skipped_files=len(skipped),
         skipped=skipped,
@@ -134,16 +144,63 @@ def evaluate(
     return res
 
 
-def _pick_split(splits, split: str | None, where: str):
-    """The split to evaluate (None: 'test' when there is one, else 'val') and its ImageSet; DataError
-    when the data has no such split or it is empty."""
+def _source(model_or_path, data, data_format, split, seed):
+    """(data, data_format, the RunConfig whose own data that is or None, seed): without ``data``, a run
+    directory's own data; the seed of a carve, unless given: the run's, else 0."""
+    run = _run_config(model_or_path) if data is None or (split == "val" and seed is None) else None
+    own = run if data is None else None  # the run's data, to split as the run split it
+    if own is not None:
+        data, data_format = own.data.path, own.data.format
+    return data, data_format, own, seed if seed is not None else run.seed if run is not None else 0
+
+
+def _run_config(model_or_path):
+    """The RunConfig of a run directory (a folder with the run's config.json and best/ or last/, not a
+    checkpoint), else None."""
+    from .io.checkpoint import CONFIG, WEIGHTS
+    from .train.config import RunConfig, merge, read_run_config
+
+    if isinstance(model_or_path, torch.nn.Module):
+        return None
+    path = Path(model_or_path)
+    if not (path / CONFIG).is_file() or (path / WEIGHTS).exists():
+        return None
+    data = read_run_config(path)
+    try:
+        return RunConfig.from_dict(merge(RunConfig().to_dict(), data))
+    except ConfigError as e:
+        raise ConfigError(f"{path / CONFIG}: {e}") from None
+
+
+def _choose(splits, split: str | None, where: str, run, val_fraction: float, seed: int):
+    """(the split, its ImageSet, what it is in words) to evaluate; see the module docstring. ``run``: the
+    RunConfig whose own data this is (its validation carve is made again), else None. DataError when
+    the data has no such split or it is empty."""
+    from .data.datasets import join_sets, split_stratified
+    from .train.build import HELD_OUT
+
+    carve = None
+    if run is not None and splits.val is None:  # as the run split its data (train.build.open_data)
+        fraction = run.data.val_fraction or (HELD_OUT if splits.test is None else 0.0)
+        carve = ("the run's validation carve", fraction) if fraction else None
+    elif run is None and split == "val" and splits.val is None:
+        carve = ("validation carve", val_fraction)
+    if carve:
+        splits.train, splits.val = split_stratified(splits.train, carve[1], seed, where=where)
+    parts = [s for s in ("train", "val", "test") if getattr(splits, s) is not None]
     if split is None:
-        split = "test" if splits.test is not None else "val"
+        split = "test" if splits.test is not None else "val" if splits.val is not None else "all"
+    if split == "all":
+        return split, join_sets([getattr(splits, s) for s in parts]), \
+            "whole" if len(parts) == 1 else f"all parts ({', '.join(parts)})"
     ds = getattr(splits, split)
     if ds is None or len(ds) == 0:
-        have = [s for s in SPLITS if getattr(splits, s) is not None]
-        raise DataError(f"{where}: has no {split!r} split (it has: {', '.join(have)})")
-    return split, ds
+        raise DataError(f"{where}: has no {split!r} split (it has: {', '.join(s for s in SPLITS if s in parts)})")
+    if carve and split == "val":
+        return split, ds, f"{carve[0]} (seed {seed}, {carve[1]:.0%} of the training images)"
+    if carve and split == "train":
+        return split, ds, f"train part less {carve[0]} (seed {seed})"
+    return split, ds, f"{split} part"
 
 
 # ---------------------------------------------------------------------------------------- scoring
@@ -366,4 +423,4 @@ def worst_grid(ds, worst: list[dict], cell: int = 96, cols: int = 8) -> bytes:
     return buf.getvalue()
 
 
-__all__ = ["evaluate", "match_classes", "confusion_png", "worst_grid", "SPLITS"]
+__all__ = ["evaluate", "match_classes", "confusion_png", "worst_grid", "SPLITS", "CHOICES"]

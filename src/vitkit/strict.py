@@ -160,6 +160,21 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return out
 
 
+def read_json_object(file, error: type[Exception] = ConfigError) -> dict:
+    """The JSON object in ``file`` as a dict; text that is not JSON, or JSON that is not an object, is
+    ``error`` naming the file."""
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads(Path(file).read_text(encoding="utf-8"))
+    except ValueError as e:  # UnicodeDecodeError included
+        raise error(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise error(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def _whole(x) -> bool:
     """A whole number (Python's or numpy's), not a bool."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)

@@ -1,4 +1,5 @@
-"""`vitkit convert SRC DEST --from timm|hf|jax` / `--to timm|hf`: weight conversion."""
+"""`vitkit convert SRC DEST --from timm|hf|jax` / `--to timm|hf`: weight conversion. Without --from, the
+format of SRC is told by its container (``io.convert.detect_format``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ def register(p):
     p.add_argument("dest", help="where to write: a vitkit checkpoint directory, a timm .safetensors/.pth file or "
                                 "an HF model directory")
     p.add_argument("--from", dest="src_format", choices=["timm", "hf", "jax"], default=None,
-                   help="format of SRC (default: a vitkit checkpoint)")
+                   help="format of SRC (default: told by the container: a folder with vitkit's config.json, an HF "
+                        "folder, a JAX .npz file, a timm .pth/.bin/.safetensors file)")
     p.add_argument("--to", dest="dest_format", choices=["timm", "hf"], default=None,
                    help="format of DEST (default: a vitkit checkpoint)")
     p.add_argument("--model", dest="model_name", metavar="NAME", default=None,
@@ -33,27 +35,20 @@ def register(p):
 def run(args) -> int:
     import json
 
-    from ..io.convert import convert
+    from ..io.convert import convert, describe
 
     parser = args._convert_parser
-    if args.src_format is None and args.dest_format is None:
+    src_format = args.src_format or source_format(args.src)
+    if src_format == "vitkit" and args.dest_format is None:
         parser.error("give --from FORMAT (SRC is timm, hf or jax) or --to FORMAT (DEST is timm or hf)")
-    if args.src_format is None and (args.model_name or args.overrides):
+    if src_format == "vitkit" and (args.model_name or args.overrides):
         parser.error("--model and --set describe foreign weights; use them with --from")
-    src_format = args.src_format or "vitkit"
     dest_format = args.dest_format or "vitkit"
     report = convert(args.src, args.dest, src_format, dest_format, model_name=args.model_name,
                      overrides=args.overrides, img_size=args.img_size, interpolation=args.interpolation,
                      antialias=args.antialias)
-    c = report["config"]
-    img = "x".join(map(str, c["img_size"]))
-    print(f"read {src_format}: {args.src}")
-    print(f"model: width {c['embed_dim']}, depth {c['depth']}, heads {c['num_heads']}, patch {c['patch_size']}, "
-          f"image {img}, classes {c['num_classes']}, pool {c['global_pool']}, "
-          f"{report['params'] / 1e6:.2f}M parameters")
-    if report["assumed"]:
-        items = ", ".join(f"{k}={v}" for k, v in report["assumed"].items())
-        print(f"not in the weights, assumed: {items} (change with --set KEY=VALUE)")
+    for line in describe(report):
+        print(line)
     if report["resampled"]:
         r = report["resampled"]
         print(f"resampled position embeddings {'x'.join(map(str, r['from']))} -> {'x'.join(map(str, r['to']))} "
@@ -62,3 +57,15 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report))
     return 0
+
+
+def source_format(src: str) -> str:
+    """The format SRC's container tells; 'vitkit' where it tells none (the vitkit reader then says what
+    is wrong with it)."""
+    from ..errors import CheckpointError
+    from ..io.convert import detect_format
+
+    try:
+        return detect_format(src)
+    except CheckpointError:
+        return "vitkit"

@@ -22,6 +22,7 @@ def register(p):
     p.add_argument("--img-size", type=image_size, default=None,
                    help="N or HxW to run at (default: the model's size; a dynamic-size model keeps the image's aspect)")
     p.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity (default 0.5)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto: a GPU if there is one)")
     p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",
                    help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
     p.add_argument("--json", action="store_true", help="print a JSON object (maps as nested lists) as the last line")
@@ -34,7 +35,7 @@ def run(args) -> int:
 
     res = explain(args.checkpoint, args.image, out=args.out, method=args.method, head_fusion=args.head_fusion,
                   discard_ratio=args.discard_ratio, img_size=args.img_size, alpha=args.alpha,
-                  max_pixels=max_pixels(args), target=args.target)
+                  max_pixels=max_pixels(args), target=args.target, device=args.device)
     if args.json:
         out = dict(res)
         for k in MAPS:

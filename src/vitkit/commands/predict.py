@@ -11,7 +11,7 @@ def register(p):
     p.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
     p.add_argument("--strict", action="store_true", help="stop at the first unreadable file (exit 1)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto: a GPU if there is one)")
     p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",
                    help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
     out = p.add_mutually_exclusive_group()

@@ -1,7 +1,10 @@
 """`vitkit train`: train a ViT. With no arguments: the built-in digits, the demo recipe.
 
-Values come from the recipe's defaults, then --config FILE (TOML), then the flags, then --set /
-trailing KEY=VALUE overrides. The distributed environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK)
+Values come from the recipe's defaults, then --config (a TOML file, or a run's config.json or run
+directory: the run replayed), then the flags, then --set / trailing KEY=VALUE overrides; a key given
+both by a flag and by an override is an error. Flags that timm's train.py users know (--img-size,
+--weight-decay, --drop-path, --smoothing, --mixup, --cutmix, --workers) set their config keys, as
+--set does. The distributed environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK)
 is read here, once, and handed to the library.
 """
 
@@ -29,9 +32,19 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                    "(default: the built-in demo digits)" if not finetune else "the data to fine-tune on")
     g.add_argument("--data-format", metavar="FMT", help="force the dataset format: folder, split-folder, mnist, "
                    "cifar10, cifar100 (default: detected)")
+    g.add_argument("--workers", type=int, metavar="N", help=_h("decoding workers for streamed datasets (data.workers)",
+                                                               "data.workers"))
     if not finetune:
         g.add_argument("--model", metavar="NAME", help=_h("a named model (`vitkit list`)", "model"))
-    g.add_argument("--config", metavar="FILE", help="a TOML run config (see configs/); flags override it")
+        g.add_argument("--img-size", type=int, metavar="PX", help="train at this resolution, the model's position "
+                       "embeddings resampled (img_size; default: the model's)")
+    else:
+        g.add_argument("--img-size", type=int, metavar="PX", help="fine-tune at this resolution (img_size; default: "
+                       "the checkpoint's); position embeddings are resampled")
+    g.add_argument("--drop-path", type=float, metavar="P", help="stochastic depth rate (model_args.drop_path_rate; "
+                   "default: the model's)")
+    g.add_argument("--config", metavar="FILE", help="a TOML run config (see configs/), or a run's config.json or run "
+                   "directory to replay that run; flags override it")
     g = p.add_argument_group("schedule")
     g.add_argument("--epochs", type=int, metavar="N", help=_h("training epochs", "epochs"))
     g.add_argument("--max-minutes", type=float, metavar="M",
@@ -40,8 +53,16 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--batch-size", type=int, metavar="B", help=_h("images per optimizer step (all processes)", "batch_size"))
     g.add_argument("--accum-steps", type=int, metavar="N", help=_h("gradient accumulation steps", "accum_steps"))
     g.add_argument("--lr", type=float, help=_h("peak learning rate", "optim.lr"))
+    g.add_argument("--weight-decay", type=float, metavar="WD", help=_h("decoupled weight decay (optim.weight_decay)",
+                                                                       "optim.weight_decay"))
     g.add_argument("--seed", type=int, help=_h("random seed", "seed"))
     g.add_argument("--ema", type=float, metavar="DECAY", help="keep and evaluate an EMA of the weights (e.g. 0.999)")
+    g.add_argument("--smoothing", type=float, metavar="EPS", help=_h("label smoothing (augment.label_smoothing)",
+                                                                     "augment.label_smoothing"))
+    g.add_argument("--mixup", type=float, metavar="ALPHA", help=_h("mixup alpha, 0 = off (augment.mixup_alpha)",
+                                                                   "augment.mixup_alpha"))
+    g.add_argument("--cutmix", type=float, metavar="ALPHA", help=_h("cutmix alpha, 0 = off (augment.cutmix_alpha)",
+                                                                    "augment.cutmix_alpha"))
     g = p.add_argument_group("hardware")
     g.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help=_h("device", "device"))
     g.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"],
@@ -64,6 +85,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("rest", nargs="*", metavar="KEY=VALUE", help="more overrides, as --set")
     g.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    p.set_defaults(config_keys=config_keys)
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -74,16 +96,24 @@ def flags_from_args(args) -> dict:
     f = {
         "data.path": args.data,
         "data.format": args.data_format,
+        "data.workers": args.workers,
         "model": getattr(args, "model", None),
+        "img_size": args.img_size,
+        "model_args.drop_path_rate": args.drop_path,
         "epochs": args.epochs,
         "max_minutes": args.max_minutes,
         "batch_size": args.batch_size,
         "accum_steps": args.accum_steps,
         "optim.lr": args.lr,
+        "optim.weight_decay": args.weight_decay,
         "seed": args.seed,
         "ema": args.ema,
+        "augment.label_smoothing": args.smoothing,
+        "augment.mixup_alpha": args.mixup,
+        "augment.cutmix_alpha": args.cutmix,
         "device": args.device,
         "processes": args.nproc,
+        "threads": args.threads,
         "precision": args.precision,
         "compile": args.compile,
         "ckpt_every": args.ckpt_every,
@@ -91,6 +121,24 @@ def flags_from_args(args) -> dict:
         "skip_nonfinite": args.skip_nonfinite,
     }
     return f
+
+
+def config_keys() -> list[str]:
+    """Every dotted key that --set takes (under model_args, the ViTConfig fields), for the hint that an
+    unknown flag gets."""
+    import dataclasses
+
+    from ..config import ViTConfig
+    from ..train.config import RunConfig
+
+    def leaves(node: dict, prefix: str = "") -> list[str]:
+        keys = []
+        for k, v in node.items():
+            keys += leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [prefix + k]
+        return keys
+
+    fields = [f"model_args.{f.name}" for f in dataclasses.fields(ViTConfig)]
+    return [k for k in leaves(RunConfig().to_dict()) if k != "model_args"] + fields
 
 
 def default_threads(local_procs: int) -> int:
@@ -175,22 +223,16 @@ def overrides_from_args(args) -> list[str]:
 
 def saved_run_config(run_dir, out: str | None) -> dict:
     """The config.json of the run that --resume continues (checked alone, so that an error names it)."""
-    import json
     from pathlib import Path
 
     from ..errors import ConfigError
-    from ..train.config import RunConfig, merge
+    from ..train.config import RunConfig, merge, read_run_config
 
     saved = run_dir / "config.json"
     if not saved.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.json there; not a vitkit run directory")
+    base = read_run_config(saved)
     try:
-        base = json.loads(saved.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ConfigError(f"{saved}: not valid JSON ({e})") from None
-    try:
-        if not isinstance(base, dict):
-            raise ConfigError(f"expected a JSON object, got {type(base).__name__}")
         RunConfig.from_dict(merge(RunConfig().to_dict(), base))
     except ConfigError as e:
         raise ConfigError(f"{saved}: {e}") from None
@@ -200,13 +242,16 @@ def saved_run_config(run_dir, out: str | None) -> dict:
 
 
 def new_run_dir(cfg, out: str | None):
-    """--out, or runs/<model or checkpoint name>-<date-time>."""
+    """--out, or runs/<model or weights' name>-<date-time>."""
     import time
     from pathlib import Path
 
     if out:
         return Path(out)
-    name = Path(cfg.init_from).name if cfg.init_from else cfg.model
+    name = cfg.model
+    if cfg.init_from:
+        init = Path(cfg.init_from)
+        name = init.stem if init.is_file() else init.name
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -223,6 +268,8 @@ def launch_processes(args, cfg, run_dir) -> int:
         raise ConfigError("processes: a multi-process run is started from the command line (vitkit train)")
     if not args.resume and not args.out:
         argv += ["--out", str(run_dir)]  # every rank must agree on the run directory
+    if cfg.threads is None:  # ... and on the threads, counted once while the machine is not yet busy with them
+        argv += ["--threads", str(default_threads(cfg.processes))]
     return launch(argv, cfg.processes)
 
 
@@ -249,12 +296,11 @@ def train_here(args, cfg, run_dir, dist) -> int:
     """Train in this process (alone, or as one rank of a distributed run); report as the exit code says."""
     import os
 
-    import torch
-
     from ..train.distributed import destroy_process_group
     from ..train.loop import train
 
-    torch.set_num_threads(args.threads or default_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size)))
+    if cfg.threads is None:  # the run sets this many and records it in its config.json
+        cfg.threads = default_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size))
     progress = not args.quiet and sys.stderr.isatty()
     log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
     with stop_on_signals() as stop:

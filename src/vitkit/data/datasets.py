@@ -677,5 +677,19 @@ def split_stratified(images: ImageSet, fraction: float, seed: int, where: str = 
     return images.subset(tr), images.subset(va)
 
 
-__all__ = ["ImageSet", "DataSplits", "open_dataset", "detect_format", "split_stratified", "read_idx",
+def join_sets(parts: list[ImageSet]) -> ImageSet:
+    """One ImageSet of ``parts`` in turn (the splits of one dataset: same classes, size and storage)."""
+    first = parts[0]
+    return ImageSet(
+        labels=torch.cat([p.labels for p in parts]),
+        classes=list(first.classes),
+        images=None if first.images is None else torch.cat([p.images for p in parts]),
+        paths=None if first.paths is None else [path for p in parts for path in p.paths],
+        size=first.size,
+        channels=first.channels,
+        max_pixels=first.max_pixels,
+    )
+
+
+__all__ = ["ImageSet", "DataSplits", "open_dataset", "detect_format", "split_stratified", "join_sets", "read_idx",
            "safe_unpickle", "FORMATS", "DEMO_DIR"]

@@ -8,17 +8,20 @@ format's key table and layout, built on ``keys.py`` (applying a key table with h
     model = from_timm("vit.pth")                 # or from_hf("dir/"), from_jax("ViT-B_16.npz")
     sd = to_timm(model); to_hf(model, "hf_dir/")
     convert("ViT-B_16.npz", "ckpt/", src_format="jax")
+    detect_format("vit.pth")                     # 'timm': the container tells the format
+    model, info = read("ViT-B_16.npz")           # the format detected; info["assumed"]: what was filled in
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..config import ViTConfig
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from ..runtime import count_params
 from .arch import parse_overrides
 from .checkpoint import CONFIG, WEIGHTS, load, resolve_checkpoint, save
@@ -81,6 +84,55 @@ def _reader(name: str, label: str) -> Reader:
     return fmt.read
 
 
+# what each format's weights come in, by the container (see detect_format)
+CONTAINERS = {
+    "vitkit": "a vitkit checkpoint or run directory (vitkit's config.json)",
+    "hf": "an HF model directory (config.json with model_type 'vit')",
+    "jax": "a JAX .npz file",
+    "timm": "a timm .pth, .pt, .bin or .safetensors file",
+}
+TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+
+
+def detect_format(src: str | os.PathLike) -> str:
+    """The format of the weights at ``src``, told by the container: a directory whose config.json has a
+    ``model_type`` is Hugging Face's, any other directory with a config.json or model.safetensors (a
+    checkpoint) or with a best/ or last/ checkpoint (a run) is vitkit's; an .npz file is JAX's, a .pth,
+    .pt, .bin or .safetensors file is timm's, except a vitkit checkpoint's own model.safetensors.
+
+    Only the container is looked at: whether its content is good is for the format's reader to say.
+    A path that is none of these is a CheckpointError naming it and the accepted forms.
+    """
+    p = Path(src)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such file or directory")
+    if p.is_dir():
+        if "model_type" in _json_object(p / CONFIG):
+            return "hf"
+        try:
+            resolve_checkpoint(p)
+            return "vitkit"
+        except CheckpointError:
+            pass
+    elif p.suffix.lower() == ".npz":
+        return "jax"
+    elif p.name in (WEIGHTS, CONFIG) and (p.parent / WEIGHTS).is_file() and \
+            _json_object(p.parent / CONFIG).get("format") == "vitkit":
+        return "vitkit"
+    elif p.suffix.lower() in TIMM_SUFFIXES:
+        return "timm"
+    raise CheckpointError(f"{p}: not a weights container vitkit knows; expected {', '.join(CONTAINERS.values())}")
+
+
+def _json_object(file: Path) -> dict:
+    """``file`` as a JSON object; {} when it is missing or is no JSON object (its reader reports that)."""
+    try:
+        obj = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
 def _writer(name: str, label: str) -> Writer:
     """The writer of format ``name``; an unknown or read-only one is a ConfigError naming ``label``."""
     fmt = FORMATS.get(name)
@@ -110,10 +162,31 @@ def from_jax(path, cfg: ViTConfig | None = None, model=None, *, model_name=None,
     return read_jax(path, cfg=cfg, model=model, model_name=model_name, overrides=overrides)[0]
 
 
-def read(src, src_format: str, *, model_name=None, overrides=None):
-    """(model, info) from ``src`` in ``src_format`` ('vitkit', 'timm', 'hf' or 'jax')."""
+def read(src, src_format: str | None = None, *, model_name=None, overrides=None):
+    """(model, info) from ``src`` in ``src_format`` ('vitkit', 'timm', 'hf' or 'jax'; None: told by the
+    container, ``detect_format``). info: {"source", "format", "assumed": the fields neither the weights
+    nor ``model_name`` / ``overrides`` gave, filled in with defaults}."""
     overrides = parse_overrides(overrides)
-    return _reader(src_format, "source format")(src, model_name=model_name, overrides=overrides)
+    src_format = src_format or detect_format(src)
+    model, info = _reader(src_format, "source format")(src, model_name=model_name, overrides=overrides)
+    return model, {**info, "format": src_format}
+
+
+def describe(report: Mapping[str, Any], hint: str = "--set KEY=VALUE") -> list[str]:
+    """What a read found, as `vitkit convert` and `vitkit finetune` print it: the source and its format,
+    the architecture, and the fields that were assumed (``hint`` says how to change them). ``report``
+    holds "src", "from" (the format), "config" (ViTConfig as a dict), "params" and "assumed"."""
+    c = report["config"]
+    img = "x".join(map(str, c["img_size"]))
+    lines = [
+        f"read {report['from']}: {report['src']}",
+        f"model: width {c['embed_dim']}, depth {c['depth']}, heads {c['num_heads']}, patch {c['patch_size']}, "
+        f"image {img}, classes {c['num_classes']}, pool {c['global_pool']}, {report['params'] / 1e6:.2f}M parameters",
+    ]
+    if report["assumed"]:
+        items = ", ".join(f"{k}={v}" for k, v in report["assumed"].items())
+        lines.append(f"not in the weights, assumed: {items} (change with {hint})")
+    return lines
 
 
 def write(model, dest, dest_format: str) -> list[str]:
@@ -163,9 +236,12 @@ def convert(
 
 
 __all__ = [
+    "CONTAINERS",
     "FORMATS",
     "Format",
+    "detect_format",
     "convert",
+    "describe",
     "from_hf",
     "from_jax",
     "from_timm",

@@ -22,6 +22,7 @@ import torch
 
 from ..config import Preprocess, ViTConfig
 from ..errors import CheckpointError
+from ..strict import read_json_object
 from .arch import mlp_ratio_for, resolve_config
 from .atomic import atomic_write_bytes, atomic_write_text
 from .checkpoint import load_state_dict_file
@@ -91,12 +92,7 @@ def read_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor],
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{cfg_file}: missing (an HF model directory holds config.json)")
-    try:
-        hf_cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
-    if not isinstance(hf_cfg, dict):
-        raise CheckpointError(f"{cfg_file}: expected a JSON object")
+    hf_cfg = read_json_object(cfg_file, CheckpointError)
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
             return hf_cfg, load_state_dict_file(path / name), str(path / name)

@@ -1,7 +1,10 @@
 """What a run builds from its RunConfig before the first step: the model's config, the data, the model.
 
-``model_config`` resolves the model a run trains, once: the named model (or the ``init_from``
-checkpoint's model) with ``model_args`` laid over it, at ``img_size``. The checks a launcher runs
+``model_config`` resolves the model a run trains, once: the named model (or the model of the
+``init_from`` weights) with ``model_args`` laid over it, at ``img_size``. ``init_from`` is a vitkit
+checkpoint or run directory, or timm, HF or JAX weights, whose format the container tells and whose
+architecture is read from the weights as ``vitkit convert`` reads it (``init_model`` and
+``model_args`` supply what the weights do not show). The checks a launcher runs
 before it starts any process (``preflight``), the opening of the data (channels, and the size image
 folders are decoded at) and the building of the model all take it from there.
 """
@@ -17,7 +20,7 @@ from ..config import Preprocess, ViTConfig
 from ..errors import ConfigError, DataError, TrainingError
 from ..io import checkpoint as ckpt_io
 from ..model import VisionTransformer
-from ..runtime import pick_precision, resolve_device
+from ..runtime import count_params, pick_precision, resolve_device
 from .checkpoint import find_checkpoint
 from .config import RunConfig
 
@@ -27,9 +30,12 @@ def model_config(cfg: RunConfig) -> ViTConfig:
     a ``num_classes`` in model_args is ignored. Errors name the model, the argument or the checkpoint."""
     from ..variants import get_config
 
-    args = {k: v for k, v in cfg.model_args.items() if k != "num_classes"}
+    args = _model_args(cfg)
     if cfg.init_from:
-        mcfg = ckpt_io.read_config(ckpt_io.resolve_checkpoint(cfg.init_from))[0]
+        if init_format(cfg) == "vitkit":
+            mcfg = ckpt_io.read_config(ckpt_io.resolve_checkpoint(cfg.init_from))[0]
+        else:
+            mcfg = read_init(cfg)[0].cfg
         try:
             mcfg = mcfg.replace(**args)
         except ConfigError as e:
@@ -39,6 +45,33 @@ def model_config(cfg: RunConfig) -> ViTConfig:
     if cfg.img_size:
         args["img_size"] = cfg.img_size
     return get_config(cfg.model, **args)
+
+
+def _model_args(cfg: RunConfig) -> dict:
+    return {k: v for k, v in cfg.model_args.items() if k != "num_classes"}
+
+
+def init_format(cfg: RunConfig) -> str:
+    """The format of the ``init_from`` weights ('vitkit', 'timm', 'hf' or 'jax'), told by the container.
+    A named model (``init_model``) describes foreign weights only: a vitkit checkpoint has its config."""
+    from ..io.convert import detect_format
+
+    fmt = detect_format(cfg.init_from)
+    if fmt == "vitkit" and cfg.init_model:
+        raise ConfigError(f"init_model: {cfg.init_from} is a vitkit checkpoint, which carries its architecture; "
+                          "init_model describes timm, HF or JAX weights")
+    return fmt
+
+
+def read_init(cfg: RunConfig) -> tuple[VisionTransformer, dict]:
+    """The model of the timm, HF or JAX ``init_from`` weights, at their own size and head, and the report
+    of the read (``io.convert.describe``): ``init_model`` and ``model_args`` supply what they do not show."""
+    from ..io.convert import read
+
+    model, info = read(cfg.init_from, init_format(cfg), model_name=cfg.init_model, overrides=_model_args(cfg))
+    report = {"src": cfg.init_from, "from": info["format"], "config": model.cfg.to_dict(),
+              "params": count_params(model), "assumed": info["assumed"]}
+    return model, report
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
@@ -64,6 +97,10 @@ def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False)
 
 
 # ============================================================================================== data
+HELD_OUT = 0.1  # the share of its training images a run holds out for validation when its data has neither a
+#   val nor a test part (and data.val_fraction is 0), so that it reports an accuracy
+
+
 def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None]):
     """The run's DataSplits with ``mcfg``'s channels; image folders, which may mix sizes, are decoded at
     ``mcfg``'s size. Data with neither a validation nor a test part gives 10% of its training images
@@ -78,8 +115,9 @@ def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None]):
     splits = open_dataset(d.path, d.format, channels=mcfg.in_chans, img_size=size, val_fraction=d.val_fraction,
                           seed=cfg.seed, strict=d.strict, in_memory=d.in_memory)
     if splits.val is None and splits.test is None:
-        splits.train, splits.val = split_stratified(splits.train, 0.1, cfg.seed, where=str(d.path))
-        say("no validation or test part in the data: 10% of the training images are held out for validation")
+        splits.train, splits.val = split_stratified(splits.train, HELD_OUT, cfg.seed, where=str(d.path))
+        say(f"no validation or test part in the data: {HELD_OUT:.0%} of the training images are held out for "
+            "validation")
     return splits
 
 
@@ -140,11 +178,13 @@ def data_preprocess(images, channels: int, max_images: int = 10000) -> Preproces
 
 
 # ============================================================================================= model
-def build_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str]) -> VisionTransformer:
+def build_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str],
+                say: Callable[[str], None] = lambda m: None) -> VisionTransformer:
     """The model ``mcfg`` describes with a head for ``classes``: initialised from ``cfg.seed`` (the same
-    seed, the same weights), or (``init_from``) the checkpoint's backbone with a new head."""
+    seed, the same weights), or (``init_from``) the backbone of those weights with a new head; foreign
+    weights are described with ``say`` (what was read, what was assumed)."""
     if cfg.init_from:
-        return _from_checkpoint(Path(cfg.init_from), mcfg, classes)
+        return _from_weights(cfg, mcfg, classes, say)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = VisionTransformer(mcfg.replace(num_classes=len(classes)))
@@ -152,13 +192,21 @@ def build_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str]) -> VisionTr
     return model
 
 
-def _from_checkpoint(path: Path, mcfg: ViTConfig, classes: list[str]) -> VisionTransformer:
-    # the checkpoint's weights at its own size and head, then (fine-tuning) a new, zero-initialised head
-    # for the new classes (the old one never fits) and position embeddings resampled to mcfg's size
-    ckpt = ckpt_io.resolve_checkpoint(path)
-    saved, pre, _, _ = ckpt_io.read_config(ckpt)
-    model = VisionTransformer(mcfg.replace(img_size=saved.img_size, num_classes=saved.num_classes))
-    ckpt_io.load_weights(model, ckpt_io.read_safetensors(ckpt / ckpt_io.WEIGHTS), str(ckpt / ckpt_io.WEIGHTS))
+def _from_weights(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], say: Callable[[str], None]) -> VisionTransformer:
+    # the weights at their own size and head, then (fine-tuning) a new, zero-initialised head for the new
+    # classes (the old one never fits) and position embeddings resampled to mcfg's size
+    if init_format(cfg) == "vitkit":
+        ckpt = ckpt_io.resolve_checkpoint(cfg.init_from)
+        saved, pre, _, _ = ckpt_io.read_config(ckpt)
+        model = VisionTransformer(mcfg.replace(img_size=saved.img_size, num_classes=saved.num_classes))
+        ckpt_io.load_weights(model, ckpt_io.read_safetensors(ckpt / ckpt_io.WEIGHTS), str(ckpt / ckpt_io.WEIGHTS))
+    else:
+        from ..io.convert import describe
+
+        model, report = read_init(cfg)
+        for line in describe(report, hint="--model NAME or --set model_args.KEY=VALUE"):
+            say(line)
+        pre = model.preprocess
     model.preprocess = pre.for_channels(mcfg.in_chans)
     model.reset_head(len(classes), classes)
     if model.cfg.img_size != mcfg.img_size:
@@ -167,10 +215,10 @@ def _from_checkpoint(path: Path, mcfg: ViTConfig, classes: list[str]) -> VisionT
 
 
 def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set,
-                  resume_from: Path | None = None) -> VisionTransformer:
+                  resume_from: Path | None = None, say: Callable[[str], None] = lambda m: None) -> VisionTransformer:
     """The model a run starts from: built, then given the resumed checkpoint's weights and preprocess;
     a new run from scratch normalises with constants measured on its training images."""
-    model = build_model(cfg, mcfg, classes)
+    model = build_model(cfg, mcfg, classes, say if resume_from is None else (lambda m: None))
     if resume_from is not None:
         ckpt_io.load_weights(model, ckpt_io.read_safetensors(resume_from / ckpt_io.WEIGHTS), str(resume_from))
         model.preprocess = ckpt_io.read_config(resume_from)[1]
@@ -180,5 +228,5 @@ def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set
     return model
 
 
-__all__ = ["model_config", "preflight", "check_run_dir", "open_data", "check_classes", "data_preprocess",
+__all__ = ["HELD_OUT", "model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data", "check_classes", "data_preprocess",
            "build_model", "prepare_model"]

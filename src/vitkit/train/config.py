@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from ..data import AugmentConfig
 from ..errors import ConfigError
-from ..strict import apply_overrides, from_dict, to_dict
+from ..strict import apply_overrides, from_dict, parse_override, read_json_object, to_dict
 
 
 @dataclass
@@ -82,7 +82,10 @@ class RunConfig:
     # --- what to train -------------------------------------------------------------------------------
     model: str = "vit_hybrid_mini_patch4_28"  # a named model (`vitkit list`)
     model_args: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields that override the named model
-    init_from: str | None = None  # start from this checkpoint (fine-tuning): weights, preprocess; new head
+    init_from: str | None = None  # start from these weights (fine-tuning), new head: a vitkit checkpoint or run
+    #   directory, or timm, HF or JAX weights (the format is told by the container, io.convert.detect_format)
+    init_model: str | None = None  # with timm, HF or JAX weights: a named model that supplies what the weights
+    #   do not show (heads, eps, pooling); None = defaults, reported. model_args set single fields
     img_size: int | None = None  # train at this resolution (position embeddings resampled); None = model's
     # --- how long ------------------------------------------------------------------------------------
     epochs: int = 20  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
@@ -93,7 +96,10 @@ class RunConfig:
     # --- numerics and hardware ----------------------------------------------------------------------
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"  # auto: cuda, then mps, then cpu
     processes: int = 1  # data-parallel processes that `vitkit train` starts on this machine (DDP: gloo on
-    #   CPU, one GPU each on CUDA), as `torchrun --nproc_per_node=N` would; a torchrun launch decides itself
+    #   CPU, one GPU each on CUDA), as `torchrun --nproc_per_node=N` would; a torchrun launch decides itself,
+    #   and a run's config.json records the number it ran with
+    threads: int | None = None  # CPU threads of each process; None = the cores not busy with other work, shared
+    #   among this machine's processes. A run's config.json records the number it ran with
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # autocast dtype; auto: bf16 where the
     #   hardware has fast bf16 (CUDA with bf16, CPUs with AMX/AVX512-BF16), else fp32; fp16 needs CUDA
     compile: bool = False  # torch.compile the model
@@ -128,8 +134,10 @@ class RunConfig:
             raise ConfigError(f"ema: the decay must be in (0, 1), got {self.ema!r}")
         if self.batch_size % self.accum_steps:
             raise ConfigError(f"batch_size: {self.batch_size} is not divisible by accum_steps {self.accum_steps}")
-        if self.img_size is not None and self.img_size < 1:
-            raise ConfigError(f"img_size: must be a positive integer or null, got {self.img_size!r}")
+        for name in ("img_size", "threads"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name}: must be a positive integer or null, got {v!r}")
         self.data.validate()
         self.augment.validate()
         self.optim.validate()
@@ -163,6 +171,34 @@ def load_toml(path: str | Path) -> dict:
                           f"offset {e.start})") from None
 
 
+def read_run_config(path: str | Path) -> dict:
+    """A run's config.json (or that of run directory ``path``) as a dict, to replay or resume the run.
+
+    A missing or malformed file, or a checkpoint's config.json, is a ConfigError naming it; the values
+    are checked where they are used (``resolve_config``).
+    """
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(f"{path}: no config.json there; not a vitkit run directory" if path.is_dir()
+                          else f"{path}: no such config file")
+    data = read_json_object(file)
+    if data.get("format") == "vitkit":
+        raise ConfigError(f"{file}: is a checkpoint's config, not a run's; fine-tune from the checkpoint with "
+                          "`vitkit finetune`")
+    return data
+
+
+def load_config_file(path: str | Path) -> dict:
+    """A config file as a dict: a run's config.json or run directory (``read_run_config``), else TOML."""
+    path = Path(path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ConfigError(f"{path}: is a directory, expected a TOML file or a run directory (it holds no config.json)")
+    if path.is_dir() or path.suffix.lower() == ".json":
+        return read_run_config(path)
+    return load_toml(path)
+
+
 def merge(base: dict, update: dict) -> dict:
     """``update`` laid over ``base``, tables merged key by key (model_args and augment included)."""
     out = dict(base)
@@ -180,16 +216,20 @@ def resolve_config(
     overrides: list[str] | None = None,
     base: dict | None = None,
 ) -> RunConfig:
-    """Defaults <- ``base`` <- TOML ``file`` <- ``flags`` (dotted keys, None = not given) <- ``overrides``.
+    """Defaults <- ``base`` <- ``file`` <- ``flags`` (dotted keys, None = not given) <- ``overrides``.
+
+    ``file``: a TOML file, or a run's config.json or run directory (the run replayed).
 
     Every layer is checked strictly: an unknown key or a wrong type is a ConfigError naming the key
-    (and the file it came from).
+    (and the file it came from). A key given both by a flag and by an override is an error: neither
+    silently wins.
     """
+    _check_given_once(flags or {}, overrides or [])
     data = RunConfig().to_dict()
     if base:
         data = merge(data, base)
     if file is not None:
-        loaded = load_toml(file)
+        loaded = load_config_file(file)
         try:
             RunConfig.from_dict(merge(data, loaded))  # check the file alone first, to name it in errors
         except ConfigError as e:
@@ -208,7 +248,16 @@ def resolve_config(
     return RunConfig.from_dict(data)
 
 
-__all__ = ["RunConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml", "merge"]
+def _check_given_once(flags: dict[str, Any], overrides: list[str]) -> None:
+    given = {key for key, value in flags.items() if value is not None}
+    for text in overrides:
+        key = ".".join(parse_override(text)[0])
+        if key in given:
+            raise ConfigError(f"override {text!r}: {key} is also given by a flag; give one of the two")
+
+
+__all__ = ["RunConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml", "load_config_file",
+           "read_run_config", "merge"]
 
 
 # `vitkit train` with neither --data nor --config (the demo on the built-in digits) is also capped in time.

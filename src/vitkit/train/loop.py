@@ -11,9 +11,12 @@ Its parts: ``build`` (config, data, model), ``trainer`` (steps, validation, chec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from pathlib import Path
 from typing import Callable
+
+import torch
 
 from ..io.atomic import ensure_dir
 from ..runtime import pick_precision, resolve_device
@@ -41,7 +44,7 @@ def train(
     returns True the run saves last/ and returns with status 'interrupted'. ``resume``: continue from
     run_dir/last. Errors are VitkitError subclasses with one-line messages.
     """
-    cfg.validate()
+    cfg = ran_with(cfg.validate(), dist)
     run_dir = Path(run_dir)
     say = main_log(log, dist)
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
@@ -57,7 +60,7 @@ def train(
         if splits is None:
             splits = open_data(cfg, mcfg, say)
         classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
-        model = prepare_model(cfg, mcfg, classes, splits.train, resume_from)
+        model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say)
         trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
                           precision=precision, log=log, stop=stop, progress=progress)
         if saved is not None:
@@ -74,6 +77,15 @@ def train(
         return summary
 
 
+def ran_with(cfg: RunConfig, dist: DistInfo) -> RunConfig:
+    """``cfg`` as this run executes it, to record in its config.json: the CPU threads (``cfg.threads``, set
+    here; else torch's current number) and the processes. The same values replay the run exactly."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    return dataclasses.replace(cfg, threads=torch.get_num_threads(),
+                               processes=dist.world_size if dist.enabled else cfg.processes)
+
+
 @contextlib.contextmanager
 def _hold(run_dir: Path, resume: bool, dist: DistInfo):
     """The main process checks and creates the run directory, and holds its lock while the run lasts."""
@@ -88,4 +100,4 @@ def _hold(run_dir: Path, resume: bool, dist: DistInfo):
         lock.release()
 
 
-__all__ = ["train"]
+__all__ = ["train", "ran_with"]
