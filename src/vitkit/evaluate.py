@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
+from .progress import Progress
 from .runtime import label_names, load_model
 
 SPLITS = ("test", "val", "train")
@@ -60,14 +61,15 @@ def match_classes(model, classes: list[str], where: str) -> torch.Tensor | None:
     return None
 
 
-def _open(data, data_format, model, val_fraction, seed, strict=False, max_pixels=DEFAULT_MAX_PIXELS):
+def _open(data, data_format, model, val_fraction, seed, strict=False, max_pixels=DEFAULT_MAX_PIXELS,
+          progress=None):
     from .data import open_dataset
 
     cfg, pre = model.cfg, model.preprocess
     # in_memory=False: image folders are streamed (only headers are read up front; the one split we
     # evaluate is decoded batch by batch) and keep their file paths for the report
     kw = dict(channels=cfg.in_chans, val_fraction=val_fraction, seed=seed, in_memory=False, strict=strict,
-              max_pixels=max_pixels)
+              max_pixels=max_pixels, progress=progress)
     try:
         return open_dataset(data, data_format, **kw)
     except DataError as e:
@@ -93,13 +95,15 @@ def evaluate(
     seed: int = 0,
     strict: bool = False,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    progress: Progress | None = None,
 ) -> dict:
     """Evaluate on ``split`` of ``data`` (a dataset folder; None = the built-in demo set).
 
     split None: 'test' when the data has one, else 'val' (split off train with ``val_fraction`` and
     ``seed``, as training does by default). Unreadable images are skipped and listed in
-    ``skipped`` as {"path", "reason"}; with ``strict`` the first one is an error. Returns a dict (see
-    the module docstring).
+    ``skipped`` as {"path", "reason"}; with ``strict`` the first one is an error. ``progress``: where
+    reading the data and scoring it are counted (default: nowhere). Returns a dict (see the module
+    docstring).
     """
     if split is not None and split not in SPLITS:
         raise ConfigError(f"--split: {split!r} is not one of {', '.join(SPLITS)}")
@@ -109,11 +113,13 @@ def evaluate(
     if not model.cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
     where = "built-in demo set" if data is None else str(data)
-    splits = _open(data, data_format, model, val_fraction, seed, strict, max_pixels)
+    progress = progress or Progress()
+    splits = _open(data, data_format, model, val_fraction, seed, strict, max_pixels, progress)
     split, ds = _pick_split(splits, split, where)
     remap = match_classes(model, splits.classes, where)
     skipped = [dict(path=str(p), reason=r) for p, r in splits.skipped]
-    tally = _score(model, ds, remap, batch_size, strict, skipped)
+    with progress.task(f"evaluating {where} ({split})", len(ds), unit="images") as task:
+        tally = _score(model, ds, remap, batch_size, strict, skipped, task)
     if tally.n == 0:
         raise DataError(f"{where}: no image of the {split!r} split could be read ({len(skipped)} skipped)")
     names = label_names(model)
@@ -183,8 +189,9 @@ class _Tally:
         self.n += len(y)
 
 
-def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict]) -> _Tally:
-    """Run the model over ``ds`` batch by batch through its own preprocessing, counting in a _Tally.
+def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict], task) -> _Tally:
+    """Run the model over ``ds`` batch by batch through its own preprocessing, counting in a _Tally (and
+    the images on the progress ``task``).
 
     Streamed files are decoded in 4 threads; one that fails to decode is skipped and listed in ``skipped``
     (with ``strict`` it raises).
@@ -209,6 +216,7 @@ def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict])
                 y = remap[y]
             x = eval_batch(imgs.to(dev), cfg.img_size, model.preprocess)
             tally.add(model(x).float(), y, idx)
+            task.update(min(start + batch_size, len(ds)))
     return tally
 
 
