@@ -191,8 +191,8 @@ class ProgressBar(Progress):
     """A tqdm bar on ``stream`` (a terminal) for each task, removed when the task ends. The bar shows the
     task's notes and its own ETA (which honours a time budget) in place of tqdm's."""
 
-    FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{postfix}]"
-    REFRESH_S = 0.5  # how often the notes and ETA are recomputed
+    FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}"  # tqdm puts ", " before the postfix
+    REFRESH_S = 0.5  # how often the notes and the ETA are recomputed and drawn
 
     def __init__(self, stream: TextIO, clock: Clock = time.perf_counter):
         super().__init__(clock)
@@ -209,11 +209,11 @@ class ProgressBar(Progress):
 
     def show(self, task: Task) -> None:
         bar = self.bars[id(task)]
+        bar.update(task.done - bar.n)  # tqdm redraws at most every 0.1 s
         now = self.clock()
         if now - self.refreshed[id(task)] >= self.REFRESH_S:
             self.refreshed[id(task)] = now
-            bar.set_postfix_str(task.status(), refresh=False)
-        bar.update(task.done - bar.n)  # tqdm redraws at most every 0.1 s
+            bar.set_postfix_str(task.status())  # and redraws
 
     def end(self, task: Task, completed: bool) -> None:
         self.refreshed.pop(id(task), None)

@@ -267,12 +267,14 @@ class StepWindow:
 
 
 def write_plots(run_dir: Path) -> str | None:
-    """loss.png, accuracy.png and lr.png from metrics.jsonl; a note (and no plots) without matplotlib."""
-    try:
-        import matplotlib
+    """loss.png, accuracy.png and lr.png from metrics.jsonl; a note (and no plots) without matplotlib.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    The figures are drawn on their own Agg canvas, not through pyplot: a run writes them several times
+    (each periodic validation, a stop, the end), and no backend is switched nor figure left open in the
+    calling process."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
         return "note: matplotlib is not installed, so no plots were written (pip install 'vitkit[plot]')"
     recs = []
@@ -285,7 +287,9 @@ def write_plots(run_dir: Path) -> str | None:
     evals = [r for r in recs if r.get("type") == "eval"]
 
     def plot(name, series, ylabel):
-        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        fig = Figure(figsize=(6, 4), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
         for label, xs, ys in series:
             if xs:
                 ax.plot(xs, ys, label=label, marker="o" if len(xs) < 30 else None)
@@ -296,7 +300,6 @@ def write_plots(run_dir: Path) -> str | None:
         fig.tight_layout()
         with atomic_path(run_dir / name) as tmp:
             fig.savefig(tmp, format="png")
-        plt.close(fig)
 
     plot("loss.png", [("train", [r["step"] for r in steps], [r["loss"] for r in steps]),
                       ("val", [r["step"] for r in evals], [r["loss"] for r in evals])], "loss")
@@ -307,4 +310,4 @@ def write_plots(run_dir: Path) -> str | None:
 
 
 __all__ = ["MetricsLog", "Logger", "CsvLog", "TensorBoardLog", "WandbLog", "LOGGERS", "CSV_COLUMNS", "check_loggers",
-           "open_loggers", "scalars", "StepWindow", "write_plots"]
+           "open_loggers", "scalars", "csv_row", "StepWindow", "write_plots"]
