@@ -193,3 +193,27 @@ def test_train_writes_progress_lines_to_a_log(tmp_path, capsys):
     argv[argv.index(str(tmp_path / "run"))] = str(tmp_path / "quiet")
     assert main([*argv, "--quiet"]) == 0
     assert "train: " not in capsys.readouterr().err
+
+
+def test_only_rank_0_of_a_distributed_run_reports(tmp_path):
+    """Two ranks started as torchrun starts them, each with its own stderr: rank 0 shows the decoding and
+    the steps, rank 1 nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from vitkit.commands.launch import free_port
+
+    data = image_folder(tmp_path / "data")
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]), WORLD_SIZE="2",
+               LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    argv = [sys.executable, "-m", "vitkit", "train", "--data", str(data), "--epochs", "1", "--out",
+            str(tmp_path / "run"), "--progress-every", "0.000001", *[a for a in FAST_TRAIN_ARGS if a != "--quiet"]]
+    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    (out0, err0), (out1, err1) = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], err0 + err1
+    assert sum(line.startswith("train: ") for line in err0.splitlines()) == 3, err0  # 24 images / 8 a step
+    assert any(line.startswith("decoding ") for line in err0.splitlines()), err0
+    assert out1 == "" and "train: " not in err1 and "decoding " not in err1, err1
