@@ -71,6 +71,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
 
 # ------------------------------------------------------------------------------- progress and loggers
 def add_progress_and_loggers(p: argparse.ArgumentParser) -> None:
+    """--progress-every and --log (--quiet, which silences the progress, is with the run's flags)."""
     g = p.add_argument_group("progress and loggers")
     g.add_argument("--progress-every", type=seconds, metavar="SECONDS",
                    help=_h("where stderr is not a terminal (a log), a progress line every SECONDS; 0: none",
@@ -81,6 +82,7 @@ def add_progress_and_loggers(p: argparse.ArgumentParser) -> None:
 
 
 def progress_and_loggers_flags(args) -> dict:
+    """The config keys of the flags above (None: not given)."""
     return {"progress_every": args.progress_every, "loggers": args.log}
 
 
