@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
-from .progress import Progress
+from .progress import Progress, Task
 from .runtime import label_names, load_model
 
 SPLITS = ("test", "val", "train")
@@ -189,7 +189,7 @@ class _Tally:
         self.n += len(y)
 
 
-def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict], task) -> _Tally:
+def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict], task: Task) -> _Tally:
     """Run the model over ``ds`` batch by batch through its own preprocessing, counting in a _Tally (and
     the images on the progress ``task``).
 
