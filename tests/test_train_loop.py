@@ -122,6 +122,22 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     assert "warning: non-finite loss/gradients at step 6; step skipped (1/1)" in msgs
 
 
+def test_plots_are_refreshed_at_each_evaluation_and_written_on_a_stop(tmp_path):
+    plots = ("loss.png", "accuracy.png", "lr.png")
+    out = tmp_path / "run"
+    seen = []
+
+    def stop():  # polled once a step; step 5 is the first after the validation that ends epoch 1
+        seen.append(all((out / p).is_file() for p in plots))
+        return len(seen) == 6
+
+    s = train(cfg(epochs=3, eval_every=1, plots=True), out, splits=tiny_splits(), stop=stop, log=lambda m: None)
+    assert s["status"] == "interrupted" and seen == [False] * 4 + [True] * 2
+    out = tmp_path / "stopped"  # stopped before any validation: the stop writes them
+    s = train(cfg(plots=True), out, splits=tiny_splits(), stop=lambda: True, log=lambda m: None)
+    assert s["status"] == "interrupted" and all((out / p).is_file() for p in plots)
+
+
 def test_stop_request_saves_and_resumes_exactly(tmp_path):
     ref = tmp_path / "ref"
     train(cfg(epochs=3, ckpt_every=0), ref, splits=tiny_splits(), log=lambda m: None)

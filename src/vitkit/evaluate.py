@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
+from .progress import Progress, Task
 from .runtime import label_names, load_model
 
 SPLITS = ("test", "val", "train")  # the parts a dataset may have
@@ -68,13 +69,14 @@ def match_classes(model, classes: list[str], where: str) -> torch.Tensor | None:
     return None
 
 
-def _open(data, data_format, model, strict=False, max_pixels=DEFAULT_MAX_PIXELS):
+def _open(data, data_format, model, strict=False, max_pixels=DEFAULT_MAX_PIXELS, progress=None):
     from .data import open_dataset
 
     cfg, pre = model.cfg, model.preprocess
     # in_memory=False: image folders are streamed (only headers are read up front; the one split we
     # evaluate is decoded batch by batch) and keep their file paths for the report
-    kw = dict(channels=cfg.in_chans, val_fraction=0.0, in_memory=False, strict=strict, max_pixels=max_pixels)
+    kw = dict(channels=cfg.in_chans, val_fraction=0.0, in_memory=False, strict=strict, max_pixels=max_pixels,
+              progress=progress)
     try:
         return open_dataset(data, data_format, **kw)
     except DataError as e:
@@ -100,14 +102,15 @@ def evaluate(
     seed: int | None = None,
     strict: bool = False,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    progress: Progress | None = None,
 ) -> dict:
     """Evaluate on ``split`` of ``data`` (a dataset folder; None = a run directory's own data, else the
     built-in demo set); which images that is, the module docstring says.
 
     ``val_fraction`` and ``seed`` (default: a run directory's seed, else 0) carve a val part for
     split='val' from data without one. Unreadable images are skipped and listed in ``skipped`` as
-    {"path", "reason"}; with ``strict`` the first one is an error. Returns a dict (see the module
-    docstring).
+    {"path", "reason"}; with ``strict`` the first one is an error. ``progress``: where reading the data
+    and scoring it are counted (default: nowhere). Returns a dict (see the module docstring).
     """
     if split is not None and split not in CHOICES:
         raise ConfigError(f"--split: {split!r} is not one of {', '.join(CHOICES)}")
@@ -118,11 +121,13 @@ def evaluate(
         raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
     data, data_format, own, seed = _source(model_or_path, data, data_format, split, seed)
     where = "built-in demo set" if data is None else str(data)
-    splits = _open(data, data_format, model, strict, max_pixels)
+    progress = progress or Progress()
+    splits = _open(data, data_format, model, strict, max_pixels, progress)
     split, ds, scored = _choose(splits, split, where, own, val_fraction, seed)
     remap = match_classes(model, splits.classes, where)
     skipped = [dict(path=str(p), reason=r) for p, r in splits.skipped]
-    tally = _score(model, ds, remap, batch_size, strict, skipped)
+    with progress.task(f"evaluating {where} ({split})", len(ds), unit="images") as task:
+        tally = _score(model, ds, remap, batch_size, strict, skipped, task)
     if tally.n == 0:
         raise DataError(f"{where}: no image of the {split!r} split could be read ({len(skipped)} skipped)")
     names = label_names(model)
@@ -240,8 +245,9 @@ class _Tally:
         self.n += len(y)
 
 
-def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict]) -> _Tally:
-    """Run the model over ``ds`` batch by batch through its own preprocessing, counting in a _Tally.
+def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict], task: Task) -> _Tally:
+    """Run the model over ``ds`` batch by batch through its own preprocessing, counting in a _Tally (and
+    the images on the progress ``task``).
 
     Streamed files are decoded in 4 threads; one that fails to decode is skipped and listed in ``skipped``
     (with ``strict`` it raises).
@@ -266,6 +272,7 @@ def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict])
                 y = remap[y]
             x = eval_batch(imgs.to(dev), cfg.img_size, model.preprocess)
             tally.add(model(x).float(), y, idx)
+            task.update(min(start + batch_size, len(ds)))
     return tally
 
 

@@ -20,6 +20,7 @@ import torch
 
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
+from .progress import Progress
 from .runtime import label_names, load_model
 
 
@@ -41,10 +42,12 @@ def predict(
     device: str | torch.device = "cpu",
     num_workers: int = 4,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    progress: Progress | None = None,
 ) -> dict:
     """Top-k classes with probabilities for every image in ``inputs`` (files, folders, globs).
 
-    Images over ``max_pixels`` are refused as decompression bombs (None: no limit).
+    Images over ``max_pixels`` are refused as decompression bombs (None: no limit). ``progress``: where
+    the images are counted as they are classified (default: nowhere).
 
     Returns {"predictions": [{"path", "top": [{"index", "label", "prob"}]}], "errors": [{"path",
     "error"}], "top_k", "num_images"}. Inputs that match nothing and unreadable files go to "errors"
@@ -65,11 +68,13 @@ def predict(
     errors: list[dict] = []
     files = _image_files(inputs, strict, errors)
     preds: list[dict] = []
-    with ThreadPoolExecutor(max(1, num_workers)) as pool:
+    task = (progress or Progress()).task("predicting", len(files), unit="images")
+    with task, ThreadPoolExecutor(max(1, num_workers)) as pool:
         for start in range(0, len(files), batch_size):
             good = _decode_batch(pool, model, files[start : start + batch_size], strict, max_pixels, errors)
             if good:
                 preds += _top_k(model, good, k)
+            task.update(min(start + batch_size, len(files)))
     return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors)
 
 

@@ -52,3 +52,33 @@ def image_size(text: str) -> tuple[int, int]:
         return to_hw(text, "--img-size")
     except ConfigError as e:  # argparse puts "argument --img-size: " before the reason itself
         raise argparse.ArgumentTypeError(str(e).removeprefix("--img-size: ")) from None
+
+
+def seconds(text: str) -> float:
+    """argparse type of --progress-every: a number of seconds >= 0 (0 = no progress lines)."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def add_progress_flags(p) -> None:
+    """--progress-every and --quiet, for the commands that work through many images."""
+    p.add_argument("--progress-every", type=seconds, default=30.0, metavar="SECONDS",
+                   help="where stderr is not a terminal (a log), a progress line every SECONDS (0: none; default 30)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+
+
+def cli_progress(quiet: bool, every: float):
+    """What a command shows on stderr: a bar on a terminal, a line every ``every`` seconds in a log (0:
+    none), nothing with --quiet. Progress goes to stderr, so that stdout holds the results alone."""
+    import sys
+
+    from ..progress import make_progress
+
+    return make_progress(sys.stderr, tty=sys.stderr.isatty(), every=every, quiet=quiet)

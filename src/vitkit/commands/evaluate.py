@@ -6,7 +6,7 @@ validation carve included), a checkpoint on the built-in demo set. The first lin
 
 from __future__ import annotations
 
-from . import max_pixels, pixels
+from . import add_progress_flags, max_pixels, pixels
 
 
 def register(p):
@@ -28,6 +28,7 @@ def register(p):
     p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",
                    help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
+    add_progress_flags(p)
 
 
 def run(args) -> int:
@@ -35,11 +36,12 @@ def run(args) -> int:
 
     from ..data.images import show_path
     from ..evaluate import evaluate
-    from . import json_line
+    from . import cli_progress, json_line
 
     res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
                    batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst,
-                   strict=args.strict, max_pixels=max_pixels(args))
+                   strict=args.strict, max_pixels=max_pixels(args),
+                   progress=cli_progress(args.quiet, args.progress_every))
     for item in res["skipped"]:
         print(f"vitkit: warning: skipped {show_path(item['path'])}: {show_path(item['reason'])}", file=sys.stderr)
     if args.json:

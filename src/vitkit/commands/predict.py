@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import max_pixels, pixels
+from . import add_progress_flags, max_pixels, pixels
 
 
 def register(p):
@@ -17,6 +17,7 @@ def register(p):
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print a JSON object as the last line")
     out.add_argument("--csv", action="store_true", help="print CSV: path,rank,index,label,prob")
+    add_progress_flags(p)
 
 
 def run(args) -> int:
@@ -25,10 +26,11 @@ def run(args) -> int:
 
     from ..data.images import show_path
     from ..predict import predict
-    from . import json_line
+    from . import cli_progress, json_line
 
     res = predict(args.checkpoint, args.paths, top_k=args.top_k, batch_size=args.batch_size, strict=args.strict,
-                  max_pixels=max_pixels(args), device=args.device)
+                  max_pixels=max_pixels(args), device=args.device,
+                  progress=cli_progress(args.quiet, args.progress_every))
     failed = bool(res["errors"]) and not res["predictions"]  # nothing classified: the failure is the result
     if not (failed and len(res["errors"]) == 1):
         for e in res["errors"]:

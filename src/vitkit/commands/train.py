@@ -15,6 +15,8 @@ import contextlib
 import signal
 import sys
 
+from . import seconds
+
 
 def _h(text: str, key: str) -> str:
     """Help text with the recipe's default value of config field ``key`` (dotted)."""
@@ -86,6 +88,29 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.set_defaults(config_keys=config_keys)
+    add_progress_and_loggers(p)
+
+
+# ------------------------------------------------------------------------------- progress and loggers
+def add_progress_and_loggers(p: argparse.ArgumentParser) -> None:
+    """--progress-every and --log (--quiet, which silences the progress, is with the run's flags)."""
+    g = p.add_argument_group("progress and loggers")
+    g.add_argument("--progress-every", type=seconds, metavar="SECONDS",
+                   help=_h("where stderr is not a terminal (a log), a progress line every SECONDS; 0: none",
+                           "progress_every"))
+    g.add_argument("--log", type=logger_list, metavar="LOGGERS", help="also log the metrics to: csv (metrics.csv), "
+                   "tensorboard, wandb (offline); a comma list, e.g. --log tensorboard,csv (metrics.jsonl is always "
+                   "written)")
+
+
+def progress_and_loggers_flags(args) -> dict:
+    """The config keys of the flags above (None: not given)."""
+    return {"progress_every": args.progress_every, "loggers": args.log}
+
+
+def logger_list(text: str) -> list[str]:
+    """argparse type of --log: 'tensorboard,csv' -> ['tensorboard', 'csv'] (the config checks the names)."""
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -120,6 +145,7 @@ def flags_from_args(args) -> dict:
         "eval_every": args.eval_every,
         "skip_nonfinite": args.skip_nonfinite,
     }
+    f.update(progress_and_loggers_flags(args))
     return f
 
 
@@ -298,10 +324,11 @@ def train_here(args, cfg, run_dir, dist) -> int:
 
     from ..train.distributed import destroy_process_group
     from ..train.loop import train
+    from . import cli_progress
 
     if cfg.threads is None:  # the run sets this many and records it in its config.json
         cfg.threads = default_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size))
-    progress = not args.quiet and sys.stderr.isatty()
+    progress = cli_progress(args.quiet, cfg.progress_every)
     log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
     with stop_on_signals() as stop:
         try:

@@ -4,8 +4,8 @@
 ``ImageSet``s. Small datasets are decoded once (in parallel) and held in memory as one uint8 tensor
 (N, C, H, W); large ones keep file paths and decode on demand, e.g. in DataLoader workers through
 ``ImageSet.as_dataset()``. Unreadable files are skipped and listed in ``DataSplits.skipped`` (or, with
-``strict=True``, the first one is an error). Every error is a one-line DataError naming the file or
-folder at fault.
+``strict=True``, the first one is an error). Decoding a folder is counted on the ``progress`` given.
+Every error is a one-line DataError naming the file or folder at fault.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from ..progress import Progress, Task
 from ..runtime import usable_cpus
 from ..strict import to_hw
 from .images import (
@@ -166,6 +167,7 @@ def open_dataset(
     in_memory: bool | None = None,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     num_workers: int | None = None,
+    progress: Progress | None = None,
 ) -> DataSplits:
     """Open a dataset folder (layout detected from its content, or forced with ``fmt``).
 
@@ -176,7 +178,7 @@ def open_dataset(
     part; 0 = none. strict: the first unreadable file is an error (else skipped and listed).
     in_memory: None = auto (in memory when the pixels fit in 2 GiB). max_pixels: decompression-bomb
     limit per image (None = none). num_workers: decode processes for big folders (None = up to 8, one per
-    core).
+    core). progress: where decoding (or reading the headers of) image folders is counted (default: nowhere).
     """
     if fmt is not None and fmt not in FORMATS:
         raise DataError(f"fmt: unknown dataset format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -186,7 +188,7 @@ def open_dataset(
         raise DataError(f"val_fraction: must be in [0, 1), got {val_fraction!r}")
     if img_size is not None:
         img_size = to_hw(img_size, "img_size", DataError)
-    opts = _Opts(channels, img_size, strict, in_memory, max_pixels, num_workers)
+    opts = _Opts(channels, img_size, strict, in_memory, max_pixels, num_workers, progress or Progress())
 
     if path is None:
         if fmt not in (None, "demo"):
@@ -224,6 +226,7 @@ class _Opts:
     in_memory: bool | None
     max_pixels: int | None
     num_workers: int | None
+    progress: Progress
 
 
 def _check_folder(root: Path) -> None:
@@ -341,9 +344,9 @@ def _open_split_folder(root: Path, fmt: str, o: _Opts):
     # one size for all parts: decide it from train, then hold val/test to it
     train = _materialize(items, classes, o, skipped, where=by["train"])
     o2 = _Opts(train.channels, o.img_size or train.size, o.strict, train.in_memory if o.in_memory is None
-               else o.in_memory, o.max_pixels, o.num_workers)
-    val = _materialize(parts["val"], classes, o2, skipped, where=root) if "val" in parts else None
-    test = _materialize(parts["test"], classes, o2, skipped, where=root) if "test" in parts else None
+               else o.in_memory, o.max_pixels, o.num_workers, o.progress)
+    val = _materialize(parts["val"], classes, o2, skipped, where=root, part="val") if "val" in parts else None
+    test = _materialize(parts["test"], classes, o2, skipped, where=root, part="test") if "test" in parts else None
     return train, val, test, skipped
 
 
@@ -369,28 +372,40 @@ def _work_chunk(args) -> list:
     return out
 
 
-def _pmap(kind: str, paths: list[Path], channels: int, max_pixels, size, workers: int) -> list:
-    """_work_chunk over all ``paths``: in this process for small jobs, else in a pool of ``workers``
-    processes (Pillow's per-file Python overhead holds the GIL, so threads would not scale)."""
+def _pmap(kind: str, paths: list[Path], channels: int, max_pixels, size, workers: int, task: Task) -> list:
+    """_work_chunk over all ``paths`` in chunks, each counted on ``task`` when done: in this process for
+    small jobs, else in a pool of ``workers`` processes (Pillow's per-file Python overhead holds the GIL,
+    so threads would not scale)."""
     import multiprocessing as mp
-
-    if (workers <= 1 or len(paths) < 1024 or "fork" not in mp.get_all_start_methods()
-            or mp.current_process().daemon):  # a daemon process (e.g. a DataLoader worker) may not fork
-        return _work_chunk((kind, paths, channels, max_pixels, size))
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
 
     step = max(64, min(1024, len(paths) // (workers * 4)))
     jobs = [(kind, paths[i : i + step], channels, max_pixels, size) for i in range(0, len(paths), step)]
+    if (workers <= 1 or len(paths) < 1024 or "fork" not in mp.get_all_start_methods()
+            or mp.current_process().daemon):  # a daemon process (e.g. a DataLoader worker) may not fork
+        return _gather(map(_work_chunk, jobs), task)
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     try:
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
-            return [r for chunk in ex.map(_work_chunk, jobs) for r in chunk]
+            return _gather(ex.map(_work_chunk, jobs), task)
     except (BrokenProcessPool, OSError):  # pragma: no cover - no processes available: decode here
-        return _work_chunk((kind, paths, channels, max_pixels, size))
+        return _gather(map(_work_chunk, jobs), task)
 
 
-def _materialize(items: list[tuple[Path, int]], classes: list[str], o: _Opts, skipped: list, where: Path) -> ImageSet:
-    """Decode (or, for large sets, check the headers of) ``items`` into an ImageSet."""
+def _gather(chunks, task: Task) -> list:
+    """The results of ``chunks`` (in order), counted on ``task`` as each chunk comes in."""
+    out: list = []
+    for chunk in chunks:
+        out.extend(chunk)
+        task.update(len(out))
+    return out
+
+
+def _materialize(items: list[tuple[Path, int]], classes: list[str], o: _Opts, skipped: list, where: Path,
+                 part: str = "") -> ImageSet:
+    """Decode (or, for large sets, check the headers of) ``items`` into an ImageSet; ``part`` names the
+    split in the progress shown when ``where`` holds several."""
     channels = o.channels or 3
     workers = _workers(o.num_workers, len(items))
     with pil_limits(o.max_pixels):
@@ -407,7 +422,11 @@ def _materialize(items: list[tuple[Path, int]], classes: list[str], o: _Opts, sk
                     continue
             probe = probe or (32, 32)
             in_memory = len(items) * channels * probe[0] * probe[1] <= MEMORY_BUDGET
-    res = _pmap("decode" if in_memory else "header", [p for p, _ in items], channels, o.max_pixels, size, workers)
+    what = f"{'decoding' if in_memory else 'reading the headers of'} {show_path(where)}"
+    what += f" ({part})" if part else ""
+    with o.progress.task(what, len(items), unit="images") as task:
+        res = _pmap("decode" if in_memory else "header", [p for p, _ in items], channels, o.max_pixels, size,
+                    workers, task)
     keep, vals = [], []
     for (p, lab), (v, err) in zip(items, res):
         if err is not None:

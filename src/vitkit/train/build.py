@@ -20,9 +20,11 @@ from ..config import Preprocess, ViTConfig
 from ..errors import ConfigError, DataError, TrainingError
 from ..io import checkpoint as ckpt_io
 from ..model import VisionTransformer
+from ..progress import Progress
 from ..runtime import count_params, pick_precision, resolve_device
 from .checkpoint import find_checkpoint
 from .config import RunConfig
+from .metrics import check_loggers
 
 
 def model_config(cfg: RunConfig) -> ViTConfig:
@@ -86,10 +88,11 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
 
 
 def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False) -> ViTConfig:
-    """The checks that need no data: the config's values (augmentation included), the device and
-    precision, the run directory, the model (its name and arguments, or the checkpoint to start from).
-    A launcher runs them once, before it starts any process. Returns the model's config."""
+    """The checks that need no data: the config's values (augmentation included), the loggers' packages,
+    the device and precision, the run directory, the model (its name and arguments, or the checkpoint to
+    start from). A launcher runs them once, before it starts any process. Returns the model's config."""
     cfg.validate()
+    check_loggers(cfg.loggers)
     pick_precision(cfg.precision, resolve_device(cfg.device))
     if run_dir is not None:
         check_run_dir(Path(run_dir), resume)
@@ -101,10 +104,10 @@ HELD_OUT = 0.1  # the share of its training images a run holds out for validatio
 #   val nor a test part (and data.val_fraction is 0), so that it reports an accuracy
 
 
-def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None]):
+def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progress: Progress | None = None):
     """The run's DataSplits with ``mcfg``'s channels; image folders, which may mix sizes, are decoded at
-    ``mcfg``'s size. Data with neither a validation nor a test part gives 10% of its training images
-    to a validation split, so that the run reports an accuracy."""
+    ``mcfg``'s size (shown on ``progress``). Data with neither a validation nor a test part gives 10% of
+    its training images to a validation split, so that the run reports an accuracy."""
     from ..data import open_dataset
     from ..data.datasets import split_stratified
 
@@ -113,7 +116,7 @@ def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None]):
     if size is None and _is_image_folder(d.path, d.format):
         size = mcfg.img_size
     splits = open_dataset(d.path, d.format, channels=mcfg.in_chans, img_size=size, val_fraction=d.val_fraction,
-                          seed=cfg.seed, strict=d.strict, in_memory=d.in_memory)
+                          seed=cfg.seed, strict=d.strict, in_memory=d.in_memory, progress=progress)
     if splits.val is None and splits.test is None:
         splits.train, splits.val = split_stratified(splits.train, HELD_OUT, cfg.seed, where=str(d.path))
         say(f"no validation or test part in the data: {HELD_OUT:.0%} of the training images are held out for "

@@ -111,7 +111,13 @@ class RunConfig:
     ckpt_every: int = 0  # also save last/ every N optimizer steps (0 = at the end of each epoch only)
     log_every: int = 20  # write a metrics.jsonl line every N optimizer steps
     skip_nonfinite: int = 0  # tolerate (skip) up to N steps whose loss or gradients are NaN/inf
-    plots: bool = True  # write loss.png, accuracy.png and lr.png at the end (needs matplotlib)
+    plots: bool = True  # write loss.png, accuracy.png and lr.png at each periodic validation, on a stop and at
+    #   the end (needs matplotlib)
+    # --- progress and loggers -----------------------------------------------------------------------
+    progress_every: float = 30.0  # `vitkit train` writing to a log (not a terminal, which gets a bar): a progress
+    #   line every N seconds (step, epoch, loss, accuracy, images/s, ETA); 0 = none
+    loggers: list[Literal["csv", "tensorboard", "wandb"]] = field(default_factory=list)  # also log the metrics to
+    #   metrics.csv, TensorBoard (pip install 'vitkit[tensorboard]') or an offline wandb run ('vitkit[wandb]')
     # --- sections ------------------------------------------------------------------------------------
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=lambda: AugmentConfig(crop="pad", pad=2, hflip=0.0,
@@ -125,7 +131,7 @@ class RunConfig:
             v = getattr(self, name)
             if v < 1:
                 raise ConfigError(f"{name}: must be a positive integer, got {v!r}")
-        for name in ("eval_every", "ckpt_every", "skip_nonfinite"):
+        for name in ("eval_every", "ckpt_every", "skip_nonfinite", "progress_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if self.max_minutes is not None and self.max_minutes < 0:

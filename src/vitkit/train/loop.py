@@ -19,11 +19,13 @@ from typing import Callable
 import torch
 
 from ..io.atomic import ensure_dir
+from ..progress import Progress
 from ..runtime import pick_precision, resolve_device
 from .build import check_classes, check_run_dir, model_config, open_data, prepare_model
 from .checkpoint import RunLock, cleanup_temp, resume_point
 from .config import RunConfig
 from .distributed import DistInfo, barrier, init_process_group
+from .metrics import check_loggers
 from .trainer import Trainer, main_log
 
 
@@ -34,7 +36,7 @@ def train(
     dist: DistInfo = DistInfo(),
     resume: bool = False,
     splits=None,
-    progress: bool = False,
+    progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict:
@@ -42,11 +44,14 @@ def train(
 
     ``splits``: a ready DataSplits (else opened from cfg.data). ``stop``: polled every step; when it
     returns True the run saves last/ and returns with status 'interrupted'. ``resume``: continue from
-    run_dir/last. Errors are VitkitError subclasses with one-line messages.
+    run_dir/last. ``progress``: where the main process shows the decoding of the data and the steps
+    (default: nowhere). Errors are VitkitError subclasses with one-line messages.
     """
     cfg = ran_with(cfg.validate(), dist)
+    check_loggers(cfg.loggers)
     run_dir = Path(run_dir)
     say = main_log(log, dist)
+    progress = progress if progress is not None and dist.is_main else Progress()
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
     precision = pick_precision(cfg.precision, device)
     if dist.enabled:
@@ -58,21 +63,22 @@ def train(
             cleanup_temp(run_dir)
         mcfg = model_config(cfg)
         if splits is None:
-            splits = open_data(cfg, mcfg, say)
+            splits = open_data(cfg, mcfg, say, progress)
         classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
         model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say)
         trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
                           precision=precision, log=log, stop=stop, progress=progress)
-        if saved is not None:
-            trainer.restore(saved)
-        trainer.open_run(resumed=saved is not None)
-        if trainer.fit() == "interrupted":
-            summary = trainer.interrupt()
-        else:
-            summary = trainer.complete(splits.test)
-            summary["total_seconds"] = round(time.perf_counter() - t_start, 2)
-            summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
-            trainer.write_summary(summary)
+        with contextlib.closing(trainer):
+            if saved is not None:
+                trainer.restore(saved)
+            trainer.open_run(resumed=saved is not None)
+            if trainer.fit() == "interrupted":
+                summary = trainer.interrupt()
+            else:
+                summary = trainer.complete(splits.test)
+                summary["total_seconds"] = round(time.perf_counter() - t_start, 2)
+                summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
+                trainer.write_summary(summary)
         barrier(dist)  # all ranks end together: none tears its process group down while rank 0 still writes
         return summary
 

@@ -3,7 +3,7 @@ directory, and what is done with them, step by step.
 
     data (ImageSet, uint8) -> BatchLoader (seeded order, rank slice) -> BatchAugment (seeded per step)
       -> autocast forward/backward (micro-batches) -> clip -> one collective -> optimizer step -> EMA
-      -> metrics.jsonl, progress bar, checkpoints (last/ periodically, best/ on validation)
+      -> metrics.jsonl (and the loggers), progress, checkpoints (last/ periodically, best/ on validation)
 
 A step is two calls. ``train_step(batch)`` computes it: forward, backward, clipping, and the step's
 one collective, which sums the loss, a non-finite flag, a stop request and the time over the
@@ -22,7 +22,6 @@ import contextlib
 import copy
 import math
 import random
-import sys
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -37,13 +36,14 @@ from torch import nn
 from ..data import BatchAugment, eval_batch
 from ..errors import TrainingError
 from ..io import checkpoint as ckpt_io
+from ..progress import Progress
 from ..runtime import autocast, count_params
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers
 from .ema import EMA
 from .loader import BatchLoader, micro_batches
-from .metrics import MetricsLog, StepWindow, write_plots
+from .metrics import MetricsLog, StepWindow, open_loggers, write_plots
 from .optim import build_optimizer
 from .schedule import Schedule
 from .state import TrainerState
@@ -124,14 +124,14 @@ class Trainer:
 
     ``model`` is ready to train (its head, labels and preprocess set: ``build.prepare_model``); the
     trainer moves it to ``device`` and builds the rest. ``log`` prints the main process's lines
-    (default: print); ``stop`` is polled once per step; ``progress`` shows a progress bar on the main
-    process. Constructing a trainer seeds this process's global RNGs; ``restore`` continues a saved run.
+    (default: print); ``stop`` is polled once per step; ``progress`` shows the steps (the main process's
+    only). Constructing a trainer seeds this process's global RNGs; ``restore`` continues a saved run.
     """
 
     def __init__(self, cfg: RunConfig, model: nn.Module, train_set, run_dir: str | Path, *, val_set=None,
                  dist: DistInfo = DistInfo(), device: torch.device = torch.device("cpu"), precision: str = "fp32",
                  log: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None,
-                 progress: bool = False):
+                 progress: Progress | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.dist = dist
@@ -139,7 +139,7 @@ class Trainer:
         self.precision = precision
         self.say = main_log(log, dist)
         self.stop_requested = stop or (lambda: False)
-        self.progress = progress
+        self.progress = progress if progress is not None and dist.is_main else Progress()
         self.model = model.to(device).train()
         self.train_set = train_set
         self.val_set = val_set
@@ -157,10 +157,11 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.generator = torch.Generator(device=device)
         self.eval_batch_size = max(cfg.batch_size // cfg.accum_steps, 64)
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=dist.is_main)
+        loggers = open_loggers(cfg.loggers, self.run_dir, cfg.to_dict()) if dist.is_main else []
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=dist.is_main, loggers=loggers)
         self.window = StepWindow()
         self.lr = 0.0  # the learning rate of the last step
-        self.bar = None  # the progress bar, while fit runs
+        self.task = Progress().task("train")  # the steps' progress, while fit runs
         self.clock_start = time.perf_counter()  # when training began, less the time spent before a resume
 
     def _wrap(self, model: nn.Module) -> nn.Module:
@@ -205,7 +206,7 @@ class Trainer:
             return
         write_json(self.run_dir / "config.json", self.cfg.to_dict())
         write_json(self.run_dir / "classes.json", list(self.model.labels))
-        self.metrics.trim(self.state.step)
+        self.metrics.open(self.state.step)
         cfg, mcfg = self.cfg, self.model.cfg
         self.say(
             f"{'resuming' if resumed else 'training'} {cfg.init_from or cfg.model} "
@@ -222,7 +223,7 @@ class Trainer:
         ('interrupted'); last/ is saved at the end of each epoch and every ckpt_every steps."""
         self.clock_start = time.perf_counter() - self.state.seconds
         self.window = StepWindow()
-        with self._progress_bar():
+        with self.progress_task() as self.task:
             end = self.run_epochs()
         self.state.seconds = self.elapsed()
         return "interrupted" if end is EpochEnd.STOPPED else "completed"
@@ -255,7 +256,7 @@ class Trainer:
 
     def end_epoch(self) -> None:
         """An epoch record, a validation when one is due (not after the last epoch: the final one
-        follows), and last/."""
+        follows) and the plots it refreshes, and last/."""
         st, cfg = self.state, self.cfg
         st.epoch += 1
         st.pos = 0
@@ -263,25 +264,20 @@ class Trainer:
                              "lr": self.lr})
         if cfg.eval_every and self.val_set is not None and st.epoch % cfg.eval_every == 0 and st.epoch < cfg.epochs:
             self.validate(self.eval_model())
+            self.plot()
         self.save("last")
 
     def elapsed(self) -> float:
         """Training seconds so far, on this process's clock (the earlier segments of a resumed run included)."""
         return time.perf_counter() - self.clock_start
 
-    @contextlib.contextmanager
-    def _progress_bar(self):
-        if self.progress and self.dist.is_main:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.total_steps, initial=self.state.step, file=sys.stderr, unit="step",
-                            dynamic_ncols=True, leave=False, smoothing=0.1)
-        try:
-            yield
-        finally:
-            if self.bar is not None:
-                self.bar.close()
-                self.bar = None
+    def progress_task(self):
+        """The progress of the steps: towards the last step, or the end of the time budget if it comes first.
+        It shows the speed of the step records (images/s, all processes) and has no closing line (the run
+        says how it ended)."""
+        budget = self.schedule.budget - self.state.seconds if self.schedule.budget else None
+        return self.progress.task("train", self.total_steps, unit="steps", done=self.state.step, budget=budget,
+                                  rate=False, closing=False)
 
     # ------------------------------------------------------------------------------------ one step
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepResult:
@@ -336,7 +332,7 @@ class Trainer:
 
     def apply(self, result: StepResult, pos: int) -> None:
         """Take a computed step (batch ``pos`` of the epoch): the optimizer step, or ``skip_step`` for a
-        non-finite one; then the counters, the progress bar, the log and the periodic last/."""
+        non-finite one; then the counters, the log, the progress and the periodic last/."""
         st, cfg = self.state, self.cfg
         st.seconds = result.seconds
         if result.nonfinite:
@@ -346,10 +342,9 @@ class Trainer:
             self.window.add(result.loss, result.correct, result.seen)
         st.step += 1
         st.pos = pos + 1
-        if self.bar is not None:
-            self.bar.update(1)
         if st.step % cfg.log_every == 0 and self.window.steps:
             self.log_step()
+        self.task.update(st.step)
         if cfg.ckpt_every and st.step % cfg.ckpt_every == 0:
             self.save("last")
 
@@ -384,8 +379,8 @@ class Trainer:
         st = self.state
         rec, speed = self.window.close(st.step, st.epoch, self.lr, st.seconds, self.dist.world_size)
         self.metrics.append(rec)
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{self.lr:.2e}", img_s=f"{speed:.0f}", refresh=False)
+        self.task.info = (f"epoch {st.epoch + 1}/{self.cfg.epochs}", f"loss {rec['loss']:.4f}",
+                          f"train acc {rec['train_acc'] * 100:.1f}%", f"lr {self.lr:.2e}", f"{speed:.0f} img/s")
 
     # --------------------------------------------------------------------- validation, checkpoints
     def eval_model(self) -> nn.Module:
@@ -423,9 +418,10 @@ class Trainer:
 
     # --------------------------------------------------------------------------------------- the end
     def interrupt(self) -> dict:
-        """A stopped run: last/ saved, a line saying how to continue; the short summary."""
+        """A stopped run: last/ saved, the plots, a line saying how to continue; the short summary."""
         st = self.state
         self.save("last")
+        self.plot()
         self.say(f"stopped at step {st.step} (epoch {st.epoch + 1}); saved {self.run_dir / 'last'}; "
                  f"continue with: vitkit train --resume {self.run_dir}")
         return {"status": "interrupted", "step": st.step, "epoch": st.epoch, "run_dir": str(self.run_dir),
@@ -473,14 +469,25 @@ class Trainer:
         return best.to(self.device)
 
     def write_summary(self, summary: dict) -> None:
-        """The final record, summary.json and (cfg.plots) the plots; on the main process."""
+        """The final record, summary.json and the plots; on the main process."""
         if not self.dist.is_main:
             return
         self.metrics.append({"type": "final", **summary})
         write_json(self.run_dir / "summary.json", summary)
-        note = write_plots(self.run_dir) if self.cfg.plots else None
+        note = self.plot()
         if note:
             self.say(note)
+
+    def plot(self) -> str | None:
+        """Write (or refresh) the plots of metrics.jsonl when cfg.plots asks for them, on the main process;
+        a note when matplotlib is missing. Called after each periodic validation, on a stop and at the end."""
+        if not (self.cfg.plots and self.dist.is_main):
+            return None
+        return write_plots(self.run_dir)
+
+    def close(self) -> None:
+        """Close the loggers (their files are complete after this); on every exit of a run."""
+        self.metrics.close()
 
 
 __all__ = ["Trainer", "StepResult", "EpochEnd", "evaluate_split", "aug_seed", "seed_process", "main_log"]
