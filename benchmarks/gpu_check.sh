@@ -9,9 +9,10 @@
 #   1. the runtime choices on a CUDA machine (tests/test_runtime.py, tests/test_train_units.py);
 #   2. the digits demo on one GPU, with its defaults (precision auto = bf16 where the GPU has it);
 #   3. the same data under torchrun (NCCL process group, world size 1), and with --compile;
-#   4. eval and predict on the GPU;
+#   4. eval, predict and explain (gradient-weighted, for a chosen class) on the GPU;
 #   5. bench ViT-B/16 in fp32 and bf16, inference and training, batch 64 and 256;
 #   6. vitkit against timm on the GPU (bf16 autocast, ViT-B/16, batch 64 and 256), as ratios.
+# GPU_CHECK_SKIP="compile bench" leaves out the named steps (e.g. to fit a shorter lease).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-runs/gpu_check}"
@@ -26,6 +27,7 @@ fails=0
 step() {  # step NAME SECONDS CMD...
     local name=$1 limit=$2
     shift 2
+    case " ${GPU_CHECK_SKIP:-} " in *" $name "*) echo "=== $name: skipped" | tee -a "$LOG"; return;; esac
     echo "=== $name: $*" | tee -a "$LOG"
     local t0=$SECONDS
     timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
@@ -43,7 +45,7 @@ step units 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_runtime.py test
 step demo 300 "$PY" -m vitkit train --out "$OUT/demo" --json
 step torchrun 180 "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 -m vitkit train --out "$OUT/ddp1" --epochs 3 --max-minutes 0 --json
 step compile 240 "$PY" -m vitkit train --out "$OUT/compile" --epochs 3 --max-minutes 0 --compile --json
-step eval 60 "$PY" -m vitkit eval "$OUT/demo" --device cuda --json
+step eval 60 "$PY" -m vitkit eval "$OUT/demo" --json   # --device auto: the GPU
 step digits 60 "$PY" -c "
 import sys, numpy as np
 from PIL import Image
@@ -53,6 +55,7 @@ for i in range(64):
     Image.fromarray(np.asarray(test.images[i, 0])).save(f'$OUT/digit_{i:02d}_{int(test.labels[i])}.png')
 "
 step predict 60 "$PY" -m vitkit predict "$OUT/demo" "$OUT/digit_*.png" --device cuda --top-k 1 --json
+step explain 60 "$PY" -m vitkit explain "$OUT/demo" "$(ls "$OUT"/digit_00_*.png)" --class 8 --out "$OUT/explain.png"
 step bench 240 "$PY" -m vitkit bench vit_base_patch16_224 --device cuda --dtype fp32,bf16 --mode infer,train \
     --batch-sizes 64,256 --repeats 10 --warmup 3 --json
 for bs in 64 256; do
