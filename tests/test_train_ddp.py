@@ -4,6 +4,7 @@ import os
 import socket
 import sys
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -52,3 +53,35 @@ def test_two_processes_match_one(tmp_path, monkeypatch):
     assert a.keys() == b.keys()  # the unwrapped module: no 'module.' prefixes
     diffs = {k: (a[k] - b[k]).abs().max().item() for k in a}
     assert max(diffs.values()) < 1e-4, diffs
+
+
+@pytest.fixture
+def gloo_group():
+    """A one-process gloo group in this process, torn down after the test."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def test_collectives_refuse_a_device_the_group_cannot_serve(gloo_group):
+    from vitkit.errors import TrainingError
+    from vitkit.train.distributed import DistInfo, all_reduce_sum, broadcast_buffers, check_served, served_device_types
+
+    assert served_device_types() == ("cpu", "cuda")  # gloo takes CPU and CUDA tensors
+    check_served(torch.zeros(3, dtype=torch.float64), "all_reduce")
+    two = DistInfo(0, 2, 0)  # a rank of two, as the collectives see it: the check runs before anything is sent
+    # gloo itself would pass a meta tensor through all_reduce without a word
+    expected = r"^all_reduce: a tensor on meta, .*'cpu:gloo,cuda:gloo'.*: cpu, cuda$"
+    with pytest.raises(TrainingError, match=expected) as e:
+        all_reduce_sum(torch.zeros(3, device="meta"), two)
+    assert "\n" not in str(e.value)
+    module = torch.nn.BatchNorm1d(4, device="meta")
+    with pytest.raises(TrainingError, match=r"^broadcast: a tensor on meta"):
+        broadcast_buffers(module, two)
+    gloo_group.destroy_process_group()
+    gloo_group.init_process_group("cpu:gloo", store=gloo_group.HashStore(), rank=0, world_size=1)
+    assert served_device_types() == ("cpu",)

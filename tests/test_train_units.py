@@ -10,7 +10,8 @@ import vitkit
 from vitkit.errors import CheckpointError, ConfigError, TrainingError
 from vitkit.train import checkpoint as tck
 from vitkit.train.config import OptimConfig, RunConfig, ScheduleConfig, resolve_config
-from vitkit.train.distributed import DistInfo
+from vitkit.train import distributed
+from vitkit.train.distributed import DistInfo, collectives_for
 from vitkit.train.loader import BatchLoader
 from vitkit.train.optim import build_optimizer, param_groups
 from vitkit.train.schedule import Schedule
@@ -79,6 +80,33 @@ def test_distinfo_from_env():
 
 
 # ------------------------------------------------------------------------------------------ optim
+def test_collectives_backend_and_device(monkeypatch):
+    cpu = torch.device("cpu")
+    assert collectives_for(cpu) == distributed.Collectives("gloo", cpu)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    # CUDA: NCCL for the GPU's tensors, gloo for the step flags and sums, which stay on the CPU
+    assert collectives_for(torch.device("cuda", 1)) == distributed.Collectives("cpu:gloo,cuda:nccl", cpu)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
+    assert collectives_for(torch.device("cuda", 0)).backend == "gloo"  # gloo serves CUDA tensors too
+    assert collectives_for(torch.device("mps")).backend == "gloo"
+
+
+def test_init_process_group_sets_the_local_gpu_first(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: calls.append(("init", kw)))
+    distributed.init_process_group(DistInfo(1, 2, 1), torch.device("cuda", 1))
+    assert calls == [("set_device", torch.device("cuda", 1)),
+                     ("init", dict(backend="cpu:gloo,cuda:nccl", rank=1, world_size=2))]
+    calls.clear()
+    distributed.init_process_group(DistInfo(1, 2, 1), torch.device("cpu"))
+    assert calls == [("init", dict(backend="gloo", rank=1, world_size=2))]
+    distributed.init_process_group(DistInfo(0, 1, 0), torch.device("cpu"))  # one process: no group
+    assert len(calls) == 1
+
+
 def test_param_groups_exclude_biases_norms_and_embeddings():
     m = vitkit.create_model("vit_test", seed=0)
     groups = param_groups(m, 0.1)

@@ -2,6 +2,11 @@
 environment (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK) and passed to the library.
 
 Only rank 0 logs and writes files. The library never reads the environment itself.
+
+Which backend serves which tensors is decided once, by ``collectives_for`` (see there): gloo on the
+CPU; on CUDA a device-keyed group, gloo for CPU tensors and NCCL for CUDA tensors. Every collective
+here checks first that the group can serve its tensor's device, so a misplaced tensor is a one-line
+TrainingError instead of an error deep inside the backend (or, for some devices, a silent no-op).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from typing import Mapping
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TrainingError
 
 
 @dataclass(frozen=True)
@@ -49,14 +54,68 @@ class DistInfo:
         return cls(rank=rank, world_size=world, local_rank=local)
 
 
+@dataclass(frozen=True)
+class Collectives:
+    """How a run on one device type talks to the other processes."""
+
+    backend: str  # what ``torch.distributed.init_process_group`` is given
+    device: torch.device  # where the trainer's own reduced tensors (step flags, evaluation sums) live
+
+
+def collectives_for(device: torch.device) -> Collectives:
+    """The process-group backend for a run on ``device``, and the device of the trainer's own collectives.
+
+    CPU: gloo. CUDA: the device-keyed backend ``cpu:gloo,cuda:nccl``, where NCCL carries what lives on
+    the GPU (DDP's gradient buckets, the broadcast BatchNorm buffers) and gloo what lives on the CPU:
+    the per-step flags and the evaluation sums, which are built from Python numbers the step has
+    already read back (``.item()``), so they stay on the CPU with no copy to the GPU and back; and the
+    object collectives (the gathered RNG states), which torch sends over the group's CPU backend when
+    it has one. One design for both device types: the trainer's reductions always live on the CPU.
+    A CUDA build without NCCL falls back to gloo alone, which serves CPU and CUDA tensors. Other
+    devices get gloo too: MPS has no DDP (the command line refuses several processes there), and a
+    model left on such a device fails ``check_served`` at its first collective, in one line.
+    """
+    import torch.distributed as dist
+
+    cpu = torch.device("cpu")
+    if device.type == "cuda" and dist.is_available() and dist.is_nccl_available():
+        return Collectives("cpu:gloo,cuda:nccl", cpu)
+    return Collectives("gloo", cpu)
+
+
 def init_process_group(info: DistInfo, device: torch.device) -> None:
-    """Join the process group (gloo on CPU, nccl on CUDA); MASTER_ADDR/PORT come from the launcher."""
+    """Join the process group (``collectives_for(device).backend``); MASTER_ADDR/PORT come from the
+    launcher. On CUDA this process's GPU (``device``, its local rank's) becomes the current one first,
+    so that NCCL's calls run there rather than all on cuda:0."""
     import torch.distributed as dist
 
     if not info.enabled or dist.is_initialized():
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = collectives_for(device).backend
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size)
+
+
+def served_device_types() -> tuple[str, ...]:
+    """The device types the current process group can take tensors on (from its backend config,
+    e.g. 'cpu:gloo,cuda:nccl' -> ('cpu', 'cuda')); empty when no group is started."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return ()
+    return tuple(pair.split(":")[0] for pair in dist.get_backend_config().split(",") if ":" in pair)
+
+
+def check_served(t: torch.Tensor, what: str) -> None:
+    """A one-line TrainingError if the process group cannot serve ``t``'s device (collective ``what``)."""
+    import torch.distributed as dist
+
+    served = served_device_types()
+    if t.device.type not in served:
+        config = dist.get_backend_config() if dist.is_initialized() else "none"
+        raise TrainingError(f"{what}: a tensor on {t.device}, but the process group (backend '{config}') "
+                            f"serves tensors on: {', '.join(served) or 'nothing'}")
 
 
 def destroy_process_group() -> None:
@@ -70,6 +129,7 @@ def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.enabled:
         import torch.distributed as dist
 
+        check_served(t, "all_reduce")
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
@@ -100,6 +160,7 @@ def broadcast_buffers(module: torch.nn.Module, info: DistInfo) -> None:
         import torch.distributed as dist
 
         for b in module.buffers():
+            check_served(b, "broadcast")
             dist.broadcast(b, src=0)
 
 
@@ -110,5 +171,5 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-__all__ = ["DistInfo", "init_process_group", "destroy_process_group", "all_reduce_sum", "broadcast_buffers",
-           "barrier"]
+__all__ = ["DistInfo", "Collectives", "collectives_for", "init_process_group", "destroy_process_group",
+           "served_device_types", "check_served", "all_reduce_sum", "broadcast_buffers", "barrier"]

@@ -40,7 +40,7 @@ from ..progress import Progress
 from ..runtime import autocast, count_params
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
-from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers
+from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers, collectives_for
 from .ema import EMA
 from .loader import BatchLoader, micro_batches
 from .metrics import MetricsLog, StepWindow, open_loggers, write_plots
@@ -77,7 +77,7 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
     base.eval()
     broadcast_buffers(base, dist)  # every shard is scored with the buffers rank 0's checkpoint holds
     idx_all = torch.arange(dist.rank, len(images), dist.world_size)
-    sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    sums = torch.zeros(3, dtype=torch.float64, device=collectives_for(device).device)  # loss sum, correct, count
     for i in range(0, len(idx_all), batch_size):
         idx = idx_all[i : i + batch_size]
         if getattr(images, "images", None) is not None:
@@ -324,7 +324,7 @@ class Trainer:
         bad_grad = (not torch.isfinite(grad_norm)) and not self.scaler.is_enabled()  # fp16: the scaler skips it
         local = loss.item()
         flags = torch.tensor([local, float(not math.isfinite(local) or bad_grad), float(bool(self.stop_requested())),
-                              self.elapsed()], dtype=torch.float64)
+                              self.elapsed()], dtype=torch.float64, device=collectives_for(self.device).device)
         all_reduce_sum(flags, self.dist)
         w = self.dist.world_size
         return StepResult(loss=flags[0].item() / w, nonfinite=flags[1].item() > 0, stop=flags[2].item() > 0,
