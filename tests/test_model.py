@@ -389,6 +389,46 @@ def test_dropout_and_droppath_only_in_training():
     assert [round(b.drop_path1.p, 3) for b in m.blocks] == [0.0, 0.3]
 
 
+# ---------------------------------------------------------------------------------- gradient checkpointing
+def step_with_checkpointing(m, x, enable: bool):
+    """One forward + backward of ``m`` from the same RNG state, checkpointing on or off: the output, the
+    gradients, and how many tensors the autograd graph saved outside the checkpointed blocks."""
+    m.set_grad_checkpointing(enable)
+    m.zero_grad(set_to_none=True)
+    saved = []
+    torch.manual_seed(1)  # the same dropout and drop-path draws in both
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = m(x)
+    if out.requires_grad:
+        out.square().sum().backward()
+    grads = {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
+    return out.detach(), grads, len(saved)
+
+
+def test_grad_checkpointing_keeps_outputs_and_gradients_with_dropout_and_drop_path():
+    m = tiny(drop_rate=0.1, attn_drop_rate=0.1, drop_path_rate=0.5, attn_impl="manual").train()
+    x = torch.randn(4, 3, 32, 32)
+    out, grads, saved = step_with_checkpointing(m, x, False)
+    out_ck, grads_ck, saved_ck = step_with_checkpointing(m, x, True)
+    assert torch.equal(out, out_ck)  # the recomputation replays the RNG state: the same masks
+    assert grads.keys() == grads_ck.keys() and len(grads) == len(list(m.parameters()))
+    for k in grads:
+        torch.testing.assert_close(grads_ck[k], grads[k], rtol=0, atol=1e-6, msg=k)
+    assert saved_ck < saved  # the blocks kept only their inputs
+
+
+@pytest.mark.parametrize("mode", ["eval", "no_grad"])
+def test_grad_checkpointing_is_off_in_eval_and_without_gradients(mode):
+    m = tiny(drop_path_rate=0.5)
+    m.train(mode == "no_grad")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.set_grad_enabled(mode == "eval"):
+        off, on = step_with_checkpointing(m, x, False), step_with_checkpointing(m, x, True)
+    assert torch.equal(off[0], on[0]) and off[2] == on[2]  # the same output from the same graph
+    assert m.grad_checkpointing  # still on for the next training step
+
+
+
 # ---------------------------------------------------------------------------------------- sizes at run time
 def test_resample_to_and_dynamic_size_agree():
     m = tiny()

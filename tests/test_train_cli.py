@@ -8,6 +8,7 @@ from vitkit.cli import main
 
 from helpers import FAST_TRAIN_ARGS as FAST
 from helpers import image_folder as make_folder
+from helpers import step_losses
 
 
 def last_json(capsys):
@@ -255,3 +256,16 @@ def test_timm_style_flags_set_their_config_keys(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("vitkit: error: override 'optim.weight_decay=0.2': optim.weight_decay is also given by a flag; "
                    "give one of the two")
+
+
+def test_grad_checkpointing_flag_reaches_the_run_and_keeps_its_losses(tmp_path, capsys):
+    data = make_folder(tmp_path / "data")
+    runs = {}
+    for name, flag in (("plain", []), ("ckpt", ["--grad-checkpointing"])):
+        runs[name] = tmp_path / name  # drop-path on: the checkpointed blocks replay its random draws
+        assert main(["train", "--data", str(data), "--epochs", "1", "--drop-path", "0.2", "--out", str(runs[name]),
+                     *FAST, "log_every=1", *flag]) == 0
+    saved = {k: json.loads((run / "config.json").read_text())["grad_checkpointing"] for k, run in runs.items()}
+    assert saved == {"plain": False, "ckpt": True}
+    plain, ckpt = step_losses(runs["plain"]), step_losses(runs["ckpt"])
+    assert len(plain) == len(ckpt) > 1 and plain == pytest.approx(ckpt, abs=1e-6)

@@ -104,6 +104,11 @@ def test_train_step_computes_and_apply_takes_it(tmp_path):
     assert all(p.grad is None for p in t.model.parameters())
 
 
+def test_grad_checkpointing_is_set_on_the_run_model(tmp_path):
+    assert not make_trainer(tmp_path / "a").model.grad_checkpointing
+    assert make_trainer(tmp_path / "b", grad_checkpointing=True).model.grad_checkpointing
+
+
 def test_a_nonfinite_step_is_skipped_counted_then_stops_the_run(tmp_path):
     msgs = []
     t = make_trainer(tmp_path, log=msgs.append, skip_nonfinite=1)

@@ -20,6 +20,13 @@ blocks asked for, attention maps if asked for, the patch grid); forward_features
 forward_intermediates, get_intermediate_layers, attention_maps and forward_with_attention read what
 they need from it.
 
+Gradient checkpointing (``set_grad_checkpointing``, timm's name) trades compute for memory in training:
+each block keeps only its input for the backward pass and runs its forward again there, so the
+activations inside the blocks are never stored all at once. It applies only where gradients are
+recorded in training mode, never in eval, under ``torch.no_grad`` or when the model is traced or
+exported; the recomputation replays the random state, so dropout and drop-path draw the same masks and
+the gradients are those of the plain forward.
+
 Initialisation (``init_weights``) draws the position table, then applies ``init_jax`` (the paper,
 big_vision) or ``init_timm`` to every submodule in ``named_modules()`` order, so that a seed fixes
 every weight.
@@ -35,6 +42,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .config import Preprocess, ViTConfig
 from .errors import ConfigError, ShapeError
@@ -104,6 +112,7 @@ class VisionTransformer(nn.Module):
             self.pre_logits = nn.Identity()
         self.head_drop = nn.Dropout(cfg.head_drop_rate)
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.grad_checkpointing = False  # recompute each block's forward in backward (set_grad_checkpointing)
         self.init_weights()
 
     # -------------------------------------------------------------------------------------- init
@@ -133,6 +142,11 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
         self.labels = list(labels) if labels is not None else None
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of storing them (see the module
+        docstring): less memory in training for about one more forward pass per step."""
+        self.grad_checkpointing = enable
 
     @torch.no_grad()
     def resample_to(self, img_size: int | tuple[int, int], mode: str = "bicubic", antialias: bool = False) -> None:
@@ -243,10 +257,17 @@ class VisionTransformer(nn.Module):
                 x, attn = blk.forward_with_attention(x)
                 maps.append(attn)
             else:
-                x = blk(x)
+                x = self._run_block(blk, x)
             if i in keep:
                 kept.append(x)
         return Encoded(x, kept, maps, grid)
+
+    def _run_block(self, blk: Block, x: torch.Tensor) -> torch.Tensor:
+        """``blk(x)``, checkpointed when gradient checkpointing is on and gradients are being recorded in
+        training (not in eval, under no_grad, or when traced or exported)."""
+        if self.grad_checkpointing and self.training and torch.is_grad_enabled() and not _exporting():
+            return checkpoint(blk, x, use_reentrant=False)  # replays the RNG state: the same dropout masks
+        return blk(x)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> normalised tokens (B, prefix + N, D)."""
@@ -389,6 +410,11 @@ class VisionTransformer(nn.Module):
 
 def _tracing() -> bool:
     return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
+def _exporting() -> bool:
+    """Traced (torch.jit, ONNX) or exported (torch.export); torch.compile, which checkpoints, is not."""
+    return torch.jit.is_tracing() or torch.compiler.is_exporting()
 
 
 def _make_blocks(cfg: ViTConfig) -> nn.ModuleList:

@@ -70,6 +70,8 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"],
                    help=_h("autocast precision; fp16 (with a gradient scaler) on CUDA only", "precision"))
     g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    g.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute each block's "
+                   "activations in the backward pass instead of keeping them: less memory, slower steps")
     g.add_argument("--nproc", type=int, metavar="N", help="train with N data-parallel processes on this machine "
                    "(DDP), started by vitkit as `torchrun --nproc_per_node=N` would (default: 1; the demo: 2 "
                    "on a CPU with 2 or more cores)")
@@ -141,6 +143,7 @@ def flags_from_args(args) -> dict:
         "threads": args.threads,
         "precision": args.precision,
         "compile": args.compile,
+        "grad_checkpointing": args.grad_checkpointing,
         "ckpt_every": args.ckpt_every,
         "eval_every": args.eval_every,
         "skip_nonfinite": args.skip_nonfinite,

@@ -220,8 +220,10 @@ def _from_weights(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], say: Call
 def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set,
                   resume_from: Path | None = None, say: Callable[[str], None] = lambda m: None) -> VisionTransformer:
     """The model a run starts from: built, then given the resumed checkpoint's weights and preprocess;
-    a new run from scratch normalises with constants measured on its training images."""
+    a new run from scratch normalises with constants measured on its training images. Gradient
+    checkpointing is set as the run asks."""
     model = build_model(cfg, mcfg, classes, say if resume_from is None else (lambda m: None))
+    model.set_grad_checkpointing(cfg.grad_checkpointing)
     if resume_from is not None:
         ckpt_io.load_weights(model, ckpt_io.read_safetensors(resume_from / ckpt_io.WEIGHTS), str(resume_from))
         model.preprocess = ckpt_io.read_config(resume_from)[1]

@@ -103,6 +103,8 @@ class RunConfig:
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # autocast dtype; auto: bf16 where the
     #   hardware has fast bf16 (CUDA with bf16, CPUs with AMX/AVX512-BF16), else fp32; fp16 needs CUDA
     compile: bool = False  # torch.compile the model
+    grad_checkpointing: bool = False  # recompute each block's activations in the backward pass instead of keeping
+    #   them (VisionTransformer.set_grad_checkpointing): less memory for about one more forward pass per step
     ema: float | None = None  # keep an exponential moving average of the weights with this decay; evaluate it
     #   (the decay warms up as min(ema, (1 + step) / (10 + step)), so short runs are not held back)
     seed: int = 0  # seeds initialisation, data order, augmentation and dropout
