@@ -1,5 +1,6 @@
 """Two processes (gloo, CPU) follow the same loss trajectory as one process with the same global batch."""
 
+import copy
 import os
 import socket
 import sys
@@ -9,37 +10,60 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import step_losses, tiny_run_config, tiny_splits  # noqa: E402
+from helpers import random_model, run_weights, step_losses, tiny_run_config, tiny_splits  # noqa: E402
 
 # Augmentation off and no dropout: with them on, each process draws its own random numbers, so the
 # two runs would differ by design (the data order and the batch split do not depend on the process count).
 PLAIN = dict(augment=dict(crop="none", hflip=0.0, label_smoothing=0.0), epochs=2, ckpt_every=0)
 
 
-def _worker(rank, world, out):
+# the same runs with a conv stem (3x3 stride-2 conv + BatchNorm + ReLU, three times at patch 8)
+CONV_STEM = dict(model_args=dict(stem="conv", stem_width=8))
+
+
+def _worker(rank, world, runs):
     torch.set_num_threads(1)
     from vitkit.train import DistInfo, train
 
-    train(tiny_run_config(**PLAIN), out, dist=DistInfo(rank, world, rank), splits=tiny_splits(), log=lambda m: None)
+    for overrides, out in runs:
+        train(tiny_run_config(**PLAIN, **overrides), out, dist=DistInfo(rank, world, rank), splits=tiny_splits(),
+              log=lambda m: None)
 
 
-def test_two_processes_match_one(tmp_path, monkeypatch):
-    from vitkit.train import train
-    from vitkit.train.checkpoint import load_trainer_state
-
+def train_two(monkeypatch, *runs: tuple[dict, str]) -> None:
+    """Each run (config overrides, run directory) in turn by two processes on a gloo group."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
-    mp.spawn(_worker, args=(2, str(tmp_path / "ddp")), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, list(runs)), nprocs=2, join=True)
+
+
+def train_one(out, **overrides) -> None:
+    """The same run in this process, on one thread as each of the two processes."""
+    from vitkit.train import train
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train(tiny_run_config(**PLAIN), tmp_path / "one", splits=tiny_splits(), log=lambda m: None)
+        train(tiny_run_config(**PLAIN, **overrides), out, splits=tiny_splits(), log=lambda m: None)
     finally:
         torch.set_num_threads(n)
+
+
+def weight_gap(a, b) -> dict[str, float]:
+    """The largest absolute difference of every tensor of two runs' last/ weights (the same keys)."""
+    wa, wb = run_weights(a), run_weights(b)
+    assert wa.keys() == wb.keys()  # the unwrapped module: no 'module.' prefixes
+    return {k: (wa[k].double() - wb[k].double()).abs().max().item() for k in wa}
+
+
+def test_two_processes_match_one(tmp_path, monkeypatch):
+    from vitkit.train.checkpoint import load_trainer_state
+
+    train_two(monkeypatch, ({}, str(tmp_path / "ddp")))
+    train_one(tmp_path / "one")
     one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "ddp")
     assert len(one) == len(two) == 8
     # the same global batch of 8: per-process means of 4 averaged, gradients all-reduced; only the
@@ -47,12 +71,28 @@ def test_two_processes_match_one(tmp_path, monkeypatch):
     assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
     assert load_trainer_state(tmp_path / "ddp" / "last")["step"] == 8
     assert len(load_trainer_state(tmp_path / "ddp" / "last")["rng"]) == 2  # every process's RNG state
-    from safetensors.torch import load_file
-
-    a, b = load_file(tmp_path / "one" / "last" / "model.safetensors"), load_file(tmp_path / "ddp" / "last" / "model.safetensors")
-    assert a.keys() == b.keys()  # the unwrapped module: no 'module.' prefixes
-    diffs = {k: (a[k] - b[k]).abs().max().item() for k in a}
+    diffs = weight_gap(tmp_path / "one", tmp_path / "ddp")
     assert max(diffs.values()) < 1e-4, diffs
+
+
+def test_shared_batchnorm_statistics_make_two_processes_match_one(tmp_path, monkeypatch):
+    """With a conv stem, two processes of 4 images train as one process of 8 only when the BatchNorm
+    statistics are shared (the default with several processes); each process's own batch statistics
+    take the two runs apart."""
+    train_two(monkeypatch, (CONV_STEM, str(tmp_path / "sync")), ({**CONV_STEM, "sync_bn": False}, str(tmp_path / "own")))
+    train_one(tmp_path / "one", **CONV_STEM)
+    one, sync, own = (torch.tensor(step_losses(tmp_path / r), dtype=torch.float64) for r in ("one", "sync", "own"))
+    assert len(one) == len(sync) == len(own) == 8
+    assert (one - sync).abs().max() < 1e-5, (one, sync)
+    sync_gap, own_gap = weight_gap(tmp_path / "one", tmp_path / "sync"), weight_gap(tmp_path / "one", tmp_path / "own")
+    assert any("running_var" in k for k in sync_gap)  # the BatchNorm buffers are compared too
+    # qkv.bias holds the key biases, which get no gradient in exact arithmetic (softmax ignores a shift
+    # shared by all keys): AdamW scales their rounding noise up to steps of lr, so they are held to 1e-4
+    key_bias = {k: v for k, v in sync_gap.items() if k.endswith("attn.qkv.bias")}
+    assert key_bias and max(key_bias.values()) < 1e-4, key_bias
+    assert max(v for k, v in sync_gap.items() if k not in key_bias) < 1e-5, sync_gap
+    assert (one - own).abs().max() > 1e-3, (one, own)  # what the sync removes: the test can fail
+    assert max(own_gap.values()) > 1e-2, own_gap
 
 
 @pytest.fixture
@@ -85,3 +125,46 @@ def test_collectives_refuse_a_device_the_group_cannot_serve(gloo_group):
     gloo_group.destroy_process_group()
     gloo_group.init_process_group("cpu:gloo", store=gloo_group.HashStore(), rank=0, world_size=1)
     assert served_device_types() == ("cpu",)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_all_reduce_batchnorm_is_batchnorm_in_a_world_of_one(gloo_group, momentum):
+    """Through the all-reduce path (a group of one): outputs, gradients and running statistics as
+    BatchNorm2d's, within 1e-6 (absolute plus relative: float32 rounding); the same tensors and
+    state_dict keys; plain BatchNorm in eval."""
+    from vitkit.train.sync_bn import AllReduceBatchNorm2d, convert_batchnorm
+
+    close = dict(rtol=1e-6, atol=1e-6)
+    torch.manual_seed(0)
+    ref = torch.nn.BatchNorm2d(5, momentum=momentum)
+    torch.nn.init.normal_(ref.weight)
+    torch.nn.init.normal_(ref.bias)
+    twin = torch.nn.Sequential(copy.deepcopy(ref))
+    weight = twin[0].weight
+    assert convert_batchnorm(twin) is twin and type(twin[0]) is AllReduceBatchNorm2d
+    assert twin[0].weight is weight and list(twin[0].state_dict()) == list(ref.state_dict())
+    for step in range(3):
+        x = (torch.randn(6, 5, 4, 3) * 3 + 2).requires_grad_()
+        x2 = x.detach().clone().requires_grad_()
+        up = torch.randn(6, 5, 4, 3)
+        ref.zero_grad(), twin.zero_grad()
+        y, y2 = ref(x), twin(x2)
+        (y * up).sum().backward()
+        (y2 * up).sum().backward()
+        torch.testing.assert_close(y2, y, **close)
+        torch.testing.assert_close(x2.grad, x.grad, **close)
+        torch.testing.assert_close(twin[0].weight.grad, ref.weight.grad, **close)
+        torch.testing.assert_close(twin[0].bias.grad, ref.bias.grad, **close)
+        torch.testing.assert_close(twin[0].state_dict(), ref.state_dict(), **close)
+    ref.eval(), twin.eval()
+    twin[0].load_state_dict(ref.state_dict())  # the same running statistics, to the bit: eval is BatchNorm2d's
+    x = torch.randn(2, 5, 4, 3)
+    assert torch.equal(ref(x), twin(x))
+
+
+def test_batchnorm_sync_is_on_where_it_applies():
+    from vitkit.train.sync_bn import wants_sync_bn
+
+    conv, plain = random_model(stem="conv"), random_model()
+    assert wants_sync_bn(None, conv, 2) and not wants_sync_bn(None, conv, 1) and not wants_sync_bn(None, plain, 2)
+    assert not wants_sync_bn(False, conv, 2) and not wants_sync_bn(True, plain, 2)

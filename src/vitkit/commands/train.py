@@ -75,6 +75,8 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--nproc", type=int, metavar="N", help="train with N data-parallel processes on this machine "
                    "(DDP), started by vitkit as `torchrun --nproc_per_node=N` would (default: 1; the demo: 2 "
                    "on a CPU with 2 or more cores)")
+    g.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=None, help="with several "
+                   "processes, share BatchNorm statistics across them (default: on when the model has BatchNorm)")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: the cores not busy "
                    "with other work, divided among the processes of a distributed run)")
     g = p.add_argument_group("run")
@@ -141,6 +143,7 @@ def flags_from_args(args) -> dict:
         "device": args.device,
         "processes": args.nproc,
         "threads": args.threads,
+        "sync_bn": args.sync_bn,
         "precision": args.precision,
         "compile": args.compile,
         "grad_checkpointing": args.grad_checkpointing,

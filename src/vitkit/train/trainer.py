@@ -47,6 +47,7 @@ from .metrics import MetricsLog, StepWindow, open_loggers, write_plots
 from .optim import build_optimizer
 from .schedule import Schedule
 from .state import TrainerState
+from .sync_bn import sync_batchnorm, wants_sync_bn
 
 
 def aug_seed(seed: int, step: int, rank: int) -> int:
@@ -165,7 +166,11 @@ class Trainer:
         self.clock_start = time.perf_counter()  # when training began, less the time spent before a resume
 
     def _wrap(self, model: nn.Module) -> nn.Module:
-        """The module that runs the steps: compiled (cfg.compile), wrapped for DDP (several processes)."""
+        """The module that runs the steps: compiled (cfg.compile), wrapped for DDP (several processes),
+        its BatchNorm layers sharing their statistics across the processes (cfg.sync_bn; in place, the
+        same parameters and buffers)."""
+        if wants_sync_bn(self.cfg.sync_bn, model, self.dist.world_size):
+            model = sync_batchnorm(model, self.device)
         net = torch.compile(model) if self.cfg.compile else model
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
