@@ -258,6 +258,16 @@ def test_timm_style_flags_set_their_config_keys(tmp_path, capsys):
                    "give one of the two")
 
 
+def test_sync_bn_flags_set_the_key_and_its_absence_leaves_it_automatic():
+    from vitkit.cli import parse_args
+    from vitkit.commands.train import flags_from_args, overrides_from_args
+    from vitkit.train.config import resolve_config
+
+    for flags, expected in (([], None), (["--sync-bn"], True), (["--no-sync-bn"], False)):
+        args = parse_args(["train", *flags])
+        assert resolve_config(None, flags_from_args(args), overrides_from_args(args)).sync_bn is expected
+
+
 def test_grad_checkpointing_flag_reaches_the_run_and_keeps_its_losses(tmp_path, capsys):
     data = make_folder(tmp_path / "data")
     runs = {}

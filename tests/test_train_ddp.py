@@ -77,9 +77,9 @@ def test_two_processes_match_one(tmp_path, monkeypatch):
 
 def test_shared_batchnorm_statistics_make_two_processes_match_one(tmp_path, monkeypatch):
     """With a conv stem, two processes of 4 images train as one process of 8 only when the BatchNorm
-    statistics are shared (the default with several processes); each process's own batch statistics
-    take the two runs apart."""
-    train_two(monkeypatch, (CONV_STEM, str(tmp_path / "sync")), ({**CONV_STEM, "sync_bn": False}, str(tmp_path / "own")))
+    statistics are shared (sync_bn; on CPU not the default); each process's own batch statistics take
+    the two runs apart."""
+    train_two(monkeypatch, ({**CONV_STEM, "sync_bn": True}, str(tmp_path / "sync")), (CONV_STEM, str(tmp_path / "own")))
     train_one(tmp_path / "one", **CONV_STEM)
     one, sync, own = (torch.tensor(step_losses(tmp_path / r), dtype=torch.float64) for r in ("one", "sync", "own"))
     assert len(one) == len(sync) == len(own) == 8
@@ -162,9 +162,11 @@ def test_all_reduce_batchnorm_is_batchnorm_in_a_world_of_one(gloo_group, momentu
     assert torch.equal(ref(x), twin(x))
 
 
-def test_batchnorm_sync_is_on_where_it_applies():
+def test_batchnorm_sync_is_on_by_default_on_cuda_where_it_applies():
     from vitkit.train.sync_bn import wants_sync_bn
 
     conv, plain = random_model(stem="conv"), random_model()
-    assert wants_sync_bn(None, conv, 2) and not wants_sync_bn(None, conv, 1) and not wants_sync_bn(None, plain, 2)
-    assert not wants_sync_bn(False, conv, 2) and not wants_sync_bn(True, plain, 2)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert wants_sync_bn(None, conv, 2, cuda) and not wants_sync_bn(None, conv, 2, cpu)  # auto: CUDA only
+    assert wants_sync_bn(True, conv, 2, cpu) and not wants_sync_bn(False, conv, 2, cuda)
+    assert not wants_sync_bn(True, conv, 1, cuda) and not wants_sync_bn(True, plain, 2, cuda)  # nothing to share

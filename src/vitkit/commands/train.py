@@ -76,7 +76,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                    "(DDP), started by vitkit as `torchrun --nproc_per_node=N` would (default: 1; the demo: 2 "
                    "on a CPU with 2 or more cores)")
     g.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=None, help="with several "
-                   "processes, share BatchNorm statistics across them (default: on when the model has BatchNorm)")
+                   "processes, share BatchNorm statistics across them (default: on CUDA only)")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: the cores not busy "
                    "with other work, divided among the processes of a distributed run)")
     g = p.add_argument_group("run")

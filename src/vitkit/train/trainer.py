@@ -169,7 +169,7 @@ class Trainer:
         """The module that runs the steps: compiled (cfg.compile), wrapped for DDP (several processes),
         its BatchNorm layers sharing their statistics across the processes (cfg.sync_bn; in place, the
         same parameters and buffers)."""
-        if wants_sync_bn(self.cfg.sync_bn, model, self.dist.world_size):
+        if wants_sync_bn(self.cfg.sync_bn, model, self.dist.world_size, self.device):
             model = sync_batchnorm(model, self.device)
         net = torch.compile(model) if self.cfg.compile else model
         if self.dist.enabled:
