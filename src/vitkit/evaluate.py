@@ -163,18 +163,14 @@ def _run_config(model_or_path):
     """The RunConfig of a run directory (a folder with the run's config.json and best/ or last/, not a
     checkpoint), else None."""
     from .io.checkpoint import CONFIG, WEIGHTS
-    from .train.config import RunConfig, merge, read_run_config
+    from .train.config import checked_run_config, read_run_config
 
     if isinstance(model_or_path, torch.nn.Module):
         return None
     path = Path(model_or_path)
     if not (path / CONFIG).is_file() or (path / WEIGHTS).exists():
         return None
-    data = read_run_config(path)
-    try:
-        return RunConfig.from_dict(merge(RunConfig().to_dict(), data))
-    except ConfigError as e:
-        raise ConfigError(f"{path / CONFIG}: {e}") from None
+    return checked_run_config(read_run_config(path), path / CONFIG)
 
 
 def _choose(splits, split: str | None, where: str, run, val_fraction: float, seed: int):
@@ -215,7 +211,6 @@ class _Tally:
     (its probability, dataset index and predicted class)."""
 
     num_classes: int
-    k5: int  # the "top-5" k: min(5, classes)
     n: int = 0
     loss_sum: float = 0.0
     top1: int = 0
@@ -227,6 +222,11 @@ class _Tally:
 
     def __post_init__(self):
         self.conf = torch.zeros(self.num_classes, self.num_classes, dtype=torch.long)
+
+    @property
+    def k5(self) -> int:
+        """The "top-5" k: min(5, classes)."""
+        return min(5, self.num_classes)
 
     def add(self, logits: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> None:
         """Count one batch: float logits (B, K) on the model's device, CPU labels ``y`` and indices ``idx``."""
@@ -256,7 +256,7 @@ def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict],
 
     cfg = model.cfg
     dev = next(model.parameters()).device
-    tally = _Tally(cfg.num_classes, min(5, cfg.num_classes))
+    tally = _Tally(cfg.num_classes)
     # an executor starts its threads on first use: in-memory data never starts any
     with ThreadPoolExecutor(4) as pool, torch.no_grad():
         for start in range(0, len(ds), batch_size):

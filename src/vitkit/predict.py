@@ -61,6 +61,7 @@ def predict(
     if not model.cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to predict")
     k = min(top_k, model.cfg.num_classes)
+    names, device = label_names(model), next(model.parameters()).device
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     if not inputs:
@@ -73,7 +74,7 @@ def predict(
         for start in range(0, len(files), batch_size):
             good = _decode_batch(pool, model, files[start : start + batch_size], strict, max_pixels, errors)
             if good:
-                preds += _top_k(model, good, k)
+                preds += _top_k(model, good, k, names, device)
             task.update(min(start + batch_size, len(files)))
     return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors)
 
@@ -114,12 +115,10 @@ def _decode_batch(pool, model, chunk: list[Path], strict: bool, max_pixels, erro
     return good
 
 
-def _top_k(model, good: list, k: int) -> list[dict]:
-    """One forward pass over the decoded images: the k most probable classes of each."""
-    names = label_names(model)
-    dev = next(model.parameters()).device
+def _top_k(model, good: list, k: int, names: list[str], device: torch.device) -> list[dict]:
+    """One forward pass over the decoded images: the k most probable classes of each (named by ``names``)."""
     with torch.no_grad():
-        logits = model(torch.stack([x for _, x in good]).to(dev))
+        logits = model(torch.stack([x for _, x in good]).to(device))
     probs = logits.float().softmax(-1).cpu()
     top = probs.topk(k, dim=-1)
     return [dict(path=str(path), top=[dict(index=i, label=names[i], prob=p) for p, i in zip(vals, idx)])

@@ -258,16 +258,13 @@ def saved_run_config(run_dir, out: str | None) -> dict:
     from pathlib import Path
 
     from ..errors import ConfigError
-    from ..train.config import RunConfig, merge, read_run_config
+    from ..train.config import checked_run_config, read_run_config
 
     saved = run_dir / "config.json"
     if not saved.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.json there; not a vitkit run directory")
     base = read_run_config(saved)
-    try:
-        RunConfig.from_dict(merge(RunConfig().to_dict(), base))
-    except ConfigError as e:
-        raise ConfigError(f"{saved}: {e}") from None
+    checked_run_config(base, saved)
     if out and Path(out) != run_dir:
         raise ConfigError("--out and --resume name different directories; --resume continues in place")
     return base

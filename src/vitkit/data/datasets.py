@@ -11,6 +11,7 @@ Every error is a one-line DataError naming the file or folder at fault.
 from __future__ import annotations
 
 import gzip
+import dataclasses
 import math
 import os
 import pickle
@@ -343,8 +344,8 @@ def _open_split_folder(root: Path, fmt: str, o: _Opts):
                 break
     # one size for all parts: decide it from train, then hold val/test to it
     train = _materialize(items, classes, o, skipped, where=by["train"])
-    o2 = _Opts(train.channels, o.img_size or train.size, o.strict, train.in_memory if o.in_memory is None
-               else o.in_memory, o.max_pixels, o.num_workers, o.progress)
+    o2 = dataclasses.replace(o, channels=train.channels, img_size=o.img_size or train.size,
+                             in_memory=train.in_memory if o.in_memory is None else o.in_memory)
     val = _materialize(parts["val"], classes, o2, skipped, where=root, part="val") if "val" in parts else None
     test = _materialize(parts["test"], classes, o2, skipped, where=root, part="test") if "test" in parts else None
     return train, val, test, skipped

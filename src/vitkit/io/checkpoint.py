@@ -17,6 +17,7 @@ import torch
 
 from ..config import Preprocess, ViTConfig
 from ..errors import CheckpointError, ConfigError
+from ..strict import read_json_object
 from .atomic import atomic_write_bytes, atomic_write_text
 
 WEIGHTS = "model.safetensors"
@@ -95,11 +96,8 @@ def read_config(ckpt_dir: Path) -> tuple[ViTConfig, Preprocess, list[str] | None
     file = ckpt_dir / CONFIG
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (a vitkit checkpoint holds {CONFIG} beside {WEIGHTS})")
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+    raw = read_json_object(file, CheckpointError)
+    if not isinstance(raw.get("model"), dict):
         raise CheckpointError(f"{file}: expected a JSON object with a 'model' table")
     if raw.get("format", "vitkit") != "vitkit":
         raise CheckpointError(f"{file}: format {raw.get('format')!r} is not 'vitkit'")

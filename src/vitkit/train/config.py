@@ -200,6 +200,15 @@ def read_run_config(path: str | Path) -> dict:
     return data
 
 
+def checked_run_config(data: dict, where) -> RunConfig:
+    """``data`` (a run's config.json, say) laid over the defaults as a RunConfig; a bad key or value is a
+    ConfigError naming ``where``."""
+    try:
+        return RunConfig.from_dict(merge(RunConfig().to_dict(), data))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
 def load_config_file(path: str | Path) -> dict:
     """A config file as a dict: a run's config.json or run directory (``read_run_config``), else TOML."""
     path = Path(path)
@@ -268,7 +277,7 @@ def _check_given_once(flags: dict[str, Any], overrides: list[str]) -> None:
 
 
 __all__ = ["RunConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml", "load_config_file",
-           "read_run_config", "merge"]
+           "read_run_config", "checked_run_config", "merge"]
 
 
 # `vitkit train` with neither --data nor --config (the demo on the built-in digits) is also capped in time,
