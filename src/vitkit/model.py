@@ -152,10 +152,7 @@ class VisionTransformer(nn.Module):
     def resample_to(self, img_size: int | tuple[int, int], mode: str = "bicubic", antialias: bool = False) -> None:
         """Convert the model once to a new input size: learned position embeddings are resampled in 2D."""
         new = self.cfg.replace(img_size=img_size)
-        if self.pos_embed is not None:
-            old_grid, prefix = self.cfg.grid_size, self._pos_prefix
-            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, old_grid, prefix, mode, antialias)
-            self.pos_embed = nn.Parameter(pe)
+        self._resample_pos_embed(new.grid_size, mode, antialias)
         self.cfg = new
 
     @torch.no_grad()
@@ -169,12 +166,16 @@ class VisionTransformer(nn.Module):
         of the new size. The defaults are timm's (bicubic, antialias). The conv stem refuses: it has no
         patch kernel.
         """
-        old, new = self.cfg, self.cfg.replace(patch_size=patch_size)  # checks the size against img_size
+        new = self.cfg.replace(patch_size=patch_size)  # checks the size against img_size
         self.patch_embed.resample_patch_size(patch_size, mode, antialias)
-        if self.pos_embed is not None:
-            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, old.grid_size, self._pos_prefix, mode, antialias)
-            self.pos_embed = nn.Parameter(pe)
+        self._resample_pos_embed(new.grid_size, mode, antialias)
         self.cfg = new
+
+    def _resample_pos_embed(self, grid: tuple[int, int], mode: str, antialias: bool) -> None:
+        """Resample learned position embeddings (if any) from the current config's grid to ``grid``."""
+        if self.pos_embed is not None:
+            pe = resample_pos_embed(self.pos_embed.data, grid, self.cfg.grid_size, self._pos_prefix, mode, antialias)
+            self.pos_embed = nn.Parameter(pe)
 
     # ----------------------------------------------------------------------------------- checks
     def check_input(self, x: torch.Tensor) -> tuple[int, int]:
