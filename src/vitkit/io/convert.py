@@ -27,7 +27,7 @@ from .arch import parse_overrides
 from .checkpoint import CONFIG, WEIGHTS, load, resolve_checkpoint, save
 from .hf import read_hf, write_hf
 from .jax import read_jax
-from .timm import read_timm, save_timm, to_timm
+from .timm import TIMM_SUFFIXES, read_timm, save_timm, to_timm
 
 # (src, *, model_name, overrides) -> (model, info: {"source", "assumed", ...})
 Reader = Callable[..., tuple[Any, dict]]
@@ -91,7 +91,6 @@ CONTAINERS = {
     "jax": "a JAX .npz file",
     "timm": "a timm .pth, .pt, .bin or .safetensors file",
 }
-TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 
 
 def detect_format(src: str | os.PathLike) -> str:
