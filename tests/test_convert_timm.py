@@ -298,6 +298,24 @@ def test_the_container_tells_the_format(tmp_path):
         detect_format(tmp_path / "none.pth")
 
 
+def test_a_file_of_an_hf_model_directory_is_hf(tmp_path):
+    """model.safetensors (or config.json) inside an HF model directory is that directory, not timm weights;
+    a model.safetensors beside no HF config stays timm's."""
+    from vitkit.io.convert import detect_format, read, to_hf
+
+    model = rand_model()
+    to_hf(model, tmp_path / "hf")
+    for name in ("model.safetensors", "config.json"):
+        assert detect_format(tmp_path / "hf" / name) == "hf"
+    back, info = read(tmp_path / "hf" / "model.safetensors")
+    assert info["format"] == "hf"
+    for k, v in model.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v)
+    (tmp_path / "timm").mkdir()
+    save_timm(model, tmp_path / "timm" / "model.safetensors")
+    assert detect_format(tmp_path / "timm" / "model.safetensors") == "timm"
+
+
 def test_create_model_reads_weights_of_any_format(tmp_path):
     from vitkit.io.convert import to_hf
 

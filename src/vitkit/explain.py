@@ -34,7 +34,6 @@ Non-square images run at their own aspect ratio when the model has ``dynamic_img
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import io
 import numbers
@@ -156,23 +155,6 @@ class TokenLayout:
         """The class-agnostic maps' row: the class token's, else the mean of the patch tokens' rows."""
         return self.class_row(mat) if self.class_tokens else self.patch_rows(mat)
 
-    def full_row(self, row: torch.Tensor) -> torch.Tensor:
-        """(B, K) weights over the whole sequence (K = T) or over the sequence without its registers (K = T -
-        registers) or over the patches only (K = N) -> (B, T), zero at the tokens left out."""
-        T = self.prefix + self.patches
-        K = row.shape[-1]
-        if K == T:
-            return row
-        out = row.new_zeros(row.shape[0], T)
-        if K == T - self.registers:
-            out[:, : self.class_tokens] = row[:, : self.class_tokens]
-            out[:, self.prefix :] = row[:, self.class_tokens :]
-        elif K == self.patches:
-            out[:, self.prefix :] = row
-        else:
-            raise ShapeError(f"explain: a row of {K} weights does not fit {T} tokens ({self})")
-        return out
-
 
 def _to_grid(v: torch.Tensor, grid: tuple[int, int]) -> np.ndarray:
     return v.reshape(grid).float().cpu().numpy()
@@ -210,28 +192,35 @@ def class_relevance(model, x: torch.Tensor, target: int | torch.Tensor | None = 
     Returns (relevance over the patches (B, N) float32, logits (B, classes)). The class score is the
     logit; the map is ``gradient_rollout`` read out the way the model pools (see the module docstring).
     """
+    row, logits, _ = _relevance_and_maps(model, x, target)
+    return row, logits
+
+
+def _relevance_and_maps(model, x: torch.Tensor, target) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """``class_relevance``, and the blocks' attention maps (detached) of the same forward pass."""
     pool = model.cfg.global_pool
     why_not = no_class_score(model)
     if why_not:
         raise ConfigError(f"--method grad: {why_not}")
-    probes: list[torch.Tensor] = []
-    with torch.enable_grad(), _probe_attention(model, probes):
+    with torch.enable_grad():
         # the input requires grad so that the graph exists even for a model whose weights are frozen
-        logits, maps = model.forward_with_attention(x.detach().requires_grad_(True))
+        logits, maps, probe = model._forward_with_attention(x.detach().requires_grad_(True))
         index = logits.argmax(-1) if target is None else torch.as_tensor(target, device=logits.device)
         # each image's score depends on that image alone: one backward of the sum gives each its own gradients
         score = logits.gather(1, index.expand(logits.shape[0])[:, None]).sum()
-        grads = torch.autograd.grad(score, maps + probes)
-    relevance = gradient_rollout([a.detach() for a in maps], grads[: len(maps)])
+        grads = torch.autograd.grad(score, maps + ([] if probe is None else [probe]))
+    maps = [a.detach() for a in maps]
+    relevance = gradient_rollout(maps, grads[: len(maps)])
     layout = TokenLayout.of(model, maps[0].shape[-1])
+    P = layout.prefix
     if pool == "token":
         row = layout.class_row(relevance)
     elif pool == "avg":
         row = layout.patch_rows(relevance)
-    else:  # the probe's own gradient-weighted attention over the tokens, carried through R
-        probe = layout.full_row(gradient_weighted(probes[0].detach(), grads[-1])[:, 0]).float()
-        row = (probe[:, None] @ relevance)[:, 0, layout.prefix :]
-    return row, logits.detach()
+    else:  # the probe's own gradient-weighted attention over the patch tokens, carried through R
+        weights = gradient_weighted(probe.detach(), grads[-1])[:, 0].float()
+        row = (weights[:, None] @ relevance[:, P:, P:])[:, 0]
+    return row, logits.detach(), maps
 
 
 def no_class_score(model) -> str:
@@ -241,29 +230,6 @@ def no_class_score(model) -> str:
     if model.cfg.global_pool not in GRAD_POOLS:
         return f"global_pool={model.cfg.global_pool!r} gives no class score per image"
     return ""
-
-
-@contextlib.contextmanager
-def _probe_attention(model, store: list):
-    """While open, an attention-pooled model (global_pool 'map') computes its pool with
-    ``attn_pool.forward_with_attention`` and appends the probe's attention (B, heads, 1, K) to ``store``."""
-    if model.cfg.global_pool != "map":
-        yield
-        return
-    pool = getattr(model, "attn_pool", None)
-    if pool is None or not hasattr(pool, "forward_with_attention"):
-        raise ConfigError("--method grad: the model's attention pool (attn_pool) has no forward_with_attention")
-
-    def record(module, args, output):
-        pooled, attn = module.forward_with_attention(*args)
-        store.append(attn)
-        return pooled  # replaces the output: the logits then depend on the recorded attention
-
-    handle = pool.register_forward_hook(record)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 # ---------------------------------------------------------------------------------------- colours
@@ -361,8 +327,11 @@ def explain(
     img, source = _read_image(image, cfg.in_chans, max_pixels)
     size, run_model = _run_size(model, tuple(img.shape[-2:]), img_size)
     x = to_model_input(img, size, model.preprocess)[None].to(next(model.parameters()).device)
-    with torch.no_grad():
-        logits, maps = run_model.forward_with_attention(x)  # manual attention for this call only
+    if "grad" in wanted:  # one pass with gradients gives the grad map, the attention maps and the logits
+        relevance, logits, maps = _relevance_and_maps(run_model, x, index)
+    else:
+        with torch.no_grad():
+            logits, maps = run_model.forward_with_attention(x)  # manual attention for this call only
     grid = (size[0] // cfg.patch_size, size[1] // cfg.patch_size)
     layout = TokenLayout.of(run_model, maps[0].shape[-1])
     if not layout.class_tokens and {"rollout", "cls"} & set(wanted):
@@ -375,7 +344,6 @@ def explain(
     if "cls" in wanted:
         res["cls"] = _to_grid(layout.agnostic_row(fuse_heads(maps[-1].float(), head_fusion))[0], grid)
     if "grad" in wanted:
-        relevance, _ = class_relevance(run_model, x, index)
         res["grad"] = _to_grid(relevance[0], grid)
         res["target"] = _class_info(model, logits, index)
     if out is not None:

@@ -152,10 +152,7 @@ class VisionTransformer(nn.Module):
     def resample_to(self, img_size: int | tuple[int, int], mode: str = "bicubic", antialias: bool = False) -> None:
         """Convert the model once to a new input size: learned position embeddings are resampled in 2D."""
         new = self.cfg.replace(img_size=img_size)
-        if self.pos_embed is not None:
-            old_grid, prefix = self.cfg.grid_size, self._pos_prefix
-            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, old_grid, prefix, mode, antialias)
-            self.pos_embed = nn.Parameter(pe)
+        self._resample_pos_embed(new.grid_size, mode, antialias)
         self.cfg = new
 
     @torch.no_grad()
@@ -169,12 +166,16 @@ class VisionTransformer(nn.Module):
         of the new size. The defaults are timm's (bicubic, antialias). The conv stem refuses: it has no
         patch kernel.
         """
-        old, new = self.cfg, self.cfg.replace(patch_size=patch_size)  # checks the size against img_size
+        new = self.cfg.replace(patch_size=patch_size)  # checks the size against img_size
         self.patch_embed.resample_patch_size(patch_size, mode, antialias)
-        if self.pos_embed is not None:
-            pe = resample_pos_embed(self.pos_embed.data, new.grid_size, old.grid_size, self._pos_prefix, mode, antialias)
-            self.pos_embed = nn.Parameter(pe)
+        self._resample_pos_embed(new.grid_size, mode, antialias)
         self.cfg = new
+
+    def _resample_pos_embed(self, grid: tuple[int, int], mode: str, antialias: bool) -> None:
+        """Resample learned position embeddings (if any) from the current config's grid to ``grid``."""
+        if self.pos_embed is not None:
+            pe = resample_pos_embed(self.pos_embed.data, grid, self.cfg.grid_size, self._pos_prefix, mode, antialias)
+            self.pos_embed = nn.Parameter(pe)
 
     # ----------------------------------------------------------------------------------- checks
     def check_input(self, x: torch.Tensor) -> tuple[int, int]:
@@ -289,8 +290,11 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens from forward_features -> logits (B, classes), or the pooled features if ``pre_logits``."""
-        x = self.pre_logits(self.fc_norm(self.pool(x)))
-        x = self.head_drop(x)
+        return self._head(self.pool(x), pre_logits)
+
+    def _head(self, pooled: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pooled features (B, D) -> logits, or the features before the head if ``pre_logits``."""
+        x = self.head_drop(self.pre_logits(self.fc_norm(pooled)))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -396,8 +400,18 @@ class VisionTransformer(nn.Module):
 
     def forward_with_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and the attention maps of every block, in one pass."""
+        logits, maps, _ = self._forward_with_attention(x)
+        return logits, maps
+
+    def _forward_with_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
+        """Logits, the attention maps of every block and, for global_pool 'map', the pool's probe attention
+        over the patch tokens (B, heads, 1, N) (else None), in one pass by the manual attention path."""
         enc = self._encode(x, with_attention=True)
-        return self.forward_head(self.norm(enc.tokens)), enc.attention
+        tokens = self.norm(enc.tokens)
+        if self.cfg.global_pool != "map":
+            return self.forward_head(tokens), enc.attention, None
+        pooled, probe = self.attn_pool.forward_with_attention(tokens[:, self.num_prefix_tokens :])
+        return self._head(pooled), enc.attention, probe
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that recipes exclude from weight decay (besides biases and norms)."""

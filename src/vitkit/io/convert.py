@@ -27,7 +27,7 @@ from .arch import parse_overrides
 from .checkpoint import CONFIG, WEIGHTS, load, resolve_checkpoint, save
 from .hf import read_hf, write_hf
 from .jax import read_jax
-from .timm import read_timm, save_timm, to_timm
+from .timm import TIMM_SUFFIXES, read_timm, save_timm, to_timm
 
 # (src, *, model_name, overrides) -> (model, info: {"source", "assumed", ...})
 Reader = Callable[..., tuple[Any, dict]]
@@ -91,14 +91,14 @@ CONTAINERS = {
     "jax": "a JAX .npz file",
     "timm": "a timm .pth, .pt, .bin or .safetensors file",
 }
-TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 
 
 def detect_format(src: str | os.PathLike) -> str:
     """The format of the weights at ``src``, told by the container: a directory whose config.json has a
     ``model_type`` is Hugging Face's, any other directory with a config.json or model.safetensors (a
     checkpoint) or with a best/ or last/ checkpoint (a run) is vitkit's; an .npz file is JAX's, a .pth,
-    .pt, .bin or .safetensors file is timm's, except a vitkit checkpoint's own model.safetensors.
+    .pt, .bin or .safetensors file is timm's, except the model.safetensors (or config.json) of an HF model
+    or of a vitkit checkpoint, which is that directory's format.
 
     Only the container is looked at: whether its content is good is for the format's reader to say.
     A path that is none of these is a CheckpointError naming it and the accepted forms.
@@ -106,6 +106,8 @@ def detect_format(src: str | os.PathLike) -> str:
     p = Path(src)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or directory")
+    if p.is_file() and p.name in (WEIGHTS, CONFIG) and "model_type" in _json_object(p.parent / CONFIG):
+        return "hf"  # a file of an HF model directory, as resolve_checkpoint takes one of a checkpoint's
     if p.is_dir():
         if "model_type" in _json_object(p / CONFIG):
             return "hf"

@@ -87,6 +87,8 @@ def hf_table(cfg: ViTConfig, prefix: str) -> dict[str, Rule]:
 def read_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor], str]:
     """(config.json as a dict, state dict, the weights file's name) of an HF model directory."""
     path = Path(path)
+    if path.is_file() and path.name in ("config.json", "model.safetensors"):
+        path = path.parent  # a file of the directory stands for it (detect_format tells it 'hf')
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory (an HF model is a directory with config.json and weights)")
     cfg_file = path / "config.json"

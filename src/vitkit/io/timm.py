@@ -31,6 +31,8 @@ from .checkpoint import load_state_dict_file
 from .keys import assemble, build, expected_state, learned_pos_table, refuse, same
 
 
+TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")  # the files a timm state dict is read from and written to
+
 # Features of timm models that vitkit's VisionTransformer lacks: (name, the timm model class that has it
 # or "", pattern of a key that shows it).
 FOREIGN_KEYS = (
@@ -176,7 +178,7 @@ def save_timm(model, path: str | os.PathLike) -> Path:
     """Write ``to_timm(model)`` to a .safetensors or .pth / .pt / .bin file, atomically."""
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix not in (".safetensors", ".pth", ".pt", ".bin"):
+    if suffix not in TIMM_SUFFIXES:
         raise CheckpointError(f"{path}: a timm state dict is written as .safetensors or .pth (got {suffix or 'no suffix'!r})")
     if path.is_dir():
         raise CheckpointError(f"{path}: is a directory; give a file name ending in .safetensors or .pth")
