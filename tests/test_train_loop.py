@@ -156,6 +156,30 @@ def test_stop_request_saves_and_resumes_exactly(tmp_path):
     assert_same_weights(ref, out)
 
 
+
+def test_resume_of_a_finetune_from_timm_weights_does_not_read_them(tmp_path):
+    from vitkit.io.timm import save_timm
+
+    from helpers import random_model
+
+    weights = tmp_path / "vit.safetensors"
+    save_timm(random_model(), weights)
+    ft = lambda: cfg(init_from=str(weights), model_args=dict(num_heads=2), epochs=3)  # noqa: E731
+    ref = tmp_path / "ref"
+    train(ft(), ref, splits=tiny_splits(), log=lambda m: None)
+    out = tmp_path / "run"
+    n = {"k": 0}
+
+    def stop():
+        n["k"] += 1
+        return n["k"] == 5
+
+    assert train(ft(), out, splits=tiny_splits(), stop=stop, log=lambda m: None)["status"] == "interrupted"
+    weights.rename(tmp_path / "moved.safetensors")  # the checkpoint holds the model: the weights are not needed
+    train(ft(), out, resume=True, splits=tiny_splits(), log=lambda m: None)
+    assert step_losses(out) == step_losses(ref)
+    assert_same_weights(ref, out)
+
 DRIVER = textwrap.dedent('''
     import os, signal, sys, torch
     torch.set_num_threads(1)

@@ -81,11 +81,10 @@ def test_distinfo_from_env():
 
 # ------------------------------------------------------------------------------------------ optim
 def test_collectives_backend_and_device(monkeypatch):
-    cpu = torch.device("cpu")
-    assert collectives_for(cpu) == distributed.Collectives("gloo", cpu)
+    assert collectives_for(torch.device("cpu")) == distributed.Collectives("gloo")
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     # CUDA: NCCL for the GPU's tensors, gloo for the step flags and sums, which stay on the CPU
-    assert collectives_for(torch.device("cuda", 1)) == distributed.Collectives("cpu:gloo,cuda:nccl", cpu)
+    assert collectives_for(torch.device("cuda", 1)) == distributed.Collectives("cpu:gloo,cuda:nccl")
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
     assert collectives_for(torch.device("cuda", 0)).backend == "gloo"  # gloo serves CUDA tensors too
     assert collectives_for(torch.device("mps")).backend == "gloo"

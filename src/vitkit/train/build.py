@@ -27,17 +27,25 @@ from .config import RunConfig
 from .metrics import check_loggers
 
 
-def model_config(cfg: RunConfig) -> ViTConfig:
+def model_config(cfg: RunConfig, init: tuple[VisionTransformer, dict] | None = None,
+                 resume_from: Path | None = None) -> ViTConfig:
     """The config of the model ``cfg`` trains. Its head's size comes from the data (``build_model``), so
-    a ``num_classes`` in model_args is ignored. Errors name the model, the argument or the checkpoint."""
+    a ``num_classes`` in model_args is ignored. Errors name the model, the argument or the checkpoint.
+    ``init``: the foreign ``init_from`` weights already read (``read_init``), so that they are read once.
+    ``resume_from``: the checkpoint a resumed run continues from, whose config replaces the model's name
+    or the ``init_from`` weights (which are then not read at all)."""
     from ..variants import get_config
 
     args = _model_args(cfg)
-    if cfg.init_from:
-        if init_format(cfg) == "vitkit":
+    if cfg.init_from or resume_from is not None:
+        if resume_from is not None:
+            mcfg = ckpt_io.read_config(resume_from)[0]
+        elif init is not None:
+            mcfg = init[0].cfg
+        elif (fmt := init_format(cfg)) == "vitkit":
             mcfg = ckpt_io.read_config(ckpt_io.resolve_checkpoint(cfg.init_from))[0]
         else:
-            mcfg = read_init(cfg)[0].cfg
+            mcfg = read_init(cfg, fmt)[0].cfg
         try:
             mcfg = mcfg.replace(**args)
         except ConfigError as e:
@@ -65,12 +73,14 @@ def init_format(cfg: RunConfig) -> str:
     return fmt
 
 
-def read_init(cfg: RunConfig) -> tuple[VisionTransformer, dict]:
+def read_init(cfg: RunConfig, fmt: str | None = None) -> tuple[VisionTransformer, dict]:
     """The model of the timm, HF or JAX ``init_from`` weights, at their own size and head, and the report
-    of the read (``io.convert.describe``): ``init_model`` and ``model_args`` supply what they do not show."""
+    of the read (``io.convert.describe``): ``init_model`` and ``model_args`` supply what they do not show.
+    ``fmt``: their format (``init_format``), when it is known already."""
     from ..io.convert import read
 
-    model, info = read(cfg.init_from, init_format(cfg), model_name=cfg.init_model, overrides=_model_args(cfg))
+    fmt = fmt or init_format(cfg)
+    model, info = read(cfg.init_from, fmt, model_name=cfg.init_model, overrides=_model_args(cfg))
     report = {"src": cfg.init_from, "from": info["format"], "config": model.cfg.to_dict(),
               "params": count_params(model), "assumed": info["assumed"]}
     return model, report
@@ -90,13 +100,16 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
 def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False) -> ViTConfig:
     """The checks that need no data: the config's values (augmentation included), the loggers' packages,
     the device and precision, the run directory, the model (its name and arguments, or the checkpoint to
-    start from). A launcher runs them once, before it starts any process. Returns the model's config."""
+    start from; resuming, the run's last checkpoint). A launcher runs them once, before it starts any
+    process. Returns the model's config."""
     cfg.validate()
     check_loggers(cfg.loggers)
     pick_precision(cfg.precision, resolve_device(cfg.device))
+    resume_from = None
     if run_dir is not None:
         check_run_dir(Path(run_dir), resume)
-    return model_config(cfg)
+        resume_from = find_checkpoint(Path(run_dir), "last") if resume else None
+    return model_config(cfg, resume_from=resume_from)
 
 
 # ============================================================================================== data
@@ -182,12 +195,14 @@ def data_preprocess(images, channels: int, max_images: int = 10000) -> Preproces
 
 # ============================================================================================= model
 def build_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str],
-                say: Callable[[str], None] = lambda m: None) -> VisionTransformer:
+                say: Callable[[str], None] = lambda m: None,
+                init: tuple[VisionTransformer, dict] | None = None) -> VisionTransformer:
     """The model ``mcfg`` describes with a head for ``classes``: initialised from ``cfg.seed`` (the same
     seed, the same weights), or (``init_from``) the backbone of those weights with a new head; foreign
-    weights are described with ``say`` (what was read, what was assumed)."""
+    weights are described with ``say`` (what was read, what was assumed). ``init``: the foreign weights
+    already read (``read_init``)."""
     if cfg.init_from:
-        return _from_weights(cfg, mcfg, classes, say)
+        return _from_weights(cfg, mcfg, classes, say, init)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = VisionTransformer(mcfg.replace(num_classes=len(classes)))
@@ -195,18 +210,20 @@ def build_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str],
     return model
 
 
-def _from_weights(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], say: Callable[[str], None]) -> VisionTransformer:
+def _from_weights(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], say: Callable[[str], None],
+                  init: tuple[VisionTransformer, dict] | None) -> VisionTransformer:
     # the weights at their own size and head, then (fine-tuning) a new, zero-initialised head for the new
     # classes (the old one never fits) and position embeddings resampled to mcfg's size
-    if init_format(cfg) == "vitkit":
+    fmt = init_format(cfg) if init is None else None
+    if fmt == "vitkit":
         ckpt = ckpt_io.resolve_checkpoint(cfg.init_from)
         saved, pre, _, _ = ckpt_io.read_config(ckpt)
-        model = VisionTransformer(mcfg.replace(img_size=saved.img_size, num_classes=saved.num_classes))
-        ckpt_io.load_weights(model, ckpt_io.read_safetensors(ckpt / ckpt_io.WEIGHTS), str(ckpt / ckpt_io.WEIGHTS))
+        model = ckpt_io.model_from_state(mcfg.replace(img_size=saved.img_size, num_classes=saved.num_classes),
+                                         ckpt_io.read_safetensors(ckpt / ckpt_io.WEIGHTS), str(ckpt / ckpt_io.WEIGHTS))
     else:
         from ..io.convert import describe
 
-        model, report = read_init(cfg)
+        model, report = init if init is not None else read_init(cfg, fmt)
         for line in describe(report, hint="--model NAME or --set model_args.KEY=VALUE"):
             say(line)
         pre = model.preprocess
@@ -218,16 +235,20 @@ def _from_weights(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], say: Call
 
 
 def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set,
-                  resume_from: Path | None = None, say: Callable[[str], None] = lambda m: None) -> VisionTransformer:
-    """The model a run starts from: built, then given the resumed checkpoint's weights and preprocess;
-    a new run from scratch normalises with constants measured on its training images. Gradient
-    checkpointing is set as the run asks."""
-    model = build_model(cfg, mcfg, classes, say if resume_from is None else (lambda m: None))
-    model.set_grad_checkpointing(cfg.grad_checkpointing)
+                  resume_from: Path | None = None, say: Callable[[str], None] = lambda m: None,
+                  init: tuple[VisionTransformer, dict] | None = None) -> VisionTransformer:
+    """The model a run starts from: built (``init``: the foreign ``init_from`` weights already read), or,
+    resuming, the resumed checkpoint's weights and preprocess (``init_from`` is not read); a new run from
+    scratch normalises with constants measured on its training images. Gradient checkpointing is set as
+    the run asks."""
     if resume_from is not None:
-        ckpt_io.load_weights(model, ckpt_io.read_safetensors(resume_from / ckpt_io.WEIGHTS), str(resume_from))
+        state = ckpt_io.read_safetensors(resume_from / ckpt_io.WEIGHTS)
+        model = ckpt_io.model_from_state(mcfg.replace(num_classes=len(classes)), state, str(resume_from))
         model.preprocess = ckpt_io.read_config(resume_from)[1]
-    elif not cfg.init_from:
+    else:
+        model = build_model(cfg, mcfg, classes, say, init)
+    model.set_grad_checkpointing(cfg.grad_checkpointing)
+    if resume_from is None and not cfg.init_from:
         model.preprocess = data_preprocess(train_set, model.cfg.in_chans)
     model.labels = classes
     return model

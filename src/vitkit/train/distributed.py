@@ -56,14 +56,14 @@ class DistInfo:
 
 @dataclass(frozen=True)
 class Collectives:
-    """How a run on one device type talks to the other processes."""
+    """How a run on one device type talks to the other processes. The trainer's own reduced tensors
+    (step flags, evaluation sums) live on the CPU whatever the device."""
 
     backend: str  # what ``torch.distributed.init_process_group`` is given
-    device: torch.device  # where the trainer's own reduced tensors (step flags, evaluation sums) live
 
 
 def collectives_for(device: torch.device) -> Collectives:
-    """The process-group backend for a run on ``device``, and the device of the trainer's own collectives.
+    """The process-group backend for a run on ``device``.
 
     CPU: gloo. CUDA: the device-keyed backend ``cpu:gloo,cuda:nccl``, where NCCL carries what lives on
     the GPU (DDP's gradient buckets, the broadcast BatchNorm buffers) and gloo what lives on the CPU:
@@ -77,10 +77,9 @@ def collectives_for(device: torch.device) -> Collectives:
     """
     import torch.distributed as dist
 
-    cpu = torch.device("cpu")
     if device.type == "cuda" and dist.is_available() and dist.is_nccl_available():
-        return Collectives("cpu:gloo,cuda:nccl", cpu)
-    return Collectives("gloo", cpu)
+        return Collectives("cpu:gloo,cuda:nccl")
+    return Collectives("gloo")
 
 
 def init_process_group(info: DistInfo, device: torch.device) -> None:
@@ -97,14 +96,22 @@ def init_process_group(info: DistInfo, device: torch.device) -> None:
     dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size)
 
 
+_served: tuple = (None, ())  # (the process group, the device types it serves): read once per group
+
+
 def served_device_types() -> tuple[str, ...]:
     """The device types the current process group can take tensors on (from its backend config,
-    e.g. 'cpu:gloo,cuda:nccl' -> ('cpu', 'cuda')); empty when no group is started."""
+    e.g. 'cpu:gloo,cuda:nccl' -> ('cpu', 'cuda')); empty when no group is started. Parsed once per
+    group (every step and every BatchNorm layer asks)."""
     import torch.distributed as dist
 
+    global _served
     if not (dist.is_available() and dist.is_initialized()):
         return ()
-    return tuple(pair.split(":")[0] for pair in dist.get_backend_config().split(",") if ":" in pair)
+    group = dist.group.WORLD
+    if _served[0] is not group:  # held, so a later group never reuses its identity
+        _served = (group, tuple(pair.split(":")[0] for pair in dist.get_backend_config().split(",") if ":" in pair))
+    return _served[1]
 
 
 def check_served(t: torch.Tensor, what: str) -> None:

@@ -1,6 +1,7 @@
 """``train``: one run from a RunConfig, start to end.
 
-    resume point (--resume) -> the model's config, resolved once -> data -> model -> Trainer
+    resume point (--resume) -> the model's config, resolved once (init_from weights read once; none when
+      resuming: the checkpoint has the model) -> data -> model -> Trainer
       -> fit: epochs until they or the time budget are spent, or a stop is requested
       -> completed: last/, final validation (best/), test, summary | interrupted: last/, how to continue
 
@@ -21,7 +22,7 @@ import torch
 from ..io.atomic import ensure_dir
 from ..progress import Progress
 from ..runtime import pick_precision, resolve_device
-from .build import check_classes, check_run_dir, model_config, open_data, prepare_model
+from .build import check_classes, check_run_dir, init_format, model_config, open_data, prepare_model, read_init
 from .checkpoint import RunLock, cleanup_temp, resume_point
 from .config import RunConfig
 from .distributed import DistInfo, barrier, init_process_group
@@ -61,11 +62,14 @@ def train(
         resume_from, saved = resume_point(run_dir) if resume else (None, None)
         if saved is not None and dist.is_main:
             cleanup_temp(run_dir)
-        mcfg = model_config(cfg)
+        init = None  # foreign init_from weights, read once for the model's config and the model
+        if cfg.init_from and resume_from is None and (fmt := init_format(cfg)) != "vitkit":
+            init = read_init(cfg, fmt)
+        mcfg = model_config(cfg, init, resume_from)
         if splits is None:
             splits = open_data(cfg, mcfg, say, progress)
         classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
-        model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say)
+        model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
         trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
                           precision=precision, log=log, stop=stop, progress=progress)
         with contextlib.closing(trainer):

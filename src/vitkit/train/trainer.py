@@ -40,7 +40,7 @@ from ..progress import Progress
 from ..runtime import autocast, count_params
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
-from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers, collectives_for
+from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers
 from .ema import EMA
 from .loader import BatchLoader, micro_batches
 from .metrics import MetricsLog, StepWindow, open_loggers, write_plots
@@ -78,7 +78,7 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
     base.eval()
     broadcast_buffers(base, dist)  # every shard is scored with the buffers rank 0's checkpoint holds
     idx_all = torch.arange(dist.rank, len(images), dist.world_size)
-    sums = torch.zeros(3, dtype=torch.float64, device=collectives_for(device).device)  # loss sum, correct, count
+    sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count: on the CPU (collectives_for)
     for i in range(0, len(idx_all), batch_size):
         idx = idx_all[i : i + batch_size]
         if getattr(images, "images", None) is not None:
@@ -326,14 +326,16 @@ class Trainer:
     def _agree(self, loss: torch.Tensor, correct: torch.Tensor, seen: int, grad_norm: torch.Tensor) -> StepResult:
         """The step's one collective: the loss, a non-finite flag, the stop request and the time, summed
         over the processes (the loss and the time then averaged), so that every process decides alike."""
-        bad_grad = (not torch.isfinite(grad_norm)) and not self.scaler.is_enabled()  # fp16: the scaler skips it
-        local = loss.item()
+        # one read-back of the step's numbers (float32, as .item() read them one by one)
+        local, hits, gnorm = torch.stack([loss.float(), correct.float(), grad_norm.float()]).tolist()
+        bad_grad = not math.isfinite(gnorm) and not self.scaler.is_enabled()  # fp16: the scaler skips it
         flags = torch.tensor([local, float(not math.isfinite(local) or bad_grad), float(bool(self.stop_requested())),
-                              self.elapsed()], dtype=torch.float64, device=collectives_for(self.device).device)
+                              self.elapsed()], dtype=torch.float64)  # on the CPU, as collectives_for serves
         all_reduce_sum(flags, self.dist)
         w = self.dist.world_size
-        return StepResult(loss=flags[0].item() / w, nonfinite=flags[1].item() > 0, stop=flags[2].item() > 0,
-                          seconds=flags[3].item() / w, correct=correct.item(), seen=seen, grad_norm=grad_norm.item())
+        loss_sum, nonfinite, stop, seconds = flags.tolist()
+        return StepResult(loss=loss_sum / w, nonfinite=nonfinite > 0, stop=stop > 0, seconds=seconds / w,
+                          correct=hits, seen=seen, grad_norm=gnorm)
 
     def apply(self, result: StepResult, pos: int) -> None:
         """Take a computed step (batch ``pos`` of the epoch): the optimizer step, or ``skip_step`` for a
