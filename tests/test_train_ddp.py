@@ -23,11 +23,22 @@ CONV_STEM = dict(model_args=dict(stem="conv", stem_width=8))
 
 def _worker(rank, world, runs):
     torch.set_num_threads(1)
+    import torch.distributed as dist
+
     from vitkit.train import DistInfo, train
 
-    for overrides, out in runs:
-        train(tiny_run_config(**PLAIN, **overrides), out, dist=DistInfo(rank, world, rank), splits=tiny_splits(),
-              log=lambda m: None)
+    info = DistInfo(rank, world, rank)
+    if len(runs) == 1:  # train starts the group and ends it
+        train(tiny_run_config(**PLAIN, **runs[0][0]), runs[0][1], dist=info, splits=tiny_splits(), log=lambda m: None)
+        assert not dist.is_initialized()
+        return
+    dist.init_process_group("gloo", rank=rank, world_size=world)  # one group for all runs: train leaves it be
+    try:
+        for overrides, out in runs:
+            train(tiny_run_config(**PLAIN, **overrides), out, dist=info, splits=tiny_splits(), log=lambda m: None)
+            assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
 
 
 def train_two(monkeypatch, *runs: tuple[dict, str]) -> None:

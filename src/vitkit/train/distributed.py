@@ -11,6 +11,7 @@ TrainingError instead of an error deep inside the backend (or, for some devices,
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -82,18 +83,33 @@ def collectives_for(device: torch.device) -> Collectives:
     return Collectives("gloo")
 
 
-def init_process_group(info: DistInfo, device: torch.device) -> None:
+def init_process_group(info: DistInfo, device: torch.device) -> bool:
     """Join the process group (``collectives_for(device).backend``); MASTER_ADDR/PORT come from the
     launcher. On CUDA this process's GPU (``device``, its local rank's) becomes the current one first,
-    so that NCCL's calls run there rather than all on cuda:0."""
+    so that NCCL's calls run there rather than all on cuda:0. True when this call started the group
+    (False: one process, or a group the caller had started already)."""
     import torch.distributed as dist
 
     if not info.enabled or dist.is_initialized():
-        return
+        return False
     backend = collectives_for(device).backend
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size)
+    return True
+
+
+@contextlib.contextmanager
+def process_group(info: DistInfo, device: torch.device):
+    """The process group for the duration of a run: started here unless the caller has one, and then
+    torn down here too. A gloo group left to the interpreter's exit can abort the process (its worker
+    threads outlive Python), so whoever starts a group ends it."""
+    started = init_process_group(info, device)
+    try:
+        yield
+    finally:
+        if started:
+            destroy_process_group()
 
 
 _served: tuple = (None, ())  # (the process group, the device types it serves): read once per group
@@ -178,5 +194,5 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-__all__ = ["DistInfo", "Collectives", "collectives_for", "init_process_group", "destroy_process_group",
+__all__ = ["DistInfo", "Collectives", "collectives_for", "init_process_group", "process_group", "destroy_process_group",
            "served_device_types", "check_served", "all_reduce_sum", "broadcast_buffers", "barrier"]

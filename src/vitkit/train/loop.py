@@ -25,7 +25,7 @@ from ..runtime import pick_precision, resolve_device
 from .build import check_classes, check_run_dir, init_format, model_config, open_data, prepare_model, read_init
 from .checkpoint import RunLock, cleanup_temp, resume_point
 from .config import RunConfig
-from .distributed import DistInfo, barrier, init_process_group
+from .distributed import DistInfo, barrier, process_group
 from .metrics import check_loggers
 from .trainer import Trainer, main_log
 
@@ -55,9 +55,7 @@ def train(
     progress = progress if progress is not None and dist.is_main else Progress()
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
     precision = pick_precision(cfg.precision, device)
-    if dist.enabled:
-        init_process_group(dist, device)
-    with _hold(run_dir, resume, dist):
+    with process_group(dist, device), _hold(run_dir, resume, dist):
         t_start, cpu_start = time.perf_counter(), time.process_time()
         resume_from, saved = resume_point(run_dir) if resume else (None, None)
         if saved is not None and dist.is_main:
