@@ -125,15 +125,18 @@ def test_read_only_data_folder_and_unwritable_cache(tmp_path):
 def test_train_reports_loading_and_the_cache(tmp_path, capsys):
     data = image_folder(tmp_path / "data")
     cache = tmp_path / "cache"
-    args = ["train", "--data", str(data), "--epochs", "1", "--json", *FAST_TRAIN_ARGS]
-    runs = []
+    args = ["train", "--data", str(data), "--epochs", "1", "--json", *[a for a in FAST_TRAIN_ARGS if a != "--quiet"]]
+    runs, said = [], []
     for i, extra in enumerate([["--cache-dir", str(cache)], ["--cache-dir", str(cache)], ["--no-cache"],
                                ["--cache-dir", "none"]]):
         assert main([*args, "--out", str(tmp_path / f"run{i}"), *extra]) == 0
         out = capsys.readouterr().out.strip().splitlines()
         runs.append(json.loads(out[-1]))
-        assert "data " in out[-2]  # the closing line: "... train time 1.2 s (data 0.1 s, total 3.4 s)"
+        said.append([line for line in out if line.startswith("data loaded in ")])
     assert [r["data_cache"] for r in runs] == ["miss", "hit", "off", "off"]
+    assert f"(decoded, cached in {cache}): split-folder: 2 classes, 3x32x32, train 24, test 8" in said[0][0]
+    assert f"(from the cache in {cache})" in said[1][0]
+    assert said[2:] == [[], []]  # no cache, and quick: no line
     assert all(r["data_seconds"] >= 0 for r in runs)
     final = [json.loads(x) for x in (tmp_path / "run1" / "metrics.jsonl").read_text().splitlines()][-1]
     assert final["type"] == "final" and final["data_cache"] == "hit" and "data_seconds" in final

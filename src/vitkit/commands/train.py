@@ -377,8 +377,7 @@ def report(args, summary: dict, run_dir) -> int:
         parts.append(f"test accuracy {summary['test_acc'] * 100:.2f}%")
     if "val_acc" in summary:
         parts.append(f"val accuracy {summary['val_acc'] * 100:.2f}%")
-    data = f"data {summary['data_seconds']:.1f} s, " if "data_seconds" in summary else ""
-    parts.append(f"train time {summary['train_seconds']:.1f} s ({data}total {summary['total_seconds']:.1f} s)")
+    parts.append(f"train time {summary['train_seconds']:.1f} s (total {summary['total_seconds']:.1f} s)")
     print(", ".join(parts) + f"; saved {run_dir}")
     if args.json:
         print(json.dumps(summary))

@@ -50,13 +50,16 @@ class DecodeCache:
         settings = {**settings, "version": VERSION, "pillow": PIL.__version__}
         head = json.dumps(settings, sort_keys=True)
         h = hashlib.sha256(head.encode())
+        prefix = os.path.join(os.fspath(root), "")
         for p in paths:
+            p = os.fspath(p)
             try:
                 st = os.stat(p)
                 size, mtime = st.st_size, st.st_mtime_ns
             except OSError:
                 size, mtime = -1, -1  # decoding names the problem; the key just differs from a readable file's
-            h.update(f"\0{os.path.relpath(p, root)}\0{size}\0{mtime}".encode("utf-8", "surrogateescape"))
+            name = p[len(prefix):] if p.startswith(prefix) else os.path.relpath(p, root)  # the files lie under root
+            h.update(f"\0{name}\0{size}\0{mtime}".encode("utf-8", "surrogateescape"))
         where = hashlib.sha256(f"{Path(root).resolve()}\0{part}\0{head}".encode("utf-8", "surrogateescape")).hexdigest()
         return f"{where[:16]}-{h.hexdigest()[:32]}", h.hexdigest()
 

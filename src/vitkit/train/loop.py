@@ -72,8 +72,8 @@ def train(
             splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir)
         classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
         model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
-        if loaded is not None:
-            say(loaded_line(splits, loaded, cache_dir))
+        if loaded is not None and (loaded["data_cache"] != "off" or loaded["data_seconds"] >= 1):
+            say(loaded_line(splits, loaded, cache_dir))  # when it took a while, or the cache was involved
         trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
                           precision=precision, log=log, stop=stop, progress=progress)
         with contextlib.closing(trainer):
