@@ -222,13 +222,7 @@ def open_dataset(
         raise DataError(f"channels: must be 1 (grey) or 3 (RGB), got {channels!r}")
     if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction: must be in [0, 1), got {val_fraction!r}")
-    if img_size is not None:
-        img_size = to_hw(img_size, "img_size", DataError)
-    if short_side is not None:
-        if img_size is not None:
-            raise DataError("short_side: give img_size (one size, centre cropped) or short_side (whole images), not both")
-        if isinstance(short_side, bool) or not isinstance(short_side, int) or short_side < 1:
-            raise DataError(f"short_side: must be a positive integer, got {short_side!r}")
+    img_size = _check_sizes(img_size, short_side)
     cache = DecodeCache(cache_dir) if cache_dir is not None else None
     opts = _Opts(channels, img_size, strict, in_memory, max_pixels, num_workers, progress or Progress(),
                  short_side, cache)
@@ -260,10 +254,20 @@ def open_dataset(
 
     if val is None and val_fraction > 0:
         train, val = split_stratified(train, val_fraction, seed, where=show_path(root))
-    used = set(opts.cache_used)
     return DataSplits(train=train, val=val, test=test, classes=list(train.classes), format=fmt,
-                      skipped=skipped, cache="hit" if used == {"hit"} else "miss" if used else "off",
-                      cache_notes=opts.cache_notes)
+                      skipped=skipped, cache=opts.cache_summary(), cache_notes=opts.cache_notes)
+
+
+def _check_sizes(img_size, short_side) -> tuple[int, int] | None:
+    """img_size as (H, W) (or None); DataError for a bad short_side, or both given."""
+    if img_size is not None:
+        img_size = to_hw(img_size, "img_size", DataError)
+    if short_side is not None:
+        if img_size is not None:
+            raise DataError("short_side: give img_size (one size, centre cropped) or short_side (whole images), not both")
+        if isinstance(short_side, bool) or not isinstance(short_side, int) or short_side < 1:
+            raise DataError(f"short_side: must be a positive integer, got {short_side!r}")
+    return img_size
 
 
 @dataclass
@@ -280,6 +284,11 @@ class _Opts:
     root: Path = Path(".")  # the dataset's folder, that cache keys name files relative to
     cache_used: list[str] = field(default_factory=list)  # 'hit' | 'miss' of each part decoded with a cache
     cache_notes: list[str] = field(default_factory=list)
+
+    def cache_summary(self) -> str:
+        """'hit' when every decoded part came from the cache, 'miss' when one was decoded, else 'off'."""
+        used = set(self.cache_used)
+        return "hit" if used == {"hit"} else "miss" if used else "off"
 
 
 def _check_folder(root: Path) -> None:

@@ -210,16 +210,28 @@ def data_preprocess(images, channels: int, max_images: int = 10000) -> Preproces
         return Preprocess().for_channels(channels)
     n = len(images)
     pick = torch.linspace(0, n - 1, max_images).long() if n > max_images else torch.arange(n)
-    if ragged is not None:  # images of different sizes: their pixels, channel by channel
-        x = torch.cat([img.reshape(img.shape[0], -1) for img in ragged.take(pick)], 1).float().div_(255)
+    if ragged is not None:  # images of different sizes
+        mean, std = _channel_stats(ragged.take(pick))
     else:
         x = images.images
-        x = x[pick] if n > max_images else x
+        if n > max_images:
+            x = x[pick]
         x = x.float().div_(255).transpose(0, 1).reshape(x.shape[1], -1)  # (C, N*H*W)
-    mean = x.mean(1)
-    std = x.std(1).clamp_min(1e-3)
+        mean, std = x.mean(1), x.std(1)
     r = lambda t: tuple(round(float(v), 4) for v in t)  # noqa: E731
-    return Preprocess(mean=r(mean), std=r(std), crop_pct=1.0, interpolation="bilinear")
+    return Preprocess(mean=r(mean), std=r(std.clamp_min(1e-3)), crop_pct=1.0, interpolation="bilinear")
+
+
+def _channel_stats(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and (unbiased) std of uint8 images of different sizes, in [0, 1]: sums in float64,
+    one image at a time (a float copy of them all could take gigabytes)."""
+    s = s2 = torch.zeros(images[0].shape[0], dtype=torch.float64)
+    n = 0
+    for img in images:
+        px = img.reshape(img.shape[0], -1).double().div_(255)
+        s, s2, n = s + px.sum(1), s2 + (px * px).sum(1), n + px.shape[1]
+    mean = s / n
+    return mean, ((s2 - n * mean * mean) / max(n - 1, 1)).clamp_min(0).sqrt()
 
 
 # ============================================================================================= model
