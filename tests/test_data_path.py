@@ -161,3 +161,16 @@ def test_training_on_whole_images_end_to_end(tmp_path, in_memory):
     assert again["val_loss"] == summary["val_loss"]  # the same seed, the same run, whatever the workers do
     model = load(tmp_path / "run" / "best")
     assert model.preprocess.crop_pct == 0.8
+
+
+def test_short_side_follows_exif_rotation(tmp_path):
+    # stored 40 high x 60 wide, EXIF orientation 6 (shown rotated a quarter turn): shown 60 x 40, so short side 20
+    # gives 30 x 20; decoded with libjpeg's draft scaling, as a folder of large photos is
+    from vitkit.data.images import decode_array
+
+    im = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 60, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    im.save(tmp_path / "r.jpg", exif=exif)
+    assert decode_array(tmp_path / "r.jpg", 3, None, short_side=20).shape == (30, 20, 3)
+    assert decode_array(tmp_path / "r.jpg", 3, None, short_side=50).shape == (60, 40, 3)  # never enlarged

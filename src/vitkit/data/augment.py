@@ -503,7 +503,8 @@ class BatchAugment:
         cfg, dev = self.cfg, flip.device
         if isinstance(images, torch.Tensor):
             b, _, h, w = images.shape
-            return crop_resize(images.float(), rrc_boxes(b, h, w, cfg.rrc_scale, cfg.rrc_ratio, g, dev), self.img_size, flip)
+            boxes = rrc_boxes(b, h, w, cfg.rrc_scale, cfg.rrc_ratio, g, dev)
+            return crop_resize(images.float(), boxes, self.img_size, flip)
         crops = [crop_resize(img[None].float(), rrc_boxes(1, *img.shape[-2:], cfg.rrc_scale, cfg.rrc_ratio, g, dev),
                              self.img_size, flip[i : i + 1]) for i, img in enumerate(images)]
         return torch.cat(crops)
@@ -553,5 +554,6 @@ def eval_batch(images: torch.Tensor | list[torch.Tensor], img_size, pre) -> torc
     return (x - mean) / std
 
 
-__all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "check_batch", "fit_batch", "move_batch", "apply_auto", "rrc_boxes", "crop_resize", "pad_crop",
+__all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "check_batch", "fit_batch", "move_batch", "apply_auto",
+           "rrc_boxes", "crop_resize", "pad_crop",
            "random_erase", "one_hot", "mix_batch", "affine_grid", "OP_NAMES"]

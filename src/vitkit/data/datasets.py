@@ -5,8 +5,9 @@
 (N, C, H, W), or, decoded at a short side (whole images, their aspect ratios kept), as a ``RaggedImages``
 store when their sizes differ; large ones keep file paths and decode on demand, e.g. in DataLoader
 workers through ``ImageSet.as_dataset()``. With a ``cache_dir``, what decoding a folder gave is kept
-there (``data.cache``) and a second opening of the same files with the same settings reads it back. Unreadable files are skipped and listed in ``DataSplits.skipped`` (or, with
-``strict=True``, the first one is an error). Decoding a folder is counted on the ``progress`` given.
+there (``data.cache``) and a second opening of the same files with the same settings reads it back.
+Unreadable files are skipped and listed in ``DataSplits.skipped`` (or, with ``strict=True``, the
+first one is an error). Decoding a folder is counted on the ``progress`` given.
 Every error is a one-line DataError naming the file or folder at fault.
 """
 

@@ -479,6 +479,6 @@ def to_model_input(img: torch.Tensor, img_size: tuple[int, int], pre) -> torch.T
     return ((x - mean) / std)[0]
 
 
-__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTS", "decode_image", "decode_array", "header_size", "short_side_size", "list_images",
-           "walk_images", "is_image_name", "to_model_input", "resize_center_crop", "norm_consts", "check_uint8",
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTS", "decode_image", "decode_array", "header_size", "short_side_size",
+           "list_images", "walk_images", "is_image_name", "to_model_input", "resize_center_crop", "norm_consts", "check_uint8",
            "show_path", "pil_limits"]

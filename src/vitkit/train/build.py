@@ -297,5 +297,6 @@ def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set
     return model
 
 
-__all__ = ["HELD_OUT", "model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data", "decode_short_side", "eval_crop", "check_classes", "data_preprocess",
+__all__ = ["HELD_OUT", "model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data",
+           "decode_short_side", "eval_crop", "check_classes", "data_preprocess",
            "build_model", "prepare_model"]
