@@ -15,6 +15,13 @@ def _seed_torch():
 
 
 @pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """`vitkit train` caches decoded image folders under $XDG_CACHE_HOME: tests keep theirs in a temporary
+    folder (inherited by the commands they start), never in the user's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+
+
+@pytest.fixture(autouse=True)
 def _restore_threads():
     n = torch.get_num_threads()
     yield

@@ -204,7 +204,8 @@ def test_finetune_names_an_unknown_container(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------- replayable runs
-TIMING = {"seconds", "img_per_s", "train_seconds", "total_seconds", "cpu_seconds", "run_dir"}
+TIMING = {"seconds", "img_per_s", "train_seconds", "total_seconds", "cpu_seconds", "run_dir",
+          "data_seconds", "data_cache"}  # loading the data: its time, and whether the decoded-image cache served it
 
 
 def records(run) -> list[dict]:

@@ -34,8 +34,12 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                    "(default: the built-in demo digits)" if not finetune else "the data to fine-tune on")
     g.add_argument("--data-format", metavar="FMT", help="force the dataset format: folder, split-folder, mnist, "
                    "cifar10, cifar100 (default: detected)")
-    g.add_argument("--workers", type=int, metavar="N", help=_h("decoding workers for streamed datasets (data.workers)",
-                                                               "data.workers"))
+    g.add_argument("--workers", type=int, metavar="N", help="DataLoader workers that decode streamed datasets "
+                   "(data.workers; default: one per usable CPU, at most 8; 0: in the training process)")
+    g.add_argument("--cache-dir", metavar="DIR", help="keep decoded image folders in DIR, so that the next run on the "
+                   "same files starts without decoding them (default: $XDG_CACHE_HOME/vitkit or ~/.cache/vitkit; "
+                   "'none': no cache)")
+    g.add_argument("--no-cache", action="store_true", help="neither read nor write the decoded-image cache")
     if not finetune:
         g.add_argument("--model", metavar="NAME", help=_h("a named model (`vitkit list`)", "model"))
         g.add_argument("--img-size", type=int, metavar="PX", help="train at this resolution, the model's position "
@@ -321,6 +325,19 @@ def stop_on_signals():
             signal.signal(s, h)
 
 
+def cache_dir(args, env) -> str | None:
+    """The decoded-image cache folder: --cache-dir, else $XDG_CACHE_HOME/vitkit, else ~/.cache/vitkit;
+    None with --no-cache or --cache-dir none."""
+    import os
+
+    if getattr(args, "no_cache", False) or (args.cache_dir or "").lower() == "none":
+        return None
+    if args.cache_dir:
+        return args.cache_dir
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "vitkit")
+
+
 def train_here(args, cfg, run_dir, dist) -> int:
     """Train in this process (alone, or as one rank of a distributed run); report as the exit code says."""
     import os
@@ -335,7 +352,8 @@ def train_here(args, cfg, run_dir, dist) -> int:
     log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
     with stop_on_signals() as stop:
         try:
-            summary = train(cfg, run_dir, dist=dist, resume=bool(args.resume), progress=progress, stop=stop, log=log)
+            summary = train(cfg, run_dir, dist=dist, resume=bool(args.resume), progress=progress, stop=stop, log=log,
+                            cache_dir=cache_dir(args, os.environ))
         finally:
             destroy_process_group()
     if not dist.is_main:

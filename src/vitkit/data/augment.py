@@ -1,7 +1,9 @@
 """Training augmentations applied to whole batches in pure torch (CPU or CUDA tensors).
 
 ``BatchAugment(cfg, img_size, pre, num_classes)(images, labels, generator)`` takes a uint8 batch
-(B, C, h, w) and returns the normalised float batch (B, C, H, W) and the targets. Every random draw
+(B, C, h, w), or a list of B uint8 images (C, h_i, w_i) of different sizes (whole photos decoded at a
+short side: each random resized crop is drawn from its own image), and returns the normalised float
+batch (B, C, H, W) and the targets. Every random draw
 comes from the given ``torch.Generator`` (on the images' device), so a run resumed with the same
 generator state produces the same batches. Order of the steps:
 
@@ -450,25 +452,21 @@ class BatchAugment:
     def __repr__(self) -> str:
         return f"BatchAugment({self.cfg}, img_size={self.img_size}, num_classes={self.num_classes})"
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator):
-        check_uint8(images, 4, "BatchAugment")
-        b, c, h, w = images.shape
+    def __call__(self, images: torch.Tensor | list[torch.Tensor], labels: torch.Tensor, generator: torch.Generator):
+        b, c, dev = check_batch(images, "BatchAugment")
         if labels.shape != (b,):
             raise ShapeError(f"BatchAugment: labels must have shape ({b},), got {tuple(labels.shape)}")
-        if generator.device.type != images.device.type:
-            raise ShapeError(f"BatchAugment: the generator is on {generator.device} but the images on {images.device}")
-        cfg, g, dev = self.cfg, generator, images.device
+        if generator.device.type != dev.type:
+            raise ShapeError(f"BatchAugment: the generator is on {generator.device} but the images on {dev}")
+        cfg, g = self.cfg, generator
         out = self.img_size
-        x = images.float()  # (B, C, h, w) 0..255
 
         # 1. geometry: crop and flip
         flip = _rand(g, b, device=dev) < cfg.hflip
         if cfg.crop == "rrc":
-            boxes = rrc_boxes(b, h, w, cfg.rrc_scale, cfg.rrc_ratio, g, dev)
-            x = crop_resize(x, boxes, out, flip)
+            x = self.random_resized_crop(images, flip, g)
         else:
-            if (h, w) != out:
-                x = resize_center_crop(x, out, 1.0, self.pre.interpolation)
+            x = fit_batch(images, out, 1.0, self.pre.interpolation)
             if cfg.crop == "pad":
                 x = pad_crop(x, cfg.pad, g)
             x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
@@ -499,18 +497,63 @@ class BatchAugment:
             x, y, self.last_info = mix_batch(x, y, cfg, g)
         return x, y
 
+    def random_resized_crop(self, images: torch.Tensor | list[torch.Tensor], flip: torch.Tensor, g) -> torch.Tensor:
+        """float (B, C, H, W): a random resized crop of each image (flipped where ``flip``), drawn from the
+        whole image: one box draw and one grid_sample for a batch of one size, one each for a list."""
+        cfg, dev = self.cfg, flip.device
+        if isinstance(images, torch.Tensor):
+            b, _, h, w = images.shape
+            boxes = rrc_boxes(b, h, w, cfg.rrc_scale, cfg.rrc_ratio, g, dev)
+            return crop_resize(images.float(), boxes, self.img_size, flip)
+        crops = [crop_resize(img[None].float(), rrc_boxes(1, *img.shape[-2:], cfg.rrc_scale, cfg.rrc_ratio, g, dev),
+                             self.img_size, flip[i : i + 1]) for i, img in enumerate(images)]
+        return torch.cat(crops)
 
-def eval_batch(images: torch.Tensor, img_size, pre) -> torch.Tensor:
-    """uint8 (B, C, h, w) -> normalised float (B, C, H, W); resized (short side to size / crop_pct) and
-    centre cropped only when (h, w) differs from img_size. No randomness."""
-    check_uint8(images, 4, "eval_batch")
+
+def check_batch(images: torch.Tensor | list[torch.Tensor], what: str) -> tuple[int, int, torch.device]:
+    """(B, C, device) of a uint8 batch (B, C, h, w) or a non-empty list of uint8 (C, h_i, w_i) images on one
+    device with one channel count; ShapeError (naming ``what``) otherwise."""
+    if not isinstance(images, (list, tuple)):
+        check_uint8(images, 4, what)
+        return images.shape[0], images.shape[1], images.device
+    if not images:
+        raise ShapeError(f"{what}: an empty list of images")
+    for img in images:
+        check_uint8(img, 3, what)
+        if img.shape[0] != images[0].shape[0] or img.device != images[0].device:
+            raise ShapeError(f"{what}: the images of a list must share their channels and device; got "
+                             f"{tuple(images[0].shape)} on {images[0].device} and {tuple(img.shape)} on {img.device}")
+    return len(images), images[0].shape[0], images[0].device
+
+
+def move_batch(images: torch.Tensor | list[torch.Tensor], device: torch.device) -> torch.Tensor | list[torch.Tensor]:
+    """A uint8 batch, or a list of images, on ``device``."""
+    if isinstance(images, torch.Tensor):
+        return images.to(device, non_blocking=True)
+    return [img.to(device, non_blocking=True) for img in images]
+
+
+def fit_batch(images: torch.Tensor | list[torch.Tensor], img_size: tuple[int, int], crop_pct: float,
+              interpolation: str) -> torch.Tensor:
+    """float (B, C, H, W) 0..255 of a uint8 batch or list: each image resized (short side to size /
+    crop_pct) and centre cropped where its size is not (H, W) already."""
+    if isinstance(images, torch.Tensor):
+        x = images.float()
+        return x if tuple(x.shape[-2:]) == tuple(img_size) else resize_center_crop(x, img_size, crop_pct, interpolation)
+    return torch.cat([fit_batch(img[None], img_size, crop_pct, interpolation) for img in images])
+
+
+def eval_batch(images: torch.Tensor | list[torch.Tensor], img_size, pre) -> torch.Tensor:
+    """uint8 (B, C, h, w), or a list of uint8 (C, h_i, w_i) -> normalised float (B, C, H, W); each image
+    resized (short side to size / crop_pct) and centre cropped, as timm's eval transform, when its size
+    differs from img_size. No randomness."""
+    _, c, dev = check_batch(images, "eval_batch")
     img_size = to_hw(img_size, "img_size", DataError)
-    x = images.float()
-    if tuple(x.shape[-2:]) != img_size:
-        x = resize_center_crop(x, img_size, pre.crop_pct, pre.interpolation)
-    mean, std = norm_consts(pre, images.shape[1], images.device)
+    x = fit_batch(images, img_size, pre.crop_pct, pre.interpolation)
+    mean, std = norm_consts(pre, c, dev)
     return (x - mean) / std
 
 
-__all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "apply_auto", "rrc_boxes", "crop_resize", "pad_crop",
+__all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "check_batch", "fit_batch", "move_batch", "apply_auto",
+           "rrc_boxes", "crop_resize", "pad_crop",
            "random_erase", "one_hot", "mix_batch", "affine_grid", "OP_NAMES"]

@@ -2,9 +2,12 @@
 
 ``open_dataset`` looks at a folder, tells its layout from the content, and returns ``DataSplits`` of
 ``ImageSet``s. Small datasets are decoded once (in parallel) and held in memory as one uint8 tensor
-(N, C, H, W); large ones keep file paths and decode on demand, e.g. in DataLoader workers through
-``ImageSet.as_dataset()``. Unreadable files are skipped and listed in ``DataSplits.skipped`` (or, with
-``strict=True``, the first one is an error). Decoding a folder is counted on the ``progress`` given.
+(N, C, H, W), or, decoded at a short side (whole images, their aspect ratios kept), as a ``RaggedImages``
+store when their sizes differ; large ones keep file paths and decode on demand, e.g. in DataLoader
+workers through ``ImageSet.as_dataset()``. With a ``cache_dir``, what decoding a folder gave is kept
+there (``data.cache``) and a second opening of the same files with the same settings reads it back.
+Unreadable files are skipped and listed in ``DataSplits.skipped`` (or, with ``strict=True``, the
+first one is an error). Decoding a folder is counted on the ``progress`` given.
 Every error is a one-line DataError naming the file or folder at fault.
 """
 
@@ -27,15 +30,18 @@ from ..errors import DataError
 from ..progress import Progress, Task
 from ..runtime import usable_cpus
 from ..strict import to_hw
+from .cache import DecodeCache, check_outside
 from .images import (
     DEFAULT_MAX_PIXELS,
     decode_array,
     header_size,
     is_image_name,
     pil_limits,
+    short_side_size,
     show_path,
     walk_images,
 )
+from .ragged import RaggedImages
 
 FORMATS = ("folder", "split-folder", "mnist", "cifar10", "cifar100", "demo")
 DEMO_DIR = Path(__file__).resolve().parent / "demo"
@@ -51,18 +57,22 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 class ImageSet:
     labels: torch.Tensor  # int64 (N,)
     classes: list[str]  # class names; label i is classes[i]
-    images: torch.Tensor | None  # uint8 (N, C, H, W) when held in memory
-    paths: list[Path] | None  # image files when streamed (decoded on demand at `size`)
-    size: tuple[int, int]  # (H, W) of every image get() returns
+    images: torch.Tensor | None  # uint8 (N, C, H, W) when held in memory at one size
+    paths: list[Path] | None  # image files when streamed (decoded on demand at `size` or `short_side`)
+    size: tuple[int, int]  # (H, W) of every image get() returns; (S, S) for images of different sizes
     channels: int  # 1 grey or 3 RGB
     max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit for streamed files
+    ragged: RaggedImages | None = None  # in memory, images of different sizes (decoded at short_side)
+    short_side: int | None = None  # decoded as whole images, short side at most this (never enlarged),
+    #   aspect ratio kept: unless they share one size (`images`), get() sizes differ and get_batch() gives
+    #   a list; None = every image was brought to `size`
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     @property
     def in_memory(self) -> bool:
-        return self.images is not None
+        return self.images is not None or self.ragged is not None
 
     def get(self, i: int) -> tuple[torch.Tensor, int]:
         """Image i as uint8 (C, H, W) and its label."""
@@ -71,18 +81,27 @@ class ImageSet:
             raise IndexError(f"ImageSet: index {i} out of range for {len(self)} images")
         if self.images is not None:
             return self.images[i], int(self.labels[i])
+        if self.ragged is not None:
+            return self.ragged[i % len(self)], int(self.labels[i])
+        size = None if self.short_side else self.size
         with pil_limits(self.max_pixels):
-            a = decode_array(self.paths[i], self.channels, self.max_pixels, self.size)
+            a = decode_array(self.paths[i], self.channels, self.max_pixels, size, short_side=self.short_side)
         return torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1))), int(self.labels[i])
 
-    def get_batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images ``idx`` as uint8 (B, C, H, W) and int64 labels (B,)."""
+    def get_batch(self, idx: torch.Tensor) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+        """Images ``idx`` as uint8 (B, C, H, W) (a list of (C, h, w) when short_side is set) and int64
+        labels (B,)."""
         idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
         if self.images is not None:
             return self.images[idx], self.labels[idx]
+        if self.ragged is not None:
+            return self.ragged.take(idx), self.labels[idx]
+        images = [self.get(int(i))[0] for i in idx]
+        if self.short_side:
+            return images, self.labels[idx]
         if len(idx) == 0:
             return torch.empty(0, self.channels, *self.size, dtype=torch.uint8), self.labels[idx]
-        return torch.stack([self.get(int(i))[0] for i in idx]), self.labels[idx]
+        return torch.stack(images), self.labels[idx]
 
     def as_dataset(self) -> torch.utils.data.Dataset:
         """A torch Dataset view (items: uint8 (C, H, W), int label), picklable for DataLoader workers."""
@@ -99,15 +118,22 @@ class ImageSet:
             size=self.size,
             channels=self.channels,
             max_pixels=self.max_pixels,
+            ragged=None if self.ragged is None else self.ragged.subset(idx),
+            short_side=self.short_side,
         )
 
     def class_counts(self) -> list[int]:
         return torch.bincount(self.labels, minlength=len(self.classes)).tolist()
 
+    def describe_size(self) -> str:
+        """'3x32x32', or '3 channels, short side <= 256' for whole images of different sizes."""
+        if self.short_side and self.images is None:
+            return f"{self.channels} channel{'s' if self.channels > 1 else ''}, short side <= {self.short_side}"
+        return f"{self.channels}x{self.size[0]}x{self.size[1]}"
+
     def __repr__(self) -> str:
-        kind = "in memory" if self.images is not None else "streamed"
-        return (f"ImageSet({len(self)} images, {len(self.classes)} classes, {self.channels}x"
-                f"{self.size[0]}x{self.size[1]}, {kind})")
+        kind = "in memory" if self.in_memory else "streamed"
+        return f"ImageSet({len(self)} images, {len(self.classes)} classes, {self.describe_size()}, {kind})"
 
 
 class _ImageSetDataset(torch.utils.data.Dataset):
@@ -129,6 +155,9 @@ class DataSplits:
     classes: list[str]
     format: str  # 'folder' | 'split-folder' | 'mnist' | 'cifar10' | 'cifar100' | 'demo'
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason), files left out
+    cache: str = "off"  # the decoded-image cache: 'hit' (every decoded part read back from it), 'miss'
+    #   (decoded, and stored), 'off' (no cache, or nothing to decode: arrays, streamed folders)
+    cache_notes: list[str] = field(default_factory=list)  # why the cache could not be written, if so
 
     @property
     def num_classes(self) -> int:
@@ -143,7 +172,7 @@ class DataSplits:
         return self.train.size
 
     def summary(self) -> str:
-        parts = [f"{self.format}: {len(self.classes)} classes, {self.channels}x{self.size[0]}x{self.size[1]}",
+        parts = [f"{self.format}: {len(self.classes)} classes, {self.train.describe_size()}",
                  f"train {len(self.train)}"]
         if self.val is not None:
             parts.append(f"val {len(self.val)}")
@@ -169,6 +198,8 @@ def open_dataset(
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     num_workers: int | None = None,
     progress: Progress | None = None,
+    short_side: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> DataSplits:
     """Open a dataset folder (layout detected from its content, or forced with ``fmt``).
 
@@ -180,6 +211,11 @@ def open_dataset(
     in_memory: None = auto (in memory when the pixels fit in 2 GiB). max_pixels: decompression-bomb
     limit per image (None = none). num_workers: decode processes for big folders (None = up to 8, one per
     core). progress: where decoding (or reading the headers of) image folders is counted (default: nowhere).
+    short_side: instead of img_size, keep image folders' whole images, shrunk (never enlarged) so that
+    their short side is at most this; images of one size share a tensor, others are held as a
+    ``RaggedImages`` store (or streamed). cache_dir: keep what decoding an image folder gave in this
+    folder (``data.cache``; never inside the data folder) and read it back on the next opening; None = no
+    cache. ``DataSplits.cache`` says whether it was used.
     """
     if fmt is not None and fmt not in FORMATS:
         raise DataError(f"fmt: unknown dataset format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -187,9 +223,10 @@ def open_dataset(
         raise DataError(f"channels: must be 1 (grey) or 3 (RGB), got {channels!r}")
     if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction: must be in [0, 1), got {val_fraction!r}")
-    if img_size is not None:
-        img_size = to_hw(img_size, "img_size", DataError)
-    opts = _Opts(channels, img_size, strict, in_memory, max_pixels, num_workers, progress or Progress())
+    img_size = _check_sizes(img_size, short_side)
+    cache = DecodeCache(cache_dir) if cache_dir is not None else None
+    opts = _Opts(channels, img_size, strict, in_memory, max_pixels, num_workers, progress or Progress(),
+                 short_side, cache)
 
     if path is None:
         if fmt not in (None, "demo"):
@@ -200,6 +237,8 @@ def open_dataset(
             path = os.fsdecode(path)
         root = Path(path).expanduser()
         _check_folder(root)
+        if cache_dir is not None:
+            check_outside(cache_dir, root)
         if fmt is None:
             fmt, root = detect_format(root)
         elif fmt == "demo":
@@ -211,12 +250,25 @@ def open_dataset(
 
     loader = {"folder": _open_folder, "split-folder": _open_split_folder, "mnist": _open_mnist,
               "demo": _open_mnist, "cifar10": _open_cifar, "cifar100": _open_cifar}[fmt]
+    opts.root = root
     train, val, test, skipped = loader(root, fmt, opts)
 
     if val is None and val_fraction > 0:
         train, val = split_stratified(train, val_fraction, seed, where=show_path(root))
     return DataSplits(train=train, val=val, test=test, classes=list(train.classes), format=fmt,
-                      skipped=skipped)
+                      skipped=skipped, cache=opts.cache_summary(), cache_notes=opts.cache_notes)
+
+
+def _check_sizes(img_size, short_side) -> tuple[int, int] | None:
+    """img_size as (H, W) (or None); DataError for a bad short_side, or both given."""
+    if img_size is not None:
+        img_size = to_hw(img_size, "img_size", DataError)
+    if short_side is not None:
+        if img_size is not None:
+            raise DataError("short_side: give img_size (one size, centre cropped) or short_side (whole images), not both")
+        if isinstance(short_side, bool) or not isinstance(short_side, int) or short_side < 1:
+            raise DataError(f"short_side: must be a positive integer, got {short_side!r}")
+    return img_size
 
 
 @dataclass
@@ -228,6 +280,16 @@ class _Opts:
     max_pixels: int | None
     num_workers: int | None
     progress: Progress
+    short_side: int | None = None
+    cache: DecodeCache | None = None
+    root: Path = Path(".")  # the dataset's folder, that cache keys name files relative to
+    cache_used: list[str] = field(default_factory=list)  # 'hit' | 'miss' of each part decoded with a cache
+    cache_notes: list[str] = field(default_factory=list)
+
+    def cache_summary(self) -> str:
+        """'hit' when every decoded part came from the cache, 'miss' when one was decoded, else 'off'."""
+        used = set(self.cache_used)
+        return "hit" if used == {"hit"} else "miss" if used else "off"
 
 
 def _check_folder(root: Path) -> None:
@@ -344,7 +406,7 @@ def _open_split_folder(root: Path, fmt: str, o: _Opts):
                 break
     # one size for all parts: decide it from train, then hold val/test to it
     train = _materialize(items, classes, o, skipped, where=by["train"])
-    o2 = dataclasses.replace(o, channels=train.channels, img_size=o.img_size or train.size,
+    o2 = dataclasses.replace(o, channels=train.channels, img_size=None if o.short_side else o.img_size or train.size,
                              in_memory=train.in_memory if o.in_memory is None else o.in_memory)
     val = _materialize(parts["val"], classes, o2, skipped, where=root, part="val") if "val" in parts else None
     test = _materialize(parts["test"], classes, o2, skipped, where=root, part="test") if "test" in parts else None
@@ -361,26 +423,27 @@ def _workers(n: int | None, count: int) -> int:
 def _work_chunk(args) -> list:
     """Decode (kind 'decode') or read the header of (kind 'header') each path of a chunk; runs in a worker
     process. Returns [(value, None) | (None, error message)]."""
-    kind, paths, channels, max_pixels, size = args
+    kind, paths, channels, max_pixels, size, short_side = args
     out = []
     with pil_limits(max_pixels):
         for p in paths:
             try:
-                v = decode_array(p, channels, max_pixels, size) if kind == "decode" else header_size(p, max_pixels)
+                v = (decode_array(p, channels, max_pixels, size, short_side) if kind == "decode"
+                     else header_size(p, max_pixels))
                 out.append((v, None))
             except DataError as e:
                 out.append((None, str(e)))
     return out
 
 
-def _pmap(kind: str, paths: list[Path], channels: int, max_pixels, size, workers: int, task: Task) -> list:
+def _pmap(kind: str, paths: list[Path], channels: int, max_pixels, size, short_side, workers: int, task: Task) -> list:
     """_work_chunk over all ``paths`` in chunks, each counted on ``task`` when done: in this process for
     small jobs, else in a pool of ``workers`` processes (Pillow's per-file Python overhead holds the GIL,
     so threads would not scale)."""
     import multiprocessing as mp
 
     step = max(64, min(1024, len(paths) // (workers * 4)))
-    jobs = [(kind, paths[i : i + step], channels, max_pixels, size) for i in range(0, len(paths), step)]
+    jobs = [(kind, paths[i : i + step], channels, max_pixels, size, short_side) for i in range(0, len(paths), step)]
     if (workers <= 1 or len(paths) < 1024 or "fork" not in mp.get_all_start_methods()
             or mp.current_process().daemon):  # a daemon process (e.g. a DataLoader worker) may not fork
         return _gather(map(_work_chunk, jobs), task)
@@ -408,26 +471,8 @@ def _materialize(items: list[tuple[Path, int]], classes: list[str], o: _Opts, sk
     """Decode (or, for large sets, check the headers of) ``items`` into an ImageSet; ``part`` names the
     split in the progress shown when ``where`` holds several."""
     channels = o.channels or 3
-    workers = _workers(o.num_workers, len(items))
-    with pil_limits(o.max_pixels):
-        in_memory = o.in_memory
-        size = o.img_size
-        if in_memory is None:
-            # estimate the pixel bytes from img_size or the first readable header
-            probe = size
-            for p, _ in items[:16]:
-                try:
-                    probe = probe or header_size(p, o.max_pixels)
-                    break
-                except DataError:
-                    continue
-            probe = probe or (32, 32)
-            in_memory = len(items) * channels * probe[0] * probe[1] <= MEMORY_BUDGET
-    what = f"{'decoding' if in_memory else 'reading the headers of'} {show_path(where)}"
-    what += f" ({part})" if part else ""
-    with o.progress.task(what, len(items), unit="images") as task:
-        res = _pmap("decode" if in_memory else "header", [p for p, _ in items], channels, o.max_pixels, size,
-                    workers, task)
+    in_memory = o.in_memory if o.in_memory is not None else _fits_in_memory(items, channels, o)
+    res = _decode_items([p for p, _ in items], channels, in_memory, o, where, part)
     keep, vals = [], []
     for (p, lab), (v, err) in zip(items, res):
         if err is not None:
@@ -441,21 +486,71 @@ def _materialize(items: list[tuple[Path, int]], classes: list[str], o: _Opts, sk
     if not keep:
         raise DataError(f"{show_path(where)}: none of the {len(items)} image(s) could be read "
                         f"(first: {skipped[-len(items)][0]}: {skipped[-len(items)][1]})")
-    shapes = [v.shape[:2] if in_memory else v for v in vals]
-    if size is None:
-        first = tuple(shapes[0])
-        for (p, _), s in zip(keep, shapes):
-            if tuple(s) != first:
-                raise DataError(
-                    f"{show_path(where)}: images have different sizes ({show_path(keep[0][0])} is "
-                    f"{first[0]}x{first[1]}, {show_path(p)} is {s[0]}x{s[1]}); pass img_size to resize them")
-        size = first
+    shapes = [tuple(v.shape[:2]) if in_memory else tuple(v) for v in vals]
     labels = torch.tensor([lab for _, lab in keep], dtype=torch.long)
+    common = shapes[0] if all(sh == shapes[0] for sh in shapes) else None
+    if o.short_side and not in_memory:
+        return ImageSet(labels, list(classes), None, [p for p, _ in keep], (o.short_side,) * 2, channels,
+                        o.max_pixels, short_side=o.short_side)
+    if o.short_side and common is None:  # whole images of different sizes
+        return ImageSet(labels, list(classes), None, None, (o.short_side,) * 2, channels, o.max_pixels,
+                        ragged=RaggedImages.from_arrays(vals), short_side=o.short_side)
+    size = o.img_size or common
+    if size is None:
+        i = next(i for i, sh in enumerate(shapes) if sh != shapes[0])
+        raise DataError(
+            f"{show_path(where)}: images have different sizes ({show_path(keep[0][0])} is "
+            f"{shapes[0][0]}x{shapes[0][1]}, {show_path(keep[i][0])} is {shapes[i][0]}x{shapes[i][1]}); "
+            "pass img_size to resize them")
     if in_memory:
         arr = np.stack(vals)  # (N, H, W, C)
         images = torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()  # (N, C, H, W)
-        return ImageSet(labels, list(classes), images, None, tuple(size), channels, o.max_pixels)
+        return ImageSet(labels, list(classes), images, None, tuple(size), channels, o.max_pixels,
+                        short_side=o.short_side)
     return ImageSet(labels, list(classes), None, [p for p, _ in keep], tuple(size), channels, o.max_pixels)
+
+
+def _fits_in_memory(items: list[tuple[Path, int]], channels: int, o: _Opts) -> bool:
+    """Whether the decoded pixels fit MEMORY_BUDGET, estimated from img_size or the first readable header
+    (brought to short_side)."""
+    probe = o.img_size
+    with pil_limits(o.max_pixels):
+        for p, _ in items[:16]:
+            if probe is not None:
+                break
+            try:
+                probe = header_size(p, o.max_pixels)
+            except DataError:
+                continue
+    probe = probe or (32, 32)
+    if o.short_side:
+        probe = short_side_size(*probe, o.short_side)
+    return len(items) * channels * probe[0] * probe[1] <= MEMORY_BUDGET
+
+
+def _decode_items(paths: list[Path], channels: int, in_memory: bool, o: _Opts, where: Path, part: str) -> list:
+    """[(array or header size, None) | (None, error)] of each path: decoded (``in_memory``; read back from
+    the cache when it holds them, else stored there) or its header read, counted on a progress task."""
+    kind = "decode" if in_memory else "header"
+    entry = None
+    if kind == "decode" and o.cache is not None:
+        settings = {"channels": channels, "size": o.img_size, "short_side": o.short_side, "max_pixels": o.max_pixels}
+        entry = o.cache.key(o.root, paths, settings, part=f"{where}:{part}")
+        found = o.cache.load(*entry, len(paths))
+        if found is not None:
+            o.cache_used.append("hit")
+            return found
+    what = f"{'decoding' if in_memory else 'reading the headers of'} {show_path(where)}"
+    what += f" ({part})" if part else ""
+    with o.progress.task(what, len(paths), unit="images") as task:
+        res = _pmap(kind, paths, channels, o.max_pixels, o.img_size, o.short_side,
+                    _workers(o.num_workers, len(paths)), task)
+    if entry is not None:
+        o.cache_used.append("miss")
+        note = o.cache.store(*entry, res)
+        if note:
+            o.cache_notes.append(note)
+    return res
 
 
 # ==================================================================================================
@@ -708,6 +803,8 @@ def join_sets(parts: list[ImageSet]) -> ImageSet:
         size=first.size,
         channels=first.channels,
         max_pixels=first.max_pixels,
+        ragged=None if first.ragged is None else RaggedImages.join([p.ragged for p in parts]),
+        short_side=first.short_side,
     )
 
 

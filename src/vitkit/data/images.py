@@ -210,11 +210,24 @@ def _fit_box(w: int, h: int, out_h: int, out_w: int) -> tuple[float, float, floa
     return left, top, left + cw, top + ch
 
 
-def decode_array(path, channels: int, max_pixels: int | None, size: tuple[int, int] | None = None) -> np.ndarray:
+def short_side_size(h: int, w: int, short_side: int) -> tuple[int, int]:
+    """(H, W) of an h x w image whose short side is brought down to ``short_side`` (aspect ratio kept, the
+    long side truncated as torchvision's Resize(int) does); an image already that small keeps its size."""
+    if min(h, w) <= short_side:
+        return h, w
+    if h <= w:
+        return short_side, max(short_side, int(short_side * w / h))
+    return max(short_side, int(short_side * h / w)), short_side
+
+
+def decode_array(path, channels: int, max_pixels: int | None, size: tuple[int, int] | None = None,
+                 short_side: int | None = None) -> np.ndarray:
     """decode_image without the warning context, as a numpy array: the dataset readers enter
     ``pil_limits`` once around many calls.
 
-    Returns uint8 (H, W, C). With ``size`` = (H, W) the image is resized (short side) and centre cropped.
+    Returns uint8 (H, W, C). With ``size`` = (H, W) the image is resized (short side) and centre cropped;
+    with ``short_side`` the whole image is kept, shrunk (never enlarged) so that its short side is at
+    most ``short_side`` (``short_side_size``).
     """
     Image = _img()
     from PIL import ImageOps
@@ -244,6 +257,9 @@ def decode_array(path, channels: int, max_pixels: int | None, size: tuple[int, i
             _check_pixels(shown, w, h, max_pixels)
             if getattr(im, "n_frames", 1) > 1:
                 im.seek(0)  # animations: the first frame
+            if short_side is not None:  # the output's size (as displayed, EXIF rotation applied)
+                rot = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
+                size = short_side_size(*((w, h) if rot else (h, w)), short_side)
             if size is not None and im.format == "JPEG":
                 # let libjpeg decode at 1/2, 1/4 or 1/8 scale when that still covers the output (fast)
                 rot = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
@@ -463,6 +479,6 @@ def to_model_input(img: torch.Tensor, img_size: tuple[int, int], pre) -> torch.T
     return ((x - mean) / std)[0]
 
 
-__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTS", "decode_image", "decode_array", "header_size", "list_images",
-           "walk_images", "is_image_name", "to_model_input", "resize_center_crop", "norm_consts", "check_uint8",
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTS", "decode_image", "decode_array", "header_size", "short_side_size",
+           "list_images", "walk_images", "is_image_name", "to_model_input", "resize_center_crop", "norm_consts", "check_uint8",
            "show_path", "pil_limits"]

@@ -11,6 +11,8 @@ folders are decoded at) and the building of the model all take it from there.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -117,24 +119,46 @@ HELD_OUT = 0.1  # the share of its training images a run holds out for validatio
 #   val nor a test part (and data.val_fraction is 0), so that it reports an accuracy
 
 
-def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progress: Progress | None = None):
-    """The run's DataSplits with ``mcfg``'s channels; image folders, which may mix sizes, are decoded at
-    ``mcfg``'s size (shown on ``progress``). Data with neither a validation nor a test part gives 10% of
-    its training images to a validation split, so that the run reports an accuracy."""
+def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progress: Progress | None = None,
+              cache_dir: str | Path | None = None):
+    """The run's DataSplits with ``mcfg``'s channels. Image folders, which may mix sizes, keep whole images
+    at a short side a little larger than the model's (``decode_short_side``), so that training crops are
+    drawn from the whole image, unless data.img_size sets one size (shown on ``progress``; read back from
+    ``cache_dir`` when it holds them). Data with neither a validation nor a test part gives 10% of its
+    training images to a validation split, so that the run reports an accuracy."""
     from ..data import open_dataset
     from ..data.datasets import split_stratified
 
     d = cfg.data
     size = (d.img_size, d.img_size) if d.img_size else None
+    short = None
     if size is None and _is_image_folder(d.path, d.format):
-        size = mcfg.img_size
+        short = d.short_side or decode_short_side(mcfg.img_size, d.crop_pct)
     splits = open_dataset(d.path, d.format, channels=mcfg.in_chans, img_size=size, val_fraction=d.val_fraction,
-                          seed=cfg.seed, strict=d.strict, in_memory=d.in_memory, progress=progress)
+                          seed=cfg.seed, strict=d.strict, in_memory=d.in_memory, progress=progress,
+                          short_side=short, cache_dir=cache_dir)
     if splits.val is None and splits.test is None:
         splits.train, splits.val = split_stratified(splits.train, HELD_OUT, cfg.seed, where=str(d.path))
         say(f"no validation or test part in the data: {HELD_OUT:.0%} of the training images are held out for "
             "validation")
     return splits
+
+
+def decode_short_side(img_size: tuple[int, int], crop_pct: float) -> int:
+    """The short side image folders are kept at for a model of ``img_size``: the size evaluation resizes
+    to (size / crop_pct), so that it crops the stored image without resizing it again."""
+    return max(math.floor(s / crop_pct + 1e-9) for s in img_size)
+
+
+def eval_crop(pre: Preprocess, train_set, img_size: tuple[int, int], crop_pct: float) -> Preprocess:
+    """``pre`` with the data's eval crop ratio when the training images are not stored at the model's size
+    (whole images at a short side): evaluation, and the tools that load the model, then resize the short
+    side to size / crop_pct and take the centre crop. Images stored at one size, the model's, keep ``pre``."""
+    if getattr(train_set, "short_side", None) is None:
+        return pre
+    if getattr(train_set, "images", None) is not None and tuple(train_set.size) == tuple(img_size):
+        return pre
+    return dataclasses.replace(pre, crop_pct=crop_pct)
 
 
 def _is_image_folder(path: str | None, fmt: str | None) -> bool:
@@ -181,16 +205,33 @@ def _short(names) -> str:
 
 def data_preprocess(images, channels: int, max_images: int = 10000) -> Preprocess:
     """Normalisation constants measured on (up to ``max_images`` of) the training images."""
-    if getattr(images, "images", None) is None:
+    ragged = getattr(images, "ragged", None)
+    if getattr(images, "images", None) is None and ragged is None:
         return Preprocess().for_channels(channels)
-    x = images.images
-    if len(x) > max_images:
-        x = x[torch.linspace(0, len(x) - 1, max_images).long()]
-    x = x.float().div_(255).transpose(0, 1).reshape(x.shape[1], -1)  # (C, N*H*W)
-    mean = x.mean(1)
-    std = x.std(1).clamp_min(1e-3)
+    n = len(images)
+    pick = torch.linspace(0, n - 1, max_images).long() if n > max_images else torch.arange(n)
+    if ragged is not None:  # images of different sizes
+        mean, std = _channel_stats(ragged.take(pick))
+    else:
+        x = images.images
+        if n > max_images:
+            x = x[pick]
+        x = x.float().div_(255).transpose(0, 1).reshape(x.shape[1], -1)  # (C, N*H*W)
+        mean, std = x.mean(1), x.std(1)
     r = lambda t: tuple(round(float(v), 4) for v in t)  # noqa: E731
-    return Preprocess(mean=r(mean), std=r(std), crop_pct=1.0, interpolation="bilinear")
+    return Preprocess(mean=r(mean), std=r(std.clamp_min(1e-3)), crop_pct=1.0, interpolation="bilinear")
+
+
+def _channel_stats(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and (unbiased) std of uint8 images of different sizes, in [0, 1]: sums in float64,
+    one image at a time (a float copy of them all could take gigabytes)."""
+    s = s2 = torch.zeros(images[0].shape[0], dtype=torch.float64)
+    n = 0
+    for img in images:
+        px = img.reshape(img.shape[0], -1).double().div_(255)
+        s, s2, n = s + px.sum(1), s2 + (px * px).sum(1), n + px.shape[1]
+    mean = s / n
+    return mean, ((s2 - n * mean * mean) / max(n - 1, 1)).clamp_min(0).sqrt()
 
 
 # ============================================================================================= model
@@ -250,9 +291,12 @@ def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     if resume_from is None and not cfg.init_from:
         model.preprocess = data_preprocess(train_set, model.cfg.in_chans)
+    if resume_from is None:
+        model.preprocess = eval_crop(model.preprocess, train_set, model.cfg.img_size, cfg.data.crop_pct)
     model.labels = classes
     return model
 
 
-__all__ = ["HELD_OUT", "model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data", "check_classes", "data_preprocess",
+__all__ = ["HELD_OUT", "model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data",
+           "decode_short_side", "eval_crop", "check_classes", "data_preprocess",
            "build_model", "prepare_model"]

@@ -25,15 +25,25 @@ class DataConfig:
     val_fraction: float = 0.0  # share of train carved out for validation when the data has no val part
     strict: bool = False  # an unreadable image is an error (False: skipped and reported)
     in_memory: bool | None = None  # hold decoded images in memory; None = auto (small datasets)
-    workers: int = 0  # decoding workers for streamed (not in-memory) datasets
+    workers: int | None = None  # DataLoader worker processes that decode streamed (not in-memory) datasets;
+    #   None = the usable CPUs shared among the training processes (at most 8); 0 = decode in the main process
+    short_side: int | None = None  # image folders (with no data.img_size) keep whole images, shrunk (never
+    #   enlarged) to this short side, and training crops are drawn from the whole image; None = the model's
+    #   size / crop_pct (256 for 224 at 0.875). Images that all come out at one size share one tensor
+    crop_pct: float = 0.875  # evaluation of such images: resize the short side to size / crop_pct, centre
+    #   crop to the model's size (timm's eval transform); recorded in the model's preprocessing
 
     def validate(self):
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction: must be in [0, 1), got {self.val_fraction!r}")
-        if self.img_size is not None and self.img_size < 1:
-            raise ConfigError(f"data.img_size: must be a positive integer or null, got {self.img_size!r}")
-        if self.workers < 0:
-            raise ConfigError(f"data.workers: must be >= 0, got {self.workers!r}")
+        for name in ("img_size", "short_side"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"data.{name}: must be a positive integer or null, got {v!r}")
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError(f"data.workers: must be >= 0 or null (null: one per usable CPU), got {self.workers!r}")
+        if not 0 < self.crop_pct <= 1:
+            raise ConfigError(f"data.crop_pct: must be in (0, 1], got {self.crop_pct!r}")
 
 
 @dataclass

@@ -5,6 +5,11 @@ Epoch ``e`` visits the images in the order of a permutation drawn from a generat
 an epoch regenerates the permutation and skips the batches already done. A global batch of
 ``batch_size`` images is cut into ``world_size`` equal slices, one per process, and each slice into
 ``accum_steps`` micro-batches; the last incomplete batch of an epoch is dropped.
+
+Images held in memory are taken in this process; streamed ones are decoded in DataLoader worker
+processes (``workers``; by default as many as this machine's CPUs allow, ``loader_workers``), which
+hand back exactly the batches this process would have decoded, in order, so the number of workers
+never changes what a run sees.
 """
 
 from __future__ import annotations
@@ -14,7 +19,18 @@ from typing import Iterator
 import torch
 
 from ..errors import ConfigError, DataError
+from ..runtime import usable_cpus
 from .distributed import DistInfo
+
+MAX_WORKERS = 8  # the most DataLoader workers a process starts by default
+
+
+def loader_workers(workers: int | None, processes: int = 1) -> int:
+    """DataLoader worker processes per training process for streamed data: ``workers``, or (None) the
+    CPUs this process may use shared among the ``processes`` training processes, 1 to MAX_WORKERS."""
+    if workers is not None:
+        return workers
+    return max(1, min(MAX_WORKERS, usable_cpus() // max(processes, 1)))
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -62,14 +78,14 @@ class BatchLoader:
         ds = self.ds
         if getattr(ds, "images", None) is not None:
             return ds.images[idx], ds.labels[idx]
-        return ds.get_batch(idx)
+        return ds.get_batch(idx)  # a list of images of different sizes when the set has a short_side
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield (step_in_epoch, uint8 images, int64 labels) of this process's share of each global
         batch, from batch ``start`` to the end of epoch ``epoch``."""
         perm = self.permutation(epoch)
         steps = range(start, self.steps_per_epoch)
-        if getattr(self.ds, "images", None) is None and self.workers > 0:
+        if not getattr(self.ds, "in_memory", True) and self.workers > 0:
             yield from self._streamed(perm, steps)
             return
         for s in steps:
@@ -81,8 +97,9 @@ class BatchLoader:
         from torch.utils.data import DataLoader
 
         batches = [self.rank_indices(perm, s).tolist() for s in steps]
+        collate = _collate_list if getattr(self.ds, "short_side", None) else _collate
         dl = DataLoader(self.ds.as_dataset(), batch_sampler=batches, num_workers=self.workers,
-                        collate_fn=_collate, persistent_workers=False)
+                        collate_fn=collate, persistent_workers=False)
         for s, (x, y) in zip(steps, dl):
             yield s, x, y
 
@@ -92,6 +109,11 @@ def _collate(items):
     return torch.stack(xs), torch.as_tensor(ys, dtype=torch.int64)
 
 
+def _collate_list(items):
+    xs, ys = zip(*items)
+    return list(xs), torch.as_tensor(ys, dtype=torch.int64)
+
+
 def micro_batches(x: torch.Tensor, y: torch.Tensor, accum_steps: int):
     """Split a process's batch into ``accum_steps`` equal micro-batches."""
     if accum_steps == 1:
@@ -99,4 +121,4 @@ def micro_batches(x: torch.Tensor, y: torch.Tensor, accum_steps: int):
     return list(zip(x.chunk(accum_steps), y.chunk(accum_steps)))
 
 
-__all__ = ["BatchLoader", "micro_batches", "epoch_seed"]
+__all__ = ["BatchLoader", "loader_workers", "micro_batches", "epoch_seed", "MAX_WORKERS"]

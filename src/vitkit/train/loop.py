@@ -40,13 +40,16 @@ def train(
     progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
+    cache_dir: str | Path | None = None,
 ) -> dict:
     """Train as ``cfg`` says, writing the run directory; return a summary dict.
 
     ``splits``: a ready DataSplits (else opened from cfg.data). ``stop``: polled every step; when it
     returns True the run saves last/ and returns with status 'interrupted'. ``resume``: continue from
     run_dir/last. ``progress``: where the main process shows the decoding of the data and the steps
-    (default: nowhere). Errors are VitkitError subclasses with one-line messages.
+    (default: nowhere). ``cache_dir``: where decoded image folders are cached (``data.cache``; None = no
+    cache). The summary records the seconds spent loading the data (``data_seconds``) and whether the
+    cache served them (``data_cache``). Errors are VitkitError subclasses with one-line messages.
     """
     cfg = ran_with(cfg.validate(), dist)
     check_loggers(cfg.loggers)
@@ -64,10 +67,13 @@ def train(
         if cfg.init_from and resume_from is None and (fmt := init_format(cfg)) != "vitkit":
             init = read_init(cfg, fmt)
         mcfg = model_config(cfg, init, resume_from)
+        loaded = None
         if splits is None:
-            splits = open_data(cfg, mcfg, say, progress)
+            splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir)
         classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
         model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
+        if loaded is not None and (loaded["data_cache"] != "off" or loaded["data_seconds"] >= 1):
+            say(loaded_line(splits, loaded, cache_dir))  # when it took a while, or the cache was involved
         trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
                           precision=precision, log=log, stop=stop, progress=progress)
         with contextlib.closing(trainer):
@@ -75,14 +81,30 @@ def train(
                 trainer.restore(saved)
             trainer.open_run(resumed=saved is not None)
             if trainer.fit() == "interrupted":
-                summary = trainer.interrupt()
+                summary = {**trainer.interrupt(), **(loaded or {})}
             else:
-                summary = trainer.complete(splits.test)
+                summary = {**trainer.complete(splits.test), **(loaded or {})}
                 summary["total_seconds"] = round(time.perf_counter() - t_start, 2)
                 summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
                 trainer.write_summary(summary)
         barrier(dist)  # all ranks end together: none tears its process group down while rank 0 still writes
         return summary
+
+
+def load_data(cfg: RunConfig, mcfg, say: Callable[[str], None], progress: Progress, cache_dir) -> tuple:
+    """The run's data (``build.open_data``), and for the summary how long loading it took and whether the
+    decoded-image cache served it ('hit', 'miss' or 'off')."""
+    t0 = time.perf_counter()
+    splits = open_data(cfg, mcfg, say, progress, cache_dir)
+    for note in splits.cache_notes:
+        say(f"warning: {note}")
+    return splits, {"data_seconds": round(time.perf_counter() - t0, 2), "data_cache": splits.cache}
+
+
+def loaded_line(splits, loaded: dict, cache_dir) -> str:
+    """'data loaded in 0.4 s (from the cache in DIR): <the data's summary>'."""
+    how = {"hit": f"from the cache in {cache_dir}", "miss": f"decoded, cached in {cache_dir}"}.get(loaded["data_cache"])
+    return f"data loaded in {loaded['data_seconds']:.1f} s" + (f" ({how})" if how else "") + f": {splits.summary()}"
 
 
 def ran_with(cfg: RunConfig, dist: DistInfo) -> RunConfig:

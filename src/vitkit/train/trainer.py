@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data import BatchAugment, eval_batch
+from ..data.augment import move_batch
 from ..errors import TrainingError
 from ..io import checkpoint as ckpt_io
 from ..progress import Progress
@@ -42,7 +43,7 @@ from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkp
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers
 from .ema import EMA
-from .loader import BatchLoader, micro_batches
+from .loader import BatchLoader, loader_workers, micro_batches
 from .metrics import MetricsLog, StepWindow, open_loggers, write_plots
 from .optim import build_optimizer
 from .schedule import Schedule
@@ -85,7 +86,7 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
             x, y = images.images[idx], images.labels[idx]
         else:
             x, y = images.get_batch(idx)
-        x = eval_batch(x.to(device), base.cfg.img_size, base.preprocess)
+        x = eval_batch(move_batch(x, device), base.cfg.img_size, base.preprocess)
         y = y.to(device)
         with autocast(device, precision):
             logits = base(x)
@@ -144,7 +145,8 @@ class Trainer:
         self.model = model.to(device).train()
         self.train_set = train_set
         self.val_set = val_set
-        self.loader = BatchLoader(train_set, cfg.batch_size, cfg.seed, dist, cfg.accum_steps, cfg.data.workers)
+        self.loader = BatchLoader(train_set, cfg.batch_size, cfg.seed, dist, cfg.accum_steps,
+                                  loader_workers(cfg.data.workers, dist.world_size))
         self.total_steps = cfg.epochs * len(self.loader)
         self.optimizer = build_optimizer(model, cfg.optim, device.type)
         budget = cfg.max_minutes * 60 if cfg.max_minutes else None
@@ -291,7 +293,7 @@ class Trainer:
         cfg, st = self.cfg, self.state
         self.lr = self.schedule.apply(self.optimizer, st.step, st.seconds)
         self.generator.manual_seed(aug_seed(cfg.seed, st.step, self.dist.rank))
-        images, labels = (t.to(self.device, non_blocking=True) for t in batch)
+        images, labels = move_batch(batch[0], self.device), batch[1].to(self.device, non_blocking=True)
         x, targets = self.augment(images, labels, self.generator)
         parts = micro_batches(x, targets, cfg.accum_steps)
         loss = torch.zeros((), device=self.device)

@@ -1,0 +1,123 @@
+"""A cache of decoded image folders, so that a second run on the same folder skips the decoding.
+
+Decoding a folder of small JPEGs costs a fraction of a millisecond an image, which for 50,000 images is
+tens of seconds before every run. ``DecodeCache(folder)`` keeps what decoding a list of files gave (the
+pixels of each image, or the one-line reason it could not be read) in one file per list of files and
+decode settings, under ``folder/decoded/``; the data folder itself is never written to (it may be
+read-only, or shared).
+
+The key of an entry is a hash of the decode settings (channels, size or short side, the pixel limit,
+Pillow's version, this format's version) and, for every file, its name relative to the dataset's root,
+its size and its modification time: a file touched, added, removed or renamed, or another setting, is
+another key, and is decoded afresh. Entries are written atomically (``io.atomic``), so processes that
+race (the ranks of a distributed run) each write a whole file and the last rename wins; a file that is
+truncated or corrupt (its checksum does not match) is ignored and written again. Entries for an older
+state of the same folder and settings are removed when a new one is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import VitkitError
+from ..io.atomic import atomic_path
+
+VERSION = 1  # of the entry format and of what decoding gives; a change makes every old entry a miss
+
+
+class DecodeCache:
+    """Decoded image lists under ``folder``/decoded/: ``key`` names one, ``load`` reads it back (None on a
+    miss or a damaged file), ``store`` writes it (a note on failure: a cache never fails a run)."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder).expanduser() / "decoded"
+
+    def __repr__(self) -> str:
+        return f"DecodeCache({self.folder})"
+
+    def key(self, root: Path, paths: list[Path], settings: dict, part: str = "") -> tuple[str, str]:
+        """(entry name, key) of decoding ``paths`` (under ``root``) with ``settings``. The name's first part
+        depends on the folder, its ``part`` (train, val, test) and the settings only, so that a newer entry
+        replaces the older ones of the same part."""
+        import PIL
+
+        settings = {**settings, "version": VERSION, "pillow": PIL.__version__}
+        head = json.dumps(settings, sort_keys=True)
+        h = hashlib.sha256(head.encode())
+        prefix = os.path.join(os.fspath(root), "")
+        for p in paths:
+            p = os.fspath(p)
+            try:
+                st = os.stat(p)
+                size, mtime = st.st_size, st.st_mtime_ns
+            except OSError:
+                size, mtime = -1, -1  # decoding names the problem; the key just differs from a readable file's
+            name = p[len(prefix):] if p.startswith(prefix) else os.path.relpath(p, root)  # the files lie under root
+            h.update(f"\0{name}\0{size}\0{mtime}".encode("utf-8", "surrogateescape"))
+        where = hashlib.sha256(f"{Path(root).resolve()}\0{part}\0{head}".encode("utf-8", "surrogateescape")).hexdigest()
+        return f"{where[:16]}-{h.hexdigest()[:32]}", h.hexdigest()
+
+    def _file(self, name: str) -> Path:
+        return self.folder / f"{name}.npz"
+
+    def load(self, name: str, key: str, count: int) -> list | None:
+        """The results stored under ``name`` ([(uint8 (h, w, C) array, None) | (None, reason)]), or None
+        when there is no entry or it is damaged, stale or of another length."""
+        try:
+            with np.load(self._file(name), allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+                shapes, pixels = z["shapes"], z["pixels"]
+        except Exception:  # noqa: BLE001 - missing, truncated or not an entry at all: a miss
+            return None
+        if (meta.get("key") != key or len(shapes) != count or shapes.ndim != 2 or shapes.shape[1] != 3
+                or meta.get("crc") != zlib.crc32(pixels) or int(np.prod(shapes, 1).clip(0).sum()) != pixels.size):
+            return None
+        errors = meta.get("errors", {})
+        out, at = [], 0
+        for i, (h, w, c) in enumerate(shapes.tolist()):
+            if h < 0:
+                out.append((None, errors.get(str(i), "unreadable")))
+                continue
+            n = h * w * c
+            out.append((pixels[at : at + n].reshape(h, w, c), None))
+            at += n
+        return out
+
+    def store(self, name: str, key: str, results: list) -> str | None:
+        """Write ``results`` (as ``load`` returns them) under ``name`` and remove older entries of the same
+        folder and settings; a note saying why not, if it could not be written."""
+        shapes = np.array([v.shape if v is not None else (-1, -1, -1) for v, _ in results], dtype=np.int64)
+        shapes = shapes.reshape(-1, 3)
+        pixels = np.concatenate([v.reshape(-1) for v, _ in results if v is not None] or [np.empty(0, np.uint8)])
+        errors = {str(i): err for i, (v, err) in enumerate(results) if v is None}
+        meta = json.dumps({"key": key, "crc": zlib.crc32(pixels), "errors": errors}).encode("utf-8")
+        target = self._file(name)
+        try:
+            with atomic_path(target) as tmp, open(tmp, "wb") as f:
+                np.savez(f, meta=np.frombuffer(meta, np.uint8), shapes=shapes, pixels=pixels)
+        except (VitkitError, OSError) as e:
+            return f"decoded images not cached ({e})"
+        prefix = name.split("-", 1)[0]
+        for old in self.folder.glob(f"{prefix}-*.npz"):
+            if old != target:
+                old.unlink(missing_ok=True)
+        return None
+
+
+def check_outside(cache_dir: str | os.PathLike, data_root: str | os.PathLike) -> None:
+    """A DataError unless ``cache_dir`` lies outside the data folder (which may be read-only)."""
+    from ..errors import DataError
+
+    cache, root = Path(cache_dir).expanduser().resolve(), Path(data_root).expanduser().resolve()
+    if cache == root or root in cache.parents:
+        raise DataError(f"cache_dir: {cache_dir} is inside the data folder {data_root}; put the cache elsewhere "
+                        "(the data folder may be read-only)")
+
+
+__all__ = ["DecodeCache", "check_outside", "VERSION"]

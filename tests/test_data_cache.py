@@ -1,0 +1,149 @@
+"""The decoded-image cache: a second opening of the same files reads them back without decoding; any
+change to the files or the decode settings is a miss; a damaged entry is decoded and written again; the
+cache never goes inside the data folder, which may be read-only; runs record the time loading took."""
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+
+import vitkit.data.datasets as datasets
+from vitkit.cli import main
+from vitkit.data import open_dataset
+from vitkit.errors import DataError
+
+from helpers import FAST_TRAIN_ARGS, image_folder, noise_image
+
+
+def _folder(root, n=5):
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            noise_image(20 + 4 * (i % 3), 24, seed=10 * (c == "b") + i).save(root / c / f"{i}.png")
+    return root
+
+
+def _open(root, cache, **kw):
+    return open_dataset(root, val_fraction=0, cache_dir=cache, **{"short_side": 20, **kw})
+
+
+def _no_decoding(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("decoded although the cache holds the images")
+
+    monkeypatch.setattr(datasets, "decode_array", refuse)
+
+
+def _same(a, b):
+    ia, ib = a.train.get_batch(torch.arange(len(a.train)))[0], b.train.get_batch(torch.arange(len(b.train)))[0]
+    return torch.equal(a.train.labels, b.train.labels) and all(torch.equal(x, y) for x, y in zip(ia, ib))
+
+
+def test_second_open_reads_the_cache(tmp_path, monkeypatch):
+    root, cache = _folder(tmp_path / "data"), tmp_path / "cache"
+    first = _open(root, cache)
+    assert first.cache == "miss" and len(list((cache / "decoded").glob("*.npz"))) == 1
+    _no_decoding(monkeypatch)
+    again = _open(root, cache)
+    assert again.cache == "hit" and _same(first, again)
+    assert again.train.ragged is not None  # images of different sizes, as decoded
+
+
+@pytest.mark.parametrize("change", ["touch", "add", "remove", "short_side", "channels", "img_size"])
+def test_any_change_is_a_miss(tmp_path, change):
+    root, cache = _folder(tmp_path / "data"), tmp_path / "cache"
+    _open(root, cache)
+    kw = {}
+    if change == "touch":
+        st = os.stat(root / "a" / "0.png")
+        os.utime(root / "a" / "0.png", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    elif change == "add":
+        noise_image(24, 24, seed=99).save(root / "b" / "new.png")
+    elif change == "remove":
+        (root / "a" / "4.png").unlink()
+    elif change == "short_side":
+        kw = {"short_side": 22}
+    elif change == "channels":
+        kw = {"channels": 1}
+    else:
+        kw = {"short_side": None, "img_size": 16}
+    d = _open(root, cache, **kw)
+    assert d.cache == "miss"
+    assert _same(d, open_dataset(root, val_fraction=0, **{"short_side": 20, **kw}))  # what decoding gives
+    assert len(list((cache / "decoded").glob("*.npz"))) == (2 if change in ("short_side", "channels", "img_size") else 1)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
+def test_a_damaged_entry_is_decoded_and_written_again(tmp_path, monkeypatch, damage):
+    root, cache = _folder(tmp_path / "data"), tmp_path / "cache"
+    first = _open(root, cache)
+    (entry,) = (cache / "decoded").glob("*.npz")
+    raw = entry.read_bytes()
+    if damage == "truncate":
+        entry.write_bytes(raw[: len(raw) // 2])
+    elif damage == "flip":  # a pixel changed: the checksum tells
+        i = raw.index(b"pixels.npy") + 200
+        entry.write_bytes(raw[:i] + bytes([raw[i] ^ 0xFF]) + raw[i + 1:])
+    else:
+        entry.write_bytes(b"not an archive")
+    again = _open(root, cache)
+    assert again.cache == "miss" and _same(first, again)
+    _no_decoding(monkeypatch)
+    assert _open(root, cache).cache == "hit"
+
+
+def test_cache_never_inside_the_data_folder(tmp_path):
+    root = _folder(tmp_path / "data")
+    for inside in (root, root / "a" / "cache", tmp_path / "data" / ".." / "data" / "x"):
+        with pytest.raises(DataError, match=r"^cache_dir: .* is inside the data folder") as e:
+            _open(root, inside)
+        assert "\n" not in str(e.value)
+    assert sorted(p.name for p in root.rglob("*")) == sorted(p.name for p in _folder(tmp_path / "again").rglob("*"))
+
+
+def test_read_only_data_folder_and_unwritable_cache(tmp_path):
+    root, cache = _folder(tmp_path / "data"), tmp_path / "cache"
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    modes = {p: p.stat().st_mode for p in [root, *root.rglob("*")]}
+    try:
+        for p in modes:
+            p.chmod(stat.S_IMODE(modes[p]) & ~0o222)
+        assert _open(root, cache).cache == "miss" and _open(root, cache).cache == "hit"
+    finally:
+        for p, m in modes.items():
+            p.chmod(m)
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    # a cache that cannot be written is a note, never a failed opening
+    blocked = tmp_path / "file"
+    blocked.write_text("in the way")
+    d = _open(root, blocked)
+    assert d.cache == "miss" and d.cache_notes and "not cached" in d.cache_notes[0]
+
+
+def test_train_reports_loading_and_the_cache(tmp_path, capsys):
+    data = image_folder(tmp_path / "data")
+    cache = tmp_path / "cache"
+    args = ["train", "--data", str(data), "--epochs", "1", "--json", *[a for a in FAST_TRAIN_ARGS if a != "--quiet"]]
+    runs, said = [], []
+    for i, extra in enumerate([["--cache-dir", str(cache)], ["--cache-dir", str(cache)], ["--no-cache"],
+                               ["--cache-dir", "none"]]):
+        assert main([*args, "--out", str(tmp_path / f"run{i}"), *extra]) == 0
+        out = capsys.readouterr().out.strip().splitlines()
+        runs.append(json.loads(out[-1]))
+        said.append([line for line in out if line.startswith("data loaded in ")])
+    assert [r["data_cache"] for r in runs] == ["miss", "hit", "off", "off"]
+    assert f"(decoded, cached in {cache}): split-folder: 2 classes, 3x32x32, train 24, test 8" in said[0][0]
+    assert f"(from the cache in {cache})" in said[1][0]
+    assert said[2:] == [[], []]  # no cache, and quick: no line
+    assert all(r["data_seconds"] >= 0 for r in runs)
+    final = [json.loads(x) for x in (tmp_path / "run1" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert final["type"] == "final" and final["data_cache"] == "hit" and "data_seconds" in final
+
+
+def test_train_caches_under_xdg_cache_home_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    data = image_folder(tmp_path / "data")
+    assert main(["train", "--data", str(data), "--epochs", "1", "--out", str(tmp_path / "run"), *FAST_TRAIN_ARGS]) == 0
+    assert list((tmp_path / "xdg" / "vitkit" / "decoded").glob("*.npz"))
