@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from ..config import Preprocess, ViTConfig
+from ..data import eval_batch
 from ..errors import ConfigError, DataError, TrainingError
 from ..io import checkpoint as ckpt_io
 from ..model import VisionTransformer
@@ -250,9 +251,24 @@ def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     if resume_from is None and not cfg.init_from:
         model.preprocess = data_preprocess(train_set, model.cfg.in_chans)
+        if model.cfg.stem_whiten:
+            fit_whitening(model, train_set)
     model.labels = classes
     return model
 
 
+def fit_whitening(model: VisionTransformer, images, max_images: int = 5000) -> None:
+    """Set the conv stem's whitening filters from (up to ``max_images`` of) the training images, prepared
+    as the model sees them at evaluation (its size and normalisation). Deterministic: the same images,
+    the same filters, on every process."""
+    n = len(images)
+    idx = torch.linspace(0, n - 1, min(n, max_images)).long()
+    if getattr(images, "images", None) is not None:
+        x = images.images[idx]
+    else:
+        x = images.get_batch(idx)[0]
+    model.patch_embed.set_whitening(eval_batch(x, model.cfg.img_size, model.preprocess))
+
+
 __all__ = ["HELD_OUT", "model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data", "check_classes", "data_preprocess",
-           "build_model", "prepare_model"]
+           "build_model", "prepare_model", "fit_whitening"]
