@@ -262,11 +262,7 @@ def fit_whitening(model: VisionTransformer, images, max_images: int = 5000) -> N
     as the model sees them at evaluation (its size and normalisation). Deterministic: the same images,
     the same filters, on every process."""
     n = len(images)
-    idx = torch.linspace(0, n - 1, min(n, max_images)).long()
-    if getattr(images, "images", None) is not None:
-        x = images.images[idx]
-    else:
-        x = images.get_batch(idx)[0]
+    x = images.get_batch(torch.linspace(0, n - 1, min(n, max_images)).long())[0]  # spread over the set
     model.patch_embed.set_whitening(eval_batch(x, model.cfg.img_size, model.preprocess))
 
 

@@ -4,7 +4,7 @@
 image size, channels, number of training images and classes, read from the file listing, a few image
 headers or the array files' headers; nothing is decoded) and picks one recipe by these rules, in order:
 
-    1. grey images (1 channel) of at most SMALL_SIDE px   -> 'digits': the demo's model and settings
+    1. grey images (1 channel) of at most SMALL_SIDE px   -> 'digits': the demo's model (RunConfig's defaults)
     2. colour images of at most SMALL_SIDE px a side and
        at most SMALL_IMAGES training images                -> 'small-data' (SMALL_DATA): a hybrid ViT with a
                                                               whitening conv tokenizer, trained at 32 px
@@ -95,7 +95,7 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
     small = max(facts.size) <= SMALL_SIDE
     if small and facts.channels == 1:
         return Recipe("digits", f"{facts.describe()}: grey images of at most {SMALL_SIDE} px take the demo's "
-                      "digits model and settings")
+                      "digits model (the defaults)")
     if small and facts.images <= SMALL_IMAGES:
         base = copy.deepcopy(SMALL_DATA)
         clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
