@@ -100,20 +100,20 @@ def test_train_on_data_names_the_recipe_and_explicit_values_win(tmp_path, capsys
     data = image_folder(tmp_path / "data", n=8, test=2)
     fast = [a for a in FAST if a != "--quiet"]
     lines = run_lines(capsys, ["train", "--data", str(data / "train"), "--out", str(tmp_path / "r1"), "--epochs", "1",
-                               *fast, "--set", "optim.lr=0.01", "augment.label_smoothing=0"])
+                               "--no-tta", *fast, "--set", "optim.lr=0.01", "augment.label_smoothing=0"])
     assert lines[0].startswith("recipe small-data: 32x32 RGB images, 16 for training, 2 classes")
     assert any(line.startswith("training vit_test ") for line in lines[1:3])  # the header follows
     saved = json.loads((tmp_path / "r1" / "config.json").read_text())
     # the recipe's values ...
-    assert saved["ema"] == SMALL_DATA["ema"] and saved["tta"] is True and saved["augment"]["flip_mode"] == "alternate"
+    assert saved["ema"] == SMALL_DATA["ema"] and saved["augment"]["flip_mode"] == "alternate"
     # ... under the flags and overrides given: they win
     assert saved["model"] == "vit_test" and saved["epochs"] == 1 and saved["max_minutes"] is None
-    assert saved["optim"]["lr"] == 0.01 and saved["augment"]["label_smoothing"] == 0
+    assert saved["optim"]["lr"] == 0.01 and saved["augment"]["label_smoothing"] == 0 and saved["tta"] is False
 
     # --max-minutes without --epochs: the schedule is fitted to the clock
     run_lines(capsys, ["train", "--data", str(data), "--out", str(tmp_path / "r2"), "--max-minutes", "0.02", *FAST])
     saved = json.loads((tmp_path / "r2" / "config.json").read_text())
-    assert saved["max_minutes"] == 0.02 and saved["epochs"] == CLOCK_EPOCHS
+    assert saved["max_minutes"] == 0.02 and saved["epochs"] == CLOCK_EPOCHS and saved["tta"] is True
 
 
 def test_a_config_file_replaces_the_recipe(tmp_path, capsys):

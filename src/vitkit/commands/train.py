@@ -59,6 +59,8 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                                                                        "optim.weight_decay"))
     g.add_argument("--seed", type=int, help=_h("random seed", "seed"))
     g.add_argument("--ema", type=float, metavar="DECAY", help="keep and evaluate an EMA of the weights (e.g. 0.999)")
+    g.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None, help="score validation and test "
+                   "with test-time flip averaging: the mean logits of each image and its mirror (tta)")
     g.add_argument("--smoothing", type=float, metavar="EPS", help=_h("label smoothing (augment.label_smoothing)",
                                                                      "augment.label_smoothing"))
     g.add_argument("--mixup", type=float, metavar="ALPHA", help=_h("mixup alpha, 0 = off (augment.mixup_alpha)",
@@ -137,6 +139,7 @@ def flags_from_args(args) -> dict:
         "optim.weight_decay": args.weight_decay,
         "seed": args.seed,
         "ema": args.ema,
+        "tta": args.tta,
         "augment.label_smoothing": args.smoothing,
         "augment.mixup_alpha": args.mixup,
         "augment.cutmix_alpha": args.cutmix,
