@@ -239,3 +239,22 @@ def test_config_and_input_errors():
         aug(x, y[:4], torch.Generator())
     with pytest.raises(ShapeError, match=r"BatchAugment: labels must be in 0\.\.9, got 0\.\.12"):
         aug(x, torch.tensor([0, 1, 2, 3, 4, 5, 6, 12]), torch.Generator())
+
+
+def test_alternating_flips_flip_each_image_on_every_other_epoch():
+    first = A.first_flips(1000, seed=3)
+    assert torch.equal(first, A.first_flips(1000, seed=3)) and 400 < int(first.sum()) < 600  # seeded, a half
+    assert not torch.equal(first, A.first_flips(1000, seed=4))
+    e0, e1, e2 = (A.alternating_flips(first, e) for e in (0, 1, 2))
+    assert torch.equal(e0, first) and torch.equal(e1, ~first) and torch.equal(e2, first)
+
+
+def test_flips_given_to_batch_augment_replace_the_random_draw():
+    x, y = _batch(b=6)
+    flips = torch.tensor([True, False, False, True, True, False])
+    aug = BatchAugment(AugmentConfig(crop="none", hflip=0.5, flip_mode="alternate"), (16, 16), PRE, 10)
+    out, _ = aug(x, y, torch.Generator().manual_seed(0), flips)
+    plain = eval_batch(x, (16, 16), PRE)
+    torch.testing.assert_close(out, torch.where(flips.view(-1, 1, 1, 1), plain.flip(-1), plain))
+    with pytest.raises(ConfigError, match="AugmentConfig.flip_mode: expected 'random' or 'alternate'"):
+        AugmentConfig(flip_mode="sometimes")

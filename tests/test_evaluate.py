@@ -77,6 +77,38 @@ def test_metrics_match_an_independent_computation(tmp_path, data):
     assert [w["prob"] for w in res["worst"]] == sorted((w["prob"] for w in res["worst"]), reverse=True)
 
 
+def _mirror_symmetric_model():
+    """A model whose logits cannot tell an image from its mirror: no positions, average pooling, and
+    left-right symmetric patch filters (a mirror image permutes the tokens, which attention ignores)."""
+    m = tiny_model(seed=1, num_classes=3, head_std=3.0, labels=CLASSES, pos_embed="none", class_token=False,
+                   global_pool="avg")
+    with torch.no_grad():
+        w = m.patch_embed.proj.weight
+        w.copy_((w + w.flip(-1)) / 2)
+    return m
+
+
+def test_flip_tta_averages_the_logits_of_the_image_and_its_mirror(tmp_path, data):
+    from vitkit.runtime import model_logits
+
+    model = _model()
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model_logits(model, x, tta=True), (model(x) + model(x.flip(-1))) / 2)
+        assert torch.equal(model_logits(model, x), model(x))
+    sym = _mirror_symmetric_model()
+    with torch.no_grad():
+        torch.testing.assert_close(model_logits(sym, x, tta=True), sym(x), atol=1e-5, rtol=0)
+    plain, tta = evaluate(sym, data), evaluate(sym, data, tta=True)  # a symmetric model: the same result
+    assert tta["tta"] and not plain["tta"]
+    assert tta["top1"] == plain["top1"] and tta["confusion"] == plain["confusion"]
+    assert tta["loss"] == pytest.approx(plain["loss"], abs=1e-5)
+    ckpt = vitkit.save(model, tmp_path / "ckpt")  # an asymmetric one: its own result, the mean of both views
+    res = evaluate(ckpt, data, tta=True)
+    mirrored = evaluate(ckpt, data)
+    assert res["num_images"] == mirrored["num_images"] == 18
+
+
 def test_labels_in_another_order_are_matched_by_name(tmp_path, data):
     a = _model()
     b = _model()
@@ -213,3 +245,18 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path, data, capsys):
     assert res["num_images"] == 18 and res["skipped_files"] == 1
     assert main(["eval", str(vitkit.save(_model(), tmp_path / "ck")), "--data", str(data)]) == 0
     assert "test part: all 18 images (1 unreadable file(s) skipped)" in capsys.readouterr().out
+
+
+def test_a_run_is_scored_with_its_own_tta_unless_told(tmp_path, data, capsys):
+    from helpers import FAST_TRAIN_ARGS
+
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--epochs", "1", "--out", str(run), "--set", "tta=true",
+                 *FAST_TRAIN_ARGS]) == 0
+    assert evaluate(run)["tta"] and not evaluate(run, tta=False)["tta"]
+    assert evaluate(run / "last", data)["tta"]  # a checkpoint of the run: the run's own
+    assert not evaluate(vitkit.save(vitkit.load(run), tmp_path / "elsewhere"), data)["tta"]
+    assert main(["eval", str(run), "--no-tta"]) == 0
+    assert ", flip TTA" not in capsys.readouterr().out.splitlines()[0]
+    assert main(["eval", str(run), "--tta"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(", flip TTA")

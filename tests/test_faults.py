@@ -134,7 +134,8 @@ DRIVER = textwrap.dedent(r'''
         cio.atomic_write_text = write_text
 
         def fill_disk():
-            with open(os.path.join(run, "..", "filler"), "wb") as f:
+            # unbuffered: a write that finds the disk full leaves nothing behind for close() to flush
+            with open(os.path.join(run, "..", "filler"), "wb", buffering=0) as f:
                 try:
                     while True:
                         f.write(b"\0" * 65536)
@@ -228,6 +229,7 @@ DRIVER = textwrap.dedent(r'''
         name = f"timed-{frac}"
         run = os.path.join(work, name)
         open(run + ".saves", "w").close()
+        open(run + ".out", "w").close()  # a kill may land before the child opens its own
         pid = child(name, run, ["train", "--data", data, "--out", run, *args], "none", 0, run + ".saves")
         time.sleep(frac * ref_s)
         try:

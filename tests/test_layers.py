@@ -7,7 +7,9 @@ from vitkit.layers import (
     Attention,
     AttentionPool,
     PatchEmbed,
+    PatchWhitening,
     PerHeadAttention,
+    patch_whitening,
     resample_pos_embed,
     sincos_1d,
     sincos_2d,
@@ -237,3 +239,60 @@ def test_shrunk_kernel_is_the_least_squares_fit():
     x = torch.randn(10, 3, 16, 16)
     err = (_embed_each(pe8, _resize(x, 8, "bicubic")) - _embed_each(pe16, x)).abs().max()
     assert err > 1e-2
+
+
+# ------------------------------------------------------------------------------ patch whitening
+def _correlated_images(n=64, seed=0):
+    """Images whose neighbouring pixels and channels are correlated, as natural images are."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, 12, 12, generator=g)
+    x = x + 0.9 * x.roll(1, -1) + 0.5 * x.roll(1, -2)
+    return x + 0.7 * x[:, :1]
+
+
+def test_whitening_filters_come_from_the_patch_covariance():
+    """W x of the data's 2x2 patches has the identity covariance (up to eps), largest eigenvalue first."""
+    x = _correlated_images()
+    w = patch_whitening(x, k=2, eps=1e-8)
+    assert w.shape == (12, 3, 2, 2)
+    patches = x.unfold(2, 2, 1).unfold(3, 2, 1).permute(0, 2, 3, 1, 4, 5).reshape(-1, 12)  # (C, k, k) order
+    assert torch.linalg.eigvalsh(torch.cov(patches.T)).max() > 3  # far from white before
+    white = patches.double() @ w.reshape(12, 12).double().T
+    torch.testing.assert_close(torch.cov(white.T), torch.eye(12, dtype=torch.float64), atol=1e-4, rtol=0)
+    # the filters are the covariance's eigenvectors (unit norm once the 1/sqrt(eigenvalue) is taken out)
+    rows = w.reshape(12, 12).double()
+    scales = rows.norm(dim=1)
+    assert torch.all(scales[:-1] <= scales[1:] + 1e-9)  # largest eigenvalue (smallest scale) first
+
+
+def test_the_whitening_layer_is_frozen_and_keeps_every_direction():
+    layer = PatchWhitening(3, 2)
+    assert layer.out_channels == 24 and not list(layer.parameters())  # a buffer: saved, never trained
+    x = _correlated_images(4)
+    torch.testing.assert_close(layer(x)[:, :12], -layer(x)[:, 12:])  # the pixel basis and its negatives
+    layer.set_filters(x)
+    y = layer(x)
+    torch.testing.assert_close(y[:, :12], -y[:, 12:])  # the filters and their negatives
+    assert y.shape == (4, 24, 6, 6)
+    assert "weight" in layer.state_dict()
+
+
+def test_a_whitening_conv_stem_builds_from_the_config_and_is_set_from_data():
+    import vitkit
+    from vitkit.errors import ConfigError
+
+    m = vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_width=8, stem_whiten=True,
+                            stem_bn_momentum=0.5)
+    stem = m.patch_embed
+    assert isinstance(stem.whitening, PatchWhitening)
+    assert all(b.momentum == 0.5 for b in stem.modules() if isinstance(b, torch.nn.BatchNorm2d))
+    stem.set_whitening(torch.randn(8, 3, 32, 32))
+    assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    plain = vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_width=8)
+    assert plain.patch_embed.whitening is None
+    with pytest.raises(ConfigError, match="no whitening layer"):
+        plain.patch_embed.set_whitening(torch.randn(2, 3, 32, 32))
+    with pytest.raises(ConfigError, match="ViTConfig.stem_whiten: .* needs stem='conv'"):
+        vitkit.create_model("vit_test", stem_whiten=True)
+    with pytest.raises(ConfigError, match=r"ViTConfig.stem_bn_momentum: must be in \(0, 1\]"):
+        vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_bn_momentum=0)

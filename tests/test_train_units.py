@@ -43,7 +43,7 @@ def test_config_layers_and_strictness(tmp_path):
     f.write_text("epochs = [\n")
     with pytest.raises(ConfigError, match="r.toml: not valid TOML"):
         resolve_config(f)
-    with pytest.raises(ConfigError, match=r"config.optim.name: expected one of 'adamw', 'sgd', got 'lamb'"):
+    with pytest.raises(ConfigError, match=r"config.optim.name: expected one of 'adamw', 'sgd', 'lion', got 'lamb'"):
         resolve_config(None, None, ["optim.name=lamb"])
     with pytest.raises(ConfigError, match="batch_size: 10 is not divisible by accum_steps 3"):
         resolve_config(None, {"batch_size": 10, "accum_steps": 3})
@@ -241,3 +241,38 @@ def test_ema_decay_warms_up_to_the_configured_value():
     assert ema_decay(0.999, 10**6) == 0.999
     ds = [ema_decay(0.9999, s) for s in range(0, 100000, 500)]
     assert ds == sorted(ds) and ds[-1] <= 0.9999
+
+
+def test_batch_indices_are_the_images_an_epoch_yields():
+    loader = BatchLoader(_Set(40), 8, seed=5, dist=DistInfo(rank=1, world_size=2, local_rank=1))
+    for epoch in (0, 1):
+        for s, x, _ in loader.epoch(epoch):
+            assert torch.equal(x[:, 0, 0, 0].long(), loader.batch_indices(epoch, s))  # each image is its index
+
+
+# ------------------------------------------------------------------------------------------- Lion
+def test_lion_moves_each_weight_by_lr_times_the_sign_of_its_interpolated_momentum():
+    from vitkit.train.optim import Lion
+
+    p = torch.nn.Parameter(torch.tensor([1.0, 1.0, 1.0]))
+    opt = Lion([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.5)
+    p.grad = torch.tensor([2.0, -3.0, 0.0])
+    opt.step()  # m = 0: the sign of the gradient; decay 1 - lr * wd
+    torch.testing.assert_close(p.detach(), torch.tensor([0.95 - 0.1, 0.95 + 0.1, 0.95]))
+    m = opt.state[p]["exp_avg"]
+    torch.testing.assert_close(m, 0.01 * torch.tensor([2.0, -3.0, 0.0]))
+    p.grad = torch.tensor([-0.001, -0.001, 1.0])
+    before = p.detach().clone()
+    opt.step()  # sign(0.9 m + 0.1 g): the momentum outweighs a small opposite gradient
+    sign = torch.sign(0.9 * torch.tensor([0.02, -0.03, 0.0]) + 0.1 * torch.tensor([-0.001, -0.001, 1.0]))
+    torch.testing.assert_close(p.detach(), before * (1 - 0.05) - 0.1 * sign)
+
+
+def test_build_optimizer_makes_lion_with_the_groups_weight_decay():
+    from vitkit.train.optim import Lion
+
+    model = vitkit.create_model("vit_test", seed=0)
+    opt = build_optimizer(model, OptimConfig(name="lion", lr=3e-4, weight_decay=0.1, betas=(0.9, 0.99)))
+    assert isinstance(opt, Lion)
+    assert sorted({g["weight_decay"] for g in opt.param_groups}) == [0.0, 0.1]
+    assert all(g["betas"] == (0.9, 0.99) and g["lr"] == 3e-4 for g in opt.param_groups)

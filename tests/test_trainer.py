@@ -205,3 +205,51 @@ def test_preflight_checks_the_augmentation():
     assert old.augment == AugmentConfig(crop="rrc", hflip=0.25)
     assert old.to_dict()["augment"] == AugmentConfig(crop="rrc", hflip=0.25).to_dict()
     assert RunConfig().augment == AugmentConfig(crop="pad", pad=2, hflip=0.0, label_smoothing=0.1)
+
+
+def test_alternating_flips_flip_each_image_once_in_two_epochs(tmp_path):
+    from vitkit.data.augment import alternating_flips
+
+    t = make_trainer(tmp_path, augment=dict(crop="none", hflip=0.5, flip_mode="alternate"))
+    flipped = torch.zeros(len(t.train_set), dtype=torch.long)
+    for epoch in (0, 1):
+        t.state.epoch = epoch
+        for pos in range(len(t.loader)):
+            t.state.pos = pos
+            idx = t.loader.batch_indices(epoch, pos)
+            flips = t.batch_flips()
+            assert torch.equal(flips, alternating_flips(t.first_flips[idx], epoch))
+            flipped[idx] += flips.long()
+    assert torch.equal(flipped, torch.ones_like(flipped))  # 32 images, 4 steps of 8: every image seen twice
+    assert make_trainer(tmp_path / "b").batch_flips() is None  # random flips: drawn by BatchAugment
+
+
+def test_a_whitening_stem_is_set_from_the_training_images(tmp_path):
+    from vitkit.data import eval_batch
+    from vitkit.layers import patch_whitening
+
+    t = make_trainer(tmp_path, model_args=dict(stem="conv", patch_size=4, stem_width=8, stem_whiten=True))
+    model = t.model
+    x = eval_batch(t.train_set.images, model.cfg.img_size, model.preprocess)
+    w = patch_whitening(x)
+    torch.testing.assert_close(model.patch_embed.whitening.weight, torch.cat([w, -w]))
+    t.fit()  # frozen: training leaves the filters as they were
+    torch.testing.assert_close(model.patch_embed.whitening.weight, torch.cat([w, -w]))
+
+
+def test_validation_with_tta_scores_the_mean_of_both_views(tmp_path):
+    from vitkit.data import eval_batch
+    from vitkit.runtime import model_logits
+    from vitkit.train.trainer import evaluate_split
+
+    t = make_trainer(tmp_path, tta=True)
+    t.fit()
+    model, val = t.model.eval(), t.val_set
+    x = eval_batch(val.images, model.cfg.img_size, model.preprocess)
+    with torch.no_grad():
+        logits = model_logits(model, x, tta=True)
+    want = torch.nn.functional.cross_entropy(logits, val.labels).item()
+    r = t.validate(model)
+    assert r["loss"] == pytest.approx(want, abs=1e-6)
+    one_view = evaluate_split(model, val, torch.device("cpu"), tta=False)["loss"]
+    assert abs(one_view - want) > 1e-6

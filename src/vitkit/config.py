@@ -72,6 +72,11 @@ class ViTConfig:
     stem_width: int = 32  # channels of the first conv of the 'conv' stem (doubling at each stride-2 conv)
     stem_convs: int = 0  # extra 3x3 stride-1 conv + BatchNorm + ReLU layers of the 'conv' stem, at the
     #   grid resolution before the 1x1 projection (more local features for small data)
+    stem_whiten: bool = False  # the 'conv' stem's first stride-2 conv is a frozen 2x2 patch-whitening filter
+    #   bank (2*C*4 channels: the eigenvectors of the training data's 2x2 patch covariance over sqrt(eigenvalue),
+    #   and their negatives; airbench), set from the data when a run starts from scratch
+    stem_bn_momentum: float = 0.1  # running-statistics momentum of the 'conv' stem's BatchNorm layers (torch's
+    #   0.1; higher tracks a short run's changing statistics more closely)
     # --- head -------------------------------------------------------------------------------------
     representation_size: int | None = None  # pre-logits Linear + tanh before the head (the paper's
     #   ImageNet-21k models); None = no pre-logits layer
@@ -165,6 +170,10 @@ class ViTConfig:
             _bad("stem_convs", f"must be an integer >= 0, got {self.stem_convs!r}")
         if self.stem_convs and self.stem != "conv":
             _bad("stem_convs", "extra stem convolutions need stem='conv'")
+        if self.stem_whiten and self.stem != "conv":
+            _bad("stem_whiten", "the whitening layer is part of the conv stem; it needs stem='conv'")
+        if not 0 < self.stem_bn_momentum <= 1:
+            _bad("stem_bn_momentum", f"must be in (0, 1], got {self.stem_bn_momentum!r}")
         if self.stem == "conv":
             if p & (p - 1) or p < 2:
                 _bad("stem", f"the 'conv' stem needs a power-of-two patch_size >= 2, got {p}")

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
 from .progress import Progress, Task
-from .runtime import label_names, load_model
+from .runtime import label_names, load_model, model_logits
 
 SPLITS = ("test", "val", "train")  # the parts a dataset may have
 CHOICES = SPLITS + ("all",)  # what ``split`` takes: a part, or every part
@@ -103,9 +103,12 @@ def evaluate(
     strict: bool = False,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     progress: Progress | None = None,
+    tta: bool | None = None,
 ) -> dict:
     """Evaluate on ``split`` of ``data`` (a dataset folder; None = a run directory's own data, else the
-    built-in demo set); which images that is, the module docstring says.
+    built-in demo set); which images that is, the module docstring says. ``tta``: score the mean of the
+    logits of each image and its mirror (``runtime.model_logits``); None: as a run directory's run
+    scored (its ``tta``; that of the run a checkpoint in a run directory comes from), else not.
 
     ``val_fraction`` and ``seed`` (default: a run directory's seed, else 0) carve a val part for
     split='val' from data without one. Unreadable images are skipped and listed in ``skipped`` as
@@ -120,6 +123,7 @@ def evaluate(
     if not model.cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
     data, data_format, own, seed = _source(model_or_path, data, data_format, split, seed)
+    tta = _run_tta(model_or_path) if tta is None else tta
     where = "built-in demo set" if data is None else str(data)
     progress = progress or Progress()
     splits = _open(data, data_format, model, strict, max_pixels, progress)
@@ -127,7 +131,7 @@ def evaluate(
     remap = match_classes(model, splits.classes, where)
     skipped = [dict(path=str(p), reason=r) for p, r in splits.skipped]
     with progress.task(f"evaluating {where} ({split})", len(ds), unit="images") as task:
-        tally = _score(model, ds, remap, batch_size, strict, skipped, task)
+        tally = _score(model, ds, remap, batch_size, strict, skipped, task, tta)
     if tally.n == 0:
         raise DataError(f"{where}: no image of the {split!r} split could be read ({len(skipped)} skipped)")
     names = label_names(model)
@@ -136,6 +140,7 @@ def evaluate(
         data=where,
         format=splits.format,
         split=split,
+        tta=tta,
         scored=f"{scored}: {'all' if tally.n == len(ds) else f'{tally.n} of'} {len(ds)} images",
         num_images=tally.n,
         skipped_files=len(skipped),
@@ -171,6 +176,15 @@ def _run_config(model_or_path):
     if not (path / CONFIG).is_file() or (path / WEIGHTS).exists():
         return None
     return checked_run_config(read_run_config(path), path / CONFIG)
+
+
+def _run_tta(model_or_path) -> bool:
+    """Whether the run that made ``model_or_path`` scored with flip TTA: a run directory's, or that of the
+    run directory a checkpoint (its last/ or best/) lies in; False for anything else."""
+    run = _run_config(model_or_path)
+    if run is None and not isinstance(model_or_path, torch.nn.Module):
+        run = _run_config(Path(model_or_path).parent)
+    return bool(run is not None and run.tta)
 
 
 def _choose(splits, split: str | None, where: str, run, val_fraction: float, seed: int):
@@ -245,7 +259,8 @@ class _Tally:
         self.n += len(y)
 
 
-def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict], task: Task) -> _Tally:
+def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict], task: Task,
+           tta: bool = False) -> _Tally:
     """Run the model over ``ds`` batch by batch through its own preprocessing, counting in a _Tally (and
     the images on the progress ``task``).
 
@@ -271,7 +286,7 @@ def _score(model, ds, remap, batch_size: int, strict: bool, skipped: list[dict],
             if remap is not None:
                 y = remap[y]
             x = eval_batch(imgs.to(dev), cfg.img_size, model.preprocess)
-            tally.add(model(x).float(), y, idx)
+            tally.add(model_logits(model, x, tta).float(), y, idx)
             task.update(min(start + batch_size, len(ds)))
     return tally
 

@@ -97,6 +97,15 @@ def count_params(model: nn.Module, trainable: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
 
 
+def model_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> torch.Tensor:
+    """The model's logits for the input batch ``x`` (B, C, H, W). ``tta``: test-time flip augmentation,
+    the mean of the logits of each image and of its left-right mirror (two forward passes)."""
+    logits = model(x)
+    if tta:
+        logits = (logits + model(x.flip(-1))) / 2
+    return logits
+
+
 def load_model(model_or_path, device: str | torch.device = "cpu") -> nn.Module:
     """The model a tool runs, in eval mode on ``device`` (checked as '--device'): a module as given, or
     the model of a checkpoint or run directory (its best checkpoint)."""
@@ -114,5 +123,5 @@ def label_names(model: nn.Module) -> list[str]:
     return list(model.labels) if model.labels is not None else [str(i) for i in range(n)]
 
 
-__all__ = ["resolve_device", "cpu_has_fast_bf16", "pick_precision", "autocast", "usable_cpus", "count_params",
+__all__ = ["resolve_device", "cpu_has_fast_bf16", "pick_precision", "autocast", "usable_cpus", "count_params", "model_logits",
            "load_model", "label_names"]

@@ -63,6 +63,8 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                                                                        "optim.weight_decay"))
     g.add_argument("--seed", type=int, help=_h("random seed", "seed"))
     g.add_argument("--ema", type=float, metavar="DECAY", help="keep and evaluate an EMA of the weights (e.g. 0.999)")
+    g.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None, help="score validation and test "
+                   "with test-time flip averaging: the mean logits of each image and its mirror (tta)")
     g.add_argument("--smoothing", type=float, metavar="EPS", help=_h("label smoothing (augment.label_smoothing)",
                                                                      "augment.label_smoothing"))
     g.add_argument("--mixup", type=float, metavar="ALPHA", help=_h("mixup alpha, 0 = off (augment.mixup_alpha)",
@@ -141,6 +143,7 @@ def flags_from_args(args) -> dict:
         "optim.weight_decay": args.weight_decay,
         "seed": args.seed,
         "ema": args.ema,
+        "tta": args.tta,
         "augment.label_smoothing": args.smoothing,
         "augment.mixup_alpha": args.mixup,
         "augment.cutmix_alpha": args.cutmix,
@@ -236,13 +239,40 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
         raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
     if args.resume:
         base = saved_run_config(Path(args.resume), args.out)
-    if base is None and args.config is None and args.data is None:
-        base = demo_base()  # the demo: the built-in digits, within a fixed time, on up to 2 CPU processes
+    recipe = None
+    if base is None and args.config is None:
+        if args.data is None:
+            base = demo_base()  # the demo: the built-in digits, within a fixed time, on up to 2 CPU processes
+        else:
+            recipe = data_recipe(args, flags, overrides)  # chosen from what the data is
+            base = recipe.base
     cfg = resolve_config(args.config, flags, overrides, base=base)
     run_dir = Path(args.resume) if args.resume else new_run_dir(cfg, args.out)
     if cfg.processes > 1 and not dist.enabled:  # start the processes; each comes back here as one rank
         return launch_processes(args, cfg, run_dir)
-    return train_here(args, cfg, run_dir, dist)
+    return train_here(args, cfg, run_dir, dist, recipe.line if recipe else None)
+
+
+def data_recipe(args, flags: dict, overrides: list[str]):
+    """The recipe for --data (train/recipe.py), told the budget the flags or overrides give."""
+    from ..strict import parse_override
+    from ..train.recipe import recipe_for
+
+    given = {k: v for k, v in flags.items() if v is not None}
+    for text in overrides:
+        key, value = parse_override(text)
+        given[".".join(key)] = value
+    return recipe_for(args.data, args.data_format, _number(given.get("max_minutes")), _number(given.get("epochs")))
+
+
+def _number(value):
+    """An override's value as a number, or None when it is none (resolve_config judges it)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def overrides_from_args(args) -> list[str]:
@@ -338,8 +368,9 @@ def cache_dir(args, env) -> str | None:
     return os.path.join(base, "vitkit")
 
 
-def train_here(args, cfg, run_dir, dist) -> int:
-    """Train in this process (alone, or as one rank of a distributed run); report as the exit code says."""
+def train_here(args, cfg, run_dir, dist, note: str | None = None) -> int:
+    """Train in this process (alone, or as one rank of a distributed run); report as the exit code says.
+    ``note``: a line the main process prints first (the recipe chosen for the data, and why)."""
     import os
 
     from ..train.distributed import destroy_process_group
@@ -350,6 +381,8 @@ def train_here(args, cfg, run_dir, dist) -> int:
         cfg.threads = default_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size))
     progress = cli_progress(args.quiet, cfg.progress_every)
     log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
+    if note and dist.is_main:
+        log(note)
     with stop_on_signals() as stop:
         try:
             summary = train(cfg, run_dir, dist=dist, resume=bool(args.resume), progress=progress, stop=stop, log=log,

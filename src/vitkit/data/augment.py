@@ -40,6 +40,10 @@ class AugmentConfig:
     rrc_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # random resized crop: range of the crop's aspect ratio w/h
     pad: int = 4  # pad-and-crop: pixels of zero padding on every side before the random crop
     hflip: float = 0.5  # probability of a horizontal flip (use 0 for digits and text)
+    flip_mode: Literal["random", "alternate"] = "random"  # 'random': each image is flipped with probability
+    #   hflip at every visit; 'alternate' (hflip > 0): a random half of the images is flipped in the first
+    #   epoch and each image is flipped in every other epoch from then on, so consecutive epochs see both
+    #   views (airbench's alternating flip); the trainer gives the flips (``alternating_flips``)
     auto: Literal["none", "randaugment", "trivialaugment"] = "none"  # per-image colour/geometry ops:
     #   'randaugment' applies ra_ops random ops at ra_magnitude; 'trivialaugment' one op, random magnitude
     ra_ops: int = 2  # RandAugment: ops applied to each image (drawn with replacement)
@@ -58,6 +62,8 @@ class AugmentConfig:
         def bad(name, msg):
             raise ConfigError(f"AugmentConfig.{name}: {msg}")
 
+        if self.flip_mode not in ("random", "alternate"):
+            bad("flip_mode", f"expected 'random' or 'alternate', got {self.flip_mode!r}")
         if self.crop not in ("rrc", "pad", "none"):
             bad("crop", f"expected 'rrc', 'pad' or 'none', got {self.crop!r}")
         if self.auto not in ("none", "randaugment", "trivialaugment"):
@@ -452,7 +458,9 @@ class BatchAugment:
     def __repr__(self) -> str:
         return f"BatchAugment({self.cfg}, img_size={self.img_size}, num_classes={self.num_classes})"
 
-    def __call__(self, images: torch.Tensor | list[torch.Tensor], labels: torch.Tensor, generator: torch.Generator):
+    def __call__(self, images: torch.Tensor | list[torch.Tensor], labels: torch.Tensor, generator: torch.Generator,
+                 flips: torch.Tensor | None = None):
+        """``flips``: which images to flip (bool (B,)), in place of the random draw (flip_mode='alternate')."""
         b, c, dev = check_batch(images, "BatchAugment")
         if labels.shape != (b,):
             raise ShapeError(f"BatchAugment: labels must have shape ({b},), got {tuple(labels.shape)}")
@@ -462,7 +470,9 @@ class BatchAugment:
         out = self.img_size
 
         # 1. geometry: crop and flip
-        flip = _rand(g, b, device=dev) < cfg.hflip
+        flip = _rand(g, b, device=dev) < cfg.hflip  # drawn in either mode: the later draws stay the same
+        if flips is not None:
+            flip = flips.to(dev)
         if cfg.crop == "rrc":
             x = self.random_resized_crop(images, flip, g)
         else:
@@ -543,6 +553,19 @@ def fit_batch(images: torch.Tensor | list[torch.Tensor], img_size: tuple[int, in
     return torch.cat([fit_batch(img[None], img_size, crop_pct, interpolation) for img in images])
 
 
+def first_flips(n: int, seed: int) -> torch.Tensor:
+    """Which of ``n`` images are flipped in the first epoch of alternating flips (bool (n,)): a seeded
+    random half, on the CPU."""
+    g = torch.Generator().manual_seed((seed * 7_919 + 104_729) % (2**63 - 1))
+    return torch.rand(n, generator=g) < 0.5
+
+
+def alternating_flips(first: torch.Tensor, epoch: int) -> torch.Tensor:
+    """The flips of epoch ``epoch`` (0-based) under alternating flips: ``first`` (the first epoch's, for
+    the same images) in even epochs, its complement in odd ones."""
+    return first ^ bool(epoch % 2)
+
+
 def eval_batch(images: torch.Tensor | list[torch.Tensor], img_size, pre) -> torch.Tensor:
     """uint8 (B, C, h, w), or a list of uint8 (C, h_i, w_i) -> normalised float (B, C, H, W); each image
     resized (short side to size / crop_pct) and centre cropped, as timm's eval transform, when its size
@@ -554,6 +577,6 @@ def eval_batch(images: torch.Tensor | list[torch.Tensor], img_size, pre) -> torc
     return (x - mean) / std
 
 
-__all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "check_batch", "fit_batch", "move_batch", "apply_auto",
-           "rrc_boxes", "crop_resize", "pad_crop",
+__all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "check_batch", "fit_batch", "move_batch", "first_flips",
+           "alternating_flips", "apply_auto", "rrc_boxes", "crop_resize", "pad_crop",
            "random_erase", "one_hot", "mix_batch", "affine_grid", "OP_NAMES"]

@@ -107,6 +107,59 @@ class PatchEmbed(nn.Module):
         nn.init.zeros_(self.proj.bias)
 
 
+WHITEN_EPS = 5e-4  # added to every eigenvalue of the patch covariance: noise directions are not blown up
+
+
+def patch_whitening(images: torch.Tensor, k: int = 2, eps: float = WHITEN_EPS) -> torch.Tensor:
+    """Whitening filters (C*k*k, C, k, k) for the k x k patches of ``images`` (N, C, H, W, normalised):
+    the eigenvectors of the patches' covariance, each scaled by 1 / sqrt(eigenvalue + eps), largest
+    eigenvalue first. The patches x (flattened in (C, k, k) order) map to W x, whose covariance is
+    diag(lambda / (lambda + eps)): the identity wherever the data has variance. Computed in float64."""
+    if images.ndim != 4:
+        raise ValueError(f"patch_whitening: expected (N, C, H, W) images, got {tuple(images.shape)}")
+    C = images.shape[1]
+    patches = images.double().unfold(2, k, 1).unfold(3, k, 1)  # (N, C, H-k+1, W-k+1, k, k)
+    patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, C * k * k)  # one patch a row, (C, k, k) order
+    centred = patches - patches.mean(0)
+    cov = centred.T @ centred / max(len(centred) - 1, 1)  # (C*k*k, C*k*k)
+    eigvals, eigvecs = torch.linalg.eigh(cov)  # ascending
+    eigvals, eigvecs = eigvals.flip(0).clamp_min(0), eigvecs.flip(1)  # largest first
+    filters = eigvecs.T / torch.sqrt(eigvals + eps)[:, None]  # (C*k*k, C*k*k): one filter a row
+    return filters.reshape(C * k * k, C, k, k).to(images.dtype)
+
+
+class PatchWhitening(nn.Module):
+    """A frozen k x k, stride-k conv whose filters whiten the data's patches, and their negatives
+    (Jordan 2024, airbench: "patch-whitening initialisation", from Page's ResNet-9 recipe).
+
+    Its 2*C*k*k output channels are W x and -W x, W the whitening filters (``patch_whitening``), so that
+    the ReLU after it keeps every direction. The filters are a buffer (saved with the weights, never
+    trained); until ``set_filters`` gives them the data's, they are the pixel basis (W = I).
+    """
+
+    def __init__(self, in_chans: int, k: int = 2):
+        super().__init__()
+        self.k = k
+        eye = torch.eye(in_chans * k * k).reshape(-1, in_chans, k, k)
+        self.register_buffer("weight", torch.cat([eye, -eye]))  # (2*C*k*k, C, k, k)
+
+    @property
+    def out_channels(self) -> int:
+        return self.weight.shape[0]
+
+    @torch.no_grad()
+    def set_filters(self, images: torch.Tensor, eps: float = WHITEN_EPS) -> None:
+        """The filters of ``images`` (N, C, H, W, normalised as the model's input) and their negatives."""
+        w = patch_whitening(images.to(self.weight.device), self.k, eps).to(self.weight.dtype)
+        self.weight.copy_(torch.cat([w, -w]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, self.weight.to(x.dtype), stride=self.k)  # (B, 2*C*k*k, H/k, W/k)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, out_channels={self.out_channels}"
+
+
 class ConvStem(nn.Module):
     """Hybrid stem: a small CNN in place of the linear patch projection (Dosovitskiy et al. sec. 3.1;
     Xiao et al. 2021, "Early convolutions help transformers see better").
@@ -114,23 +167,31 @@ class ConvStem(nn.Module):
     log2(P) blocks of 3x3 stride-2 conv + BatchNorm + ReLU, doubling channels from ``width``, reach the
     same H/P x W/P grid as a P x P patch projection; ``extra`` more 3x3 stride-1 blocks work at that
     grid; a final 1x1 conv (``proj``) maps to D.
+
+    ``whiten``: the first block's conv is a frozen 2x2 stride-2 ``PatchWhitening`` instead (2*C*4
+    channels), whose filters are set from the training data before training (``set_whitening``).
+    ``bn_momentum``: the BatchNorm layers' running-statistics momentum (torch's 0.1; higher follows the
+    changing statistics of a short run more closely).
     """
 
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, width: int = 32, extra: int = 0):
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, width: int = 32, extra: int = 0,
+                 whiten: bool = False, bn_momentum: float = 0.1):
         super().__init__()
         n = int(math.log2(patch_size))
         layers: list[nn.Module] = []
         c_in = in_chans
         for i in range(n):
-            c_out = width * 2**i
-            layers += [
-                nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False),
-                nn.BatchNorm2d(c_out),
-                nn.ReLU(inplace=True),
-            ]
+            if i == 0 and whiten:
+                conv: nn.Module = PatchWhitening(c_in, 2)
+                c_out = conv.out_channels
+            else:
+                c_out = width * 2**i
+                conv = nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False)
+            layers += [conv, nn.BatchNorm2d(c_out, momentum=bn_momentum), nn.ReLU(inplace=True)]
             c_in = c_out
         for _ in range(extra):
-            layers += [nn.Conv2d(c_in, c_in, 3, padding=1, bias=False), nn.BatchNorm2d(c_in), nn.ReLU(inplace=True)]
+            layers += [nn.Conv2d(c_in, c_in, 3, padding=1, bias=False), nn.BatchNorm2d(c_in, momentum=bn_momentum),
+                       nn.ReLU(inplace=True)]
         self.patch_size = patch_size
         self.stem = nn.Sequential(*layers)
         self.proj = nn.Conv2d(c_in, embed_dim, kernel_size=1)
@@ -139,6 +200,18 @@ class ConvStem(nn.Module):
         """Refused: the stem's strided convolutions fix its patch size; there is no patch kernel to resize."""
         raise ConfigError(f"resample_patch_size: the conv stem (stem='conv') has no patch kernel to resize "
                           f"to {patch_size}; only stem='patch' models can change their patch size")
+
+    @property
+    def whitening(self) -> PatchWhitening | None:
+        """The frozen whitening layer the stem begins with, if it has one."""
+        first = self.stem[0]
+        return first if isinstance(first, PatchWhitening) else None
+
+    def set_whitening(self, images: torch.Tensor) -> None:
+        """Set the whitening filters from ``images`` (N, C, H, W, normalised as the model's input)."""
+        if self.whitening is None:
+            raise ConfigError("set_whitening: this conv stem has no whitening layer (stem_whiten=False)")
+        self.whitening.set_filters(images)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.proj(self.stem(x))  # (B, D, H/P, W/P)

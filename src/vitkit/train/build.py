@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from ..config import Preprocess, ViTConfig
+from ..data import eval_batch
 from ..errors import ConfigError, DataError, TrainingError
 from ..io import checkpoint as ckpt_io
 from ..model import VisionTransformer
@@ -293,10 +294,21 @@ def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set
         model.preprocess = data_preprocess(train_set, model.cfg.in_chans)
     if resume_from is None:
         model.preprocess = eval_crop(model.preprocess, train_set, model.cfg.img_size, cfg.data.crop_pct)
+        if model.cfg.stem_whiten and not cfg.init_from:  # filters from the images as evaluation prepares them
+            fit_whitening(model, train_set)
     model.labels = classes
     return model
 
 
+def fit_whitening(model: VisionTransformer, images, max_images: int = 5000) -> None:
+    """Set the conv stem's whitening filters from (up to ``max_images`` of) the training images, prepared
+    as the model sees them at evaluation (its size and normalisation). Deterministic: the same images,
+    the same filters, on every process."""
+    n = len(images)
+    x = images.get_batch(torch.linspace(0, n - 1, min(n, max_images)).long())[0]  # spread over the set
+    model.patch_embed.set_whitening(eval_batch(x, model.cfg.img_size, model.preprocess))
+
+
 __all__ = ["HELD_OUT", "model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data",
            "decode_short_side", "eval_crop", "check_classes", "data_preprocess",
-           "build_model", "prepare_model"]
+           "build_model", "prepare_model", "fit_whitening"]

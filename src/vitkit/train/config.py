@@ -48,10 +48,11 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: Literal["adamw", "sgd"] = "adamw"  # AdamW (pre-training) or SGD with momentum (fine-tuning)
+    name: Literal["adamw", "sgd", "lion"] = "adamw"  # AdamW (pre-training), SGD with momentum (fine-tuning) or
+    #   Lion (Chen et al. 2023: the sign of an interpolated momentum; use a 3-10x lower lr, higher weight decay)
     lr: float = 2e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.05  # decoupled weight decay; never applied to biases, norms, pos_embed, cls_token
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas (the paper: 0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas (the paper: 0.9, 0.999); Lion takes (0.9, 0.99)
     eps: float = 1e-8  # AdamW epsilon
     momentum: float = 0.9  # SGD momentum
     nesterov: bool = False  # SGD Nesterov momentum
@@ -120,6 +121,8 @@ class RunConfig:
     #   does; None = on CUDA only (on the CPU it slows the demo's steps by a quarter, for no accuracy)
     ema: float | None = None  # keep an exponential moving average of the weights with this decay; evaluate it
     #   (the decay warms up as min(ema, (1 + step) / (10 + step)), so short runs are not held back)
+    tta: bool = False  # score validation and test with test-time flip augmentation: the mean of the logits of
+    #   each image and its left-right mirror (runtime.model_logits)
     seed: int = 0  # seeds initialisation, data order, augmentation and dropout
     # --- bookkeeping ---------------------------------------------------------------------------------
     eval_every: int = 0  # evaluate on the validation split every N epochs (0 = only at the end)

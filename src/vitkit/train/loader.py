@@ -59,6 +59,7 @@ class BatchLoader:
                 f"training set: {n} images is fewer than one batch of {batch_size}; lower --batch-size"
             )
         self.steps_per_epoch = n // batch_size
+        self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, permutation) of the last batch_indices
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -73,6 +74,13 @@ class BatchLoader:
         batch = perm[start : start + self.batch_size]
         per_rank = self.batch_size // self.dist.world_size
         return batch[self.dist.rank * per_rank : (self.dist.rank + 1) * per_rank]
+
+    def batch_indices(self, epoch: int, step_in_epoch: int) -> torch.Tensor:
+        """The dataset indices of this process's share of batch ``step_in_epoch`` of epoch ``epoch`` (the
+        images ``epoch`` yields there); the epoch's permutation is drawn once."""
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, self.permutation(epoch))
+        return self.rank_indices(self._perm[1], step_in_epoch)
 
     def _fetch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ds = self.ds

@@ -1,4 +1,4 @@
-"""Optimizer with parameter groups: no weight decay on biases, norms, position embeddings and the
+"""Optimizer (AdamW, SGD or Lion) with parameter groups: no weight decay on biases, norms, position embeddings and the
 class token, and optional layer-wise learning-rate decay (BEiT / MAE fine-tuning).
 
 Each group carries ``lr_scale``; the schedule sets ``group["lr"] = lr(step) * group["lr_scale"]``.
@@ -43,14 +43,49 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
     return [groups[k] for k in sorted(groups)]
 
 
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): each step moves every
+    weight by lr times the sign of an interpolation of its momentum and gradient, with decoupled weight
+    decay; one state tensor per parameter (AdamW keeps two).
+
+        update = sign(beta1 * m + (1 - beta1) * g);  p -= lr * (update + weight_decay * p)
+        m = beta2 * m + (1 - beta2) * g
+    """
+
+    def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                m = state["exp_avg"]
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(torch.sign(m * beta1 + p.grad * (1 - beta1)), alpha=-group["lr"])
+                m.lerp_(p.grad, 1 - beta2)  # m = beta2 * m + (1 - beta2) * g
+        return loss
+
+
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     for g in groups:
         g["lr"] = cfg.lr * g["lr_scale"]
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    if cfg.name == "lion":
+        return Lion(groups, lr=cfg.lr, betas=cfg.betas)
     # foreach kernels: one launch for all tensors of a group (the default on CUDA; faster on CPU too)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=True)
 
 
-__all__ = ["param_groups", "build_optimizer", "layer_id"]
+__all__ = ["param_groups", "build_optimizer", "layer_id", "Lion"]

@@ -34,11 +34,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data import BatchAugment, eval_batch
-from ..data.augment import move_batch
+from ..data.augment import alternating_flips, first_flips, move_batch
 from ..errors import TrainingError
 from ..io import checkpoint as ckpt_io
 from ..progress import Progress
-from ..runtime import autocast, count_params
+from ..runtime import autocast, count_params, model_logits
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers
@@ -72,8 +72,9 @@ def main_log(log: Callable[[str], None] | None, dist: DistInfo) -> Callable[[str
 
 @torch.no_grad()
 def evaluate_split(model, images, device: torch.device, precision: str = "fp32", batch_size: int = 256,
-                   dist: DistInfo = DistInfo()) -> dict:
-    """Loss and top-1 accuracy of ``model`` on an ImageSet (sharded over processes, summed)."""
+                   dist: DistInfo = DistInfo(), tta: bool = False) -> dict:
+    """Loss and top-1 accuracy of ``model`` on an ImageSet (sharded over processes, summed); ``tta``: of
+    the mean logits of each image and its mirror (``runtime.model_logits``)."""
     base = ckpt_io.unwrap(model)
     was_training = base.training
     base.eval()
@@ -89,7 +90,7 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
         x = eval_batch(move_batch(x, device), base.cfg.img_size, base.preprocess)
         y = y.to(device)
         with autocast(device, precision):
-            logits = base(x)
+            logits = model_logits(base, x, tta)
         logits = logits.float()
         sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
         sums[1] += (logits.argmax(-1) == y).sum().item()
@@ -153,6 +154,8 @@ class Trainer:
         self.schedule = Schedule(cfg.schedule, cfg.optim.lr, self.total_steps, budget)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.augment = BatchAugment(cfg.augment, model.cfg.img_size, model.preprocess, model.cfg.num_classes)
+        alternate = cfg.augment.flip_mode == "alternate" and cfg.augment.hflip > 0
+        self.first_flips = first_flips(len(train_set), cfg.seed) if alternate else None  # alternating flips
         self.ema = EMA(model, cfg.ema) if cfg.ema else None
         self.state = TrainerState()
         seed_process(cfg.seed, dist.rank)
@@ -294,7 +297,7 @@ class Trainer:
         self.lr = self.schedule.apply(self.optimizer, st.step, st.seconds)
         self.generator.manual_seed(aug_seed(cfg.seed, st.step, self.dist.rank))
         images, labels = move_batch(batch[0], self.device), batch[1].to(self.device, non_blocking=True)
-        x, targets = self.augment(images, labels, self.generator)
+        x, targets = self.augment(images, labels, self.generator, self.batch_flips())
         parts = micro_batches(x, targets, cfg.accum_steps)
         loss = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device)
@@ -305,6 +308,13 @@ class Trainer:
             loss += part_loss / len(parts)
             correct += hits
         return self._agree(loss, correct, len(images), self._clip_gradients())
+
+    def batch_flips(self) -> torch.Tensor | None:
+        """With alternating flips, which images of the current batch to flip (None: random flips)."""
+        if self.first_flips is None:
+            return None
+        idx = self.loader.batch_indices(self.state.epoch, self.state.pos)
+        return alternating_flips(self.first_flips[idx], self.state.epoch)
 
     def _forward_backward(self, x: torch.Tensor, targets: torch.Tensor, parts: int):
         """The loss of a micro-batch (backpropagated, scaled by 1 / parts) and its correct predictions."""
@@ -468,7 +478,8 @@ class Trainer:
         return out
 
     def _score(self, model: nn.Module, images) -> dict:
-        return evaluate_split(model, images, self.device, self.precision, self.eval_batch_size, self.dist)
+        return evaluate_split(model, images, self.device, self.precision, self.eval_batch_size, self.dist,
+                              self.cfg.tta)
 
     def _load_best(self) -> nn.Module:
         best = copy.deepcopy(self.model).cpu()

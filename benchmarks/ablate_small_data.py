@@ -1,0 +1,132 @@
+"""The small-data recipe part by part: each variant is one change against the base recipe (what
+`vitkit train --data DATA --max-minutes M` picks by itself for CIFAR-size data), run for the same
+budget on the same validation carve (10% of the training images, stratified, seeded with --seed).
+
+    python benchmarks/ablate_small_data.py DATA [--minutes 5] [--variants base,no-whiten,...]
+                                           [--per-class N] [--seed 0] [--threads N]
+
+Runs the variants one after the other and appends one row per variant (its name, what it changes,
+validation accuracy, epochs reached, training seconds, the command) to
+benchmarks/results/ablate_small_data.jsonl, then prints them as a table. `--per-class N` trains on
+the first N images of each class folder (hard links in a temporary folder), for a quick check.
+`--list` prints the variants. Compare rows of one run only, on an otherwise idle machine: the budget
+is wall-clock time, so a busy machine gives every variant less of it, and not equally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "ablate_small_data.jsonl"
+VAL_FRACTION = 0.1
+
+# name -> (what it changes, the `--set` overrides that make it); one change each against the base recipe
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "base": ("the recipe as vitkit picks it", []),
+    "no-whiten": ("a learned 3x3 stride-2 first conv instead of the frozen whitening filters",
+                  ["model_args.stem_whiten=false"]),
+    "slow-bn": ("BatchNorm running statistics at torch's momentum 0.1 (not 0.4)", ["model_args.stem_bn_momentum=0.1"]),
+    "random-flip": ("random flips (p = 0.5) instead of alternating ones", ["augment.flip_mode=random"]),
+    "no-tta": ("no test-time flip averaging", ["tta=false"]),
+    "no-ema": ("no EMA of the weights", ["ema=null"]),
+    "smoothing-0.1": ("label smoothing 0.1 (not 0.2)", ["augment.label_smoothing=0.1"]),
+    "pad-4": ("4-px translations (not 2)", ["augment.pad=4"]),
+    "cosine": ("cosine decay (not linear to zero)", ["schedule.decay=cosine"]),
+    "lion": ("Lion (lr 3e-4, weight decay 0.5, betas 0.9/0.99) instead of AdamW",
+             ["optim.name=lion", "optim.lr=0.0003", "optim.weight_decay=0.5", "optim.betas=[0.9,0.99]"]),
+    "layer-scale": ("LayerScale 0.1 on the residual branches", ["model_args.layer_scale=0.1"]),
+    "depth-2": ("2 encoder blocks", ["model_args.depth=2"]),
+    "depth-4": ("4 encoder blocks", ["model_args.depth=4"]),
+    "width-96": ("width 96 (3 heads)", ["model_args.embed_dim=96", "model_args.num_heads=3"]),
+    "bf16": ("bf16 autocast (not fp32)", ["precision=bf16"]),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data", nargs="?", help="a class-folder dataset (e.g. CIFAR-10's train/)")
+    p.add_argument("--minutes", type=float, default=5.0, help="training budget of each variant (default 5)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of variants (default: all)")
+    p.add_argument("--per-class", type=int, default=None, metavar="N", help="train on N images of each class only")
+    p.add_argument("--seed", type=int, default=0, help="the carve's and the runs' seed (default 0)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of each run (default: vitkit's choice)")
+    p.add_argument("--list", action="store_true", help="print the variants and exit")
+    args = p.parse_args(argv)
+    if args.list:
+        return args
+    if args.data is None:
+        p.error("DATA is required")
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {', '.join(unknown)}; --list shows them")
+    return args
+
+
+def subset(data: str, per_class: int, where: Path) -> str:
+    """The first ``per_class`` images of each class folder of ``data``, as hard links (or copies) under ``where``."""
+    for cls in sorted(d for d in Path(data).iterdir() if d.is_dir()):
+        (where / cls.name).mkdir(parents=True)
+        for f in sorted(cls.iterdir())[:per_class]:
+            try:
+                os.link(f, where / cls.name / f.name)
+            except OSError:
+                shutil.copyfile(f, where / cls.name / f.name)
+    return str(where)
+
+
+def run_variant(name: str, data: str, args, work: Path) -> dict:
+    """One variant's run: `vitkit train` with its overrides; its row."""
+    what, overrides = VARIANTS[name]
+    cmd = [sys.executable, "-m", "vitkit", "train", "--data", data, "--max-minutes", str(args.minutes),
+           "--seed", str(args.seed), "--set", f"data.val_fraction={VAL_FRACTION}", "--out", str(work / name),
+           "--json", "--quiet"]
+    cmd += ["--threads", str(args.threads)] if args.threads else []
+    for o in overrides:
+        cmd += ["--set", o]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    if p.returncode != 0:
+        return {"variant": name, "changes": what, "error": f"exit code {p.returncode}", "command": shlex.join(cmd[1:])}
+    s = json.loads(p.stdout.strip().splitlines()[-1])
+    return {"variant": name, "changes": what, "overrides": overrides, "val_acc": s["val_acc"], "epochs": s["epochs"],
+            "steps": s["step"], "train_seconds": s["train_seconds"], "wall_s": round(time.perf_counter() - t, 1),
+            "minutes": args.minutes, "seed": args.seed, "per_class": args.per_class, "data": args.data,
+            "command": shlex.join(cmd[1:])}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.list:
+        for name, (what, overrides) in VARIANTS.items():
+            print(f"{name:<14} {what}  [{' '.join(overrides) or '-'}]")
+        return
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ablate_small_data_") as tmp:
+        work = Path(tmp)
+        data = subset(args.data, args.per_class, work / "data") if args.per_class else args.data
+        for name in args.variants.split(","):
+            row = run_variant(name, data, args, work / "runs")
+            rows.append(row)
+            with open(RESULTS, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+    print(f"\n{'variant':<14} {'val acc':>8} {'epochs':>7} {'train s':>8}  changes")
+    for r in rows:
+        acc = f"{r['val_acc'] * 100:.2f}%" if "val_acc" in r else r["error"]
+        print(f"{r['variant']:<14} {acc:>8} {r.get('epochs', 0):>7.2f} {r.get('train_seconds', 0):>8.1f}  {r['changes']}")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""The recipe a run starts from when it is given data and no config: chosen from what the data is.
+
+``vitkit train --data DIR`` with no ``--config`` looks at the data first (``probe_data``: its format,
+image size, channels, number of training images and classes, read from the file listing, a few image
+headers or the array files' headers; nothing is decoded) and picks one recipe by these rules, in order:
+
+    1. grey images (1 channel) of at most SMALL_SIDE px   -> 'digits': the demo's model (RunConfig's defaults)
+    2. colour images of at most SMALL_SIDE px a side and
+       at most SMALL_IMAGES training images                -> 'small-data' (SMALL_DATA): a hybrid ViT with a
+                                                              whitening conv tokenizer, trained at 32 px
+    3. anything else                                      -> 'default': RunConfig's defaults (no recipe is
+                                                              tuned for larger images or sets yet)
+
+The budget: a recipe's run is bounded by the clock (``--max-minutes``; 'small-data' alone has a default,
+SMALL_DATA_MINUTES) unless ``--epochs`` is given; a run bounded by the clock gets CLOCK_EPOCHS epochs,
+so that the clock, not the epochs, ends it, and its learning-rate schedule (warmup, decay) is fitted
+to the time (``schedule.Schedule``). A 'small-data' budget of at most SHORT_MINUTES trains a
+shallower encoder (SHORT_MODEL), so that it sees the data more often in the time it has. Whatever the recipe sets, flags and ``--set`` overrides are laid
+over it, and ``--config`` replaces it: they always win. ``vitkit train`` with no ``--data`` stays the
+digits demo on the built-in set.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..data.datasets import detect_format, read_idx, safe_unpickle
+from ..data.images import header_size, show_path, walk_images
+from ..errors import DataError
+
+SMALL_SIDE = 64  # images whose longer side is at most this many pixels are "small" (rules 1 and 2)
+SMALL_IMAGES = 100_000  # ... and a colour set of at most this many training images takes 'small-data'
+SMALL_DATA_MINUTES = 30.0  # the 'small-data' budget when neither --max-minutes nor --epochs is given
+CLOCK_EPOCHS = 1000  # the epochs of a run the clock ends: more than any budget here reaches
+SHORT_MINUTES = 10.0  # a 'small-data' budget of at most this many minutes trains a shallower model (SHORT_MODEL)
+SHORT_MODEL = {"depth": 2}  # about 23 MMAC per image instead of 42: twice the epochs in the same minutes
+HEADERS_SAMPLED = 32  # image headers read to tell the size and channels of an image folder
+
+# The small-data recipe (CIFAR-size data; configs/small-data.toml holds the same values, with the story of
+# each). Chosen from the sources in docs/train.md for accuracy per CPU-second; a best guess until the
+# ablation (benchmarks/ablate_small_data.py) has measured it part by part on a quiet machine.
+SMALL_DATA: dict[str, Any] = {
+    "model": "vit_hybrid_whiten_patch4_32",
+    "epochs": 30,  # with no time limit (--max-minutes 0); a run bounded by the clock gets CLOCK_EPOCHS
+    "batch_size": 128,
+    "ema": 0.999,
+    "tta": True,
+    "eval_every": 0,
+    "precision": "fp32",  # on a CPU with AVX512-BF16 but no AMX, where "auto" picks bf16, this model trained at
+    #   0.64x the speed of fp32 (`vitkit bench vit_hybrid_whiten_patch4_32 --dtype fp32,bf16 --mode train
+    #   --batch-sizes 128 --threads 2`); on CUDA its matrices are too small for bf16 to matter much
+    "augment": {"crop": "pad", "pad": 2, "hflip": 0.5, "flip_mode": "alternate", "auto": "none",
+                "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "label_smoothing": 0.2, "erase_prob": 0.0},
+    "optim": {"name": "adamw", "lr": 0.002, "weight_decay": 0.05, "clip_grad": 1.0},
+    "schedule": {"decay": "linear", "warmup_fraction": 0.03, "warmup_steps": 0, "min_lr_ratio": 0.0},
+}
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What a dataset is, as far as choosing a recipe needs: read without decoding it."""
+
+    format: str  # as data.datasets.detect_format names it
+    size: tuple[int, int]  # (H, W) of its images; for folders of mixed sizes, the largest sampled
+    channels: int  # 1 (grey) or 3
+    images: int  # training images (train/ of a split folder; the training batches or files)
+    classes: int
+
+    def describe(self) -> str:
+        kind = "grey" if self.channels == 1 else "RGB"
+        return f"{self.size[0]}x{self.size[1]} {kind} images, {self.images:,} for training, {self.classes} classes"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A recipe chosen for some data: its name, why, and the config values it lays over the defaults."""
+
+    name: str
+    reason: str
+    base: dict = field(default_factory=dict)
+
+    @property
+    def line(self) -> str:
+        """The line a run opens with."""
+        return f"recipe {self.name}: {self.reason}"
+
+
+def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: int | None = None) -> Recipe:
+    """The recipe for data described by ``facts`` (the rules in the module docstring). ``max_minutes`` and
+    ``epochs``: the run's own budget, if given (None: not given; they win over the recipe's)."""
+    small = max(facts.size) <= SMALL_SIDE
+    if small and facts.channels == 1:
+        return Recipe("digits", f"{facts.describe()}: grey images of at most {SMALL_SIDE} px take the demo's "
+                      "digits model (the defaults)")
+    if small and facts.images <= SMALL_IMAGES:
+        base = copy.deepcopy(SMALL_DATA)
+        clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
+        if 0 < base.get("max_minutes", 0) <= SHORT_MINUTES:
+            base["model_args"] = dict(SHORT_MODEL)
+            clock += f"; at most {SHORT_MINUTES:g} min: {_args(SHORT_MODEL)}"
+        return Recipe("small-data", f"{facts.describe()}: CIFAR-size data (at most {SMALL_SIDE} px, "
+                      f"{SMALL_IMAGES:,} images), trained at 32 px; {clock}", base)
+    why = (f"more than {SMALL_IMAGES:,} images" if small else f"images larger than {SMALL_SIDE} px")
+    return Recipe("default", f"{facts.describe()}: {why}, for which no recipe is tuned; the defaults "
+                  "(consider --config configs/pretrain.toml, or vitkit finetune from pretrained weights)")
+
+
+def _args(args: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in args.items())
+
+
+def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_minutes: float) -> str:
+    """Bound ``base``'s run by the clock unless ``epochs`` is given; says how the run's length is set."""
+    if epochs is not None:
+        return f"{epochs} epochs (--epochs)" + (f" within {max_minutes:g} min" if max_minutes else "")
+    minutes = max_minutes if max_minutes is not None else default_minutes
+    if not minutes:
+        return "no time limit (--max-minutes 0): the recipe's epochs"
+    base.update(max_minutes=minutes, epochs=CLOCK_EPOCHS)
+    given = "--max-minutes" if max_minutes is not None else "the recipe's default budget"
+    return f"schedule fitted to {minutes:g} min ({given})"
+
+
+def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: float | None = None,
+               epochs: int | None = None) -> Recipe:
+    """The recipe for the data at ``path``: ``probe_data`` then ``choose_recipe``. Data that cannot be
+    inspected gets 'default', and the run that opens it says what is wrong in its own words."""
+    try:
+        facts = probe_data(path, fmt)
+    except DataError as e:
+        return Recipe("default", f"the data could not be inspected ({e}); the defaults")
+    return choose_recipe(facts, max_minutes, epochs)
+
+
+# ====================================================================================== the data
+def probe_data(path: str | os.PathLike, fmt: str | None = None) -> DataFacts:
+    """The facts of the dataset at ``path`` (``fmt``: its format, else detected), read from listings
+    and headers. Problems open_dataset would report (a missing folder, an unknown layout) are
+    DataErrors here too; unreadable images are passed over (the run reports them)."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise DataError(f"{show_path(root)}: no such folder" if not root.exists()
+                        else f"{show_path(root)}: is a file; expected a dataset folder")
+    if fmt is None:
+        fmt, root = detect_format(root)
+    if fmt in ("cifar10", "cifar100"):
+        return _probe_cifar(root, fmt)
+    if fmt == "mnist":
+        return _probe_mnist(root)
+    if fmt == "split-folder":
+        root = next(d for d in _subfolders(root) if d.name.lower() == "train")
+    return _probe_folder(root, fmt)
+
+
+def _subfolders(root: Path) -> list[Path]:
+    return sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def _probe_folder(root: Path, fmt: str) -> DataFacts:
+    """Class folders: the images counted, the size and channels of a few spread over the classes."""
+    files = [walk_images(d) for d in _subfolders(root)]
+    total = sum(len(f) for f in files)
+    if not total:
+        raise DataError(f"{show_path(root)}: no class folders with images")
+    per = max(1, HEADERS_SAMPLED // len(files))  # headers read per class, spread over its files
+    sample = [p for f in files for p in f[:: max(len(f) // per, 1)][:per]]
+    sizes, channels = [], 1
+    for p in sample:
+        try:
+            sizes.append(header_size(p, None))
+            channels = max(channels, _channels(p))
+        except DataError:
+            continue  # unreadable: the run reports it
+    if not sizes:
+        raise DataError(f"{show_path(root)}: none of {len(sample)} sampled images could be read")
+    size = max(sizes, key=lambda hw: max(hw))
+    return DataFacts(fmt, size, channels, total, sum(1 for f in files if f))
+
+
+def _channels(path: Path) -> int:
+    """1 for a greyscale file, else 3 (as the images are decoded), from its header."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
+
+
+def _probe_cifar(root: Path, fmt: str) -> DataFacts:
+    sub = root / {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}[fmt]
+    root = sub if sub.is_dir() else root  # the folder the official tarball unpacks to
+    if fmt == "cifar10":
+        parts = sorted(p for p in root.iterdir() if p.name.startswith("data_batch_"))
+        labels_key, classes = "labels", 10
+    else:
+        parts, labels_key, classes = [root / "train"], "fine_labels", 100
+    images = sum(len(safe_unpickle(p).get(labels_key, [])) for p in parts if p.is_file())
+    return DataFacts(fmt, (32, 32), 3, images, classes)
+
+
+def _probe_mnist(root: Path) -> DataFacts:
+    labels = [p for p in root.iterdir() if "idx1" in p.name.lower() and not p.name.lower().startswith(("t10k", "test"))]
+    images = [p for p in root.iterdir() if "idx3" in p.name.lower() and not p.name.lower().startswith(("t10k", "test"))]
+    n = len(read_idx(labels[0], 1)) if labels else 0
+    size = tuple(read_idx(images[0], 3).shape[1:]) if images else (28, 28)
+    return DataFacts("mnist", size, 1, n, 10)
+
+
+__all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "SMALL_SIDE", "SMALL_IMAGES",
+           "SMALL_DATA_MINUTES", "CLOCK_EPOCHS", "SHORT_MINUTES", "SHORT_MODEL"]

@@ -1,0 +1,127 @@
+"""The recipe `vitkit train --data DIR` picks from what the data is: the rules, the probe of the data,
+the budget, and flags, overrides and --config winning over it."""
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from vitkit.cli import main
+from vitkit.train.config import load_toml, resolve_config
+from vitkit.train.recipe import (CLOCK_EPOCHS, SHORT_MINUTES, SHORT_MODEL, SMALL_DATA, SMALL_DATA_MINUTES, SMALL_IMAGES,
+                                 SMALL_SIDE, DataFacts, choose_recipe, probe_data, recipe_for)
+
+from helpers import FAST_TRAIN_ARGS as FAST
+from helpers import idx_bytes, image_folder
+
+CIFAR = DataFacts("folder", (32, 32), 3, 50_000, 10)
+
+
+# ------------------------------------------------------------------------------------------- rules
+@pytest.mark.parametrize("facts, name", [
+    (CIFAR, "small-data"),
+    (DataFacts("cifar100", (32, 32), 3, 50_000, 100), "small-data"),
+    (DataFacts("folder", (SMALL_SIDE, SMALL_SIDE), 3, SMALL_IMAGES, 200), "small-data"),  # both limits included
+    (DataFacts("folder", (SMALL_SIDE + 1, 32), 3, 1_000, 10), "default"),  # larger images
+    (DataFacts("folder", (32, 32), 3, SMALL_IMAGES + 1, 10), "default"),  # more images
+    (DataFacts("folder", (224, 224), 3, 1_000_000, 1000), "default"),
+    (DataFacts("mnist", (28, 28), 1, 60_000, 10), "digits"),  # grey: the demo's model, whatever the count
+    (DataFacts("folder", (64, 48), 1, 500_000, 10), "digits"),
+])
+def test_the_rules_pick_the_recipe_from_image_size_count_and_channels(facts, name):
+    r = choose_recipe(facts)
+    assert r.name == name
+    assert r.line.startswith(f"recipe {name}: {facts.size[0]}x{facts.size[1]} ")  # names it and says why
+    assert (r.base.get("model") == SMALL_DATA["model"]) == (name == "small-data")
+    if name != "small-data":
+        assert r.base == {}  # the defaults (the digits model is RunConfig's own)
+
+
+def test_the_budget_sets_how_long_a_small_data_run_is():
+    r = choose_recipe(CIFAR, max_minutes=5)
+    assert r.base["max_minutes"] == 5 and r.base["epochs"] == CLOCK_EPOCHS  # the clock ends the run
+    assert "fitted to 5 min (--max-minutes)" in r.reason
+    assert r.base["model_args"] == SHORT_MODEL and f"at most {SHORT_MINUTES:g} min: depth 2" in r.reason
+    r = choose_recipe(CIFAR)  # no budget given: the recipe's own
+    assert r.base["max_minutes"] == SMALL_DATA_MINUTES and r.base["epochs"] == CLOCK_EPOCHS
+    assert "model_args" not in r.base  # a longer budget: the whole model
+    r = choose_recipe(CIFAR, epochs=3)  # epochs given: no clock of the recipe's
+    assert "max_minutes" not in r.base and "model_args" not in r.base and r.base["epochs"] == SMALL_DATA["epochs"] and "3 epochs" in r.reason
+    r = choose_recipe(CIFAR, max_minutes=0)  # no limit
+    assert "max_minutes" not in r.base and "no time limit" in r.reason
+    assert "max_minutes" not in SMALL_DATA  # the table itself is never changed
+
+
+def test_the_small_data_config_file_is_the_recipe():
+    """configs/small-data.toml holds the recipe's values (with --config it is run as written)."""
+    from pathlib import Path
+
+    file = Path(__file__).resolve().parent.parent / "configs" / "small-data.toml"
+    assert resolve_config(file) == resolve_config(base=SMALL_DATA)
+    assert load_toml(file)["model"] == SMALL_DATA["model"]
+
+
+# ------------------------------------------------------------------------------------- the probe
+def test_probe_reads_folders_without_decoding_them(tmp_path):
+    root = image_folder(tmp_path / "d", ("a", "b", "c"), n=5, test=2, size=40)
+    assert probe_data(root) == DataFacts("split-folder", (40, 40), 3, 15, 3)
+    assert probe_data(root / "train") == DataFacts("folder", (40, 40), 3, 15, 3)
+    (root / "train" / "a" / "0.png").write_bytes(b"not an image")  # unreadable files are passed over
+    assert probe_data(root / "train").images == 15
+
+
+def test_probe_reads_array_formats(tmp_path):
+    cifar = tmp_path / "cifar-10-batches-py"
+    cifar.mkdir()
+    for i in (1, 2):
+        data = {b"data": np.zeros((7, 3072), np.uint8), b"labels": [0] * 7}
+        (cifar / f"data_batch_{i}").write_bytes(pickle.dumps(data))
+    assert probe_data(tmp_path) == DataFacts("cifar10", (32, 32), 3, 14, 10)
+    mnist = tmp_path / "mnist"
+    mnist.mkdir()
+    (mnist / "train-images-idx3-ubyte").write_bytes(idx_bytes(np.zeros((9, 28, 28))))
+    (mnist / "train-labels-idx1-ubyte").write_bytes(idx_bytes(np.zeros(9)))
+    assert probe_data(mnist) == DataFacts("mnist", (28, 28), 1, 9, 10)
+
+
+def test_data_that_cannot_be_inspected_gets_the_defaults(tmp_path):
+    r = recipe_for(tmp_path / "missing")
+    assert r.name == "default" and r.base == {} and "no such folder" in r.reason
+
+
+# ----------------------------------------------------------------------------- the command line
+def run_lines(capsys, argv):
+    assert main(argv) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_train_on_data_names_the_recipe_and_explicit_values_win(tmp_path, capsys):
+    data = image_folder(tmp_path / "data", n=8, test=2)
+    fast = [a for a in FAST if a != "--quiet"]
+    lines = run_lines(capsys, ["train", "--data", str(data / "train"), "--out", str(tmp_path / "r1"), "--epochs", "1",
+                               "--no-tta", *fast, "--set", "optim.lr=0.01", "augment.label_smoothing=0"])
+    assert lines[0].startswith("recipe small-data: 32x32 RGB images, 16 for training, 2 classes")
+    assert any(line.startswith("training vit_test ") for line in lines[1:4])  # the header follows (after the data lines)
+    saved = json.loads((tmp_path / "r1" / "config.json").read_text())
+    # the recipe's values ...
+    assert saved["ema"] == SMALL_DATA["ema"] and saved["augment"]["flip_mode"] == "alternate"
+    # ... under the flags and overrides given: they win
+    assert saved["model"] == "vit_test" and saved["epochs"] == 1 and saved["max_minutes"] is None
+    assert saved["optim"]["lr"] == 0.01 and saved["augment"]["label_smoothing"] == 0 and saved["tta"] is False
+
+    # --max-minutes without --epochs: the schedule is fitted to the clock
+    run_lines(capsys, ["train", "--data", str(data), "--out", str(tmp_path / "r2"), "--max-minutes", "0.02", *FAST])
+    saved = json.loads((tmp_path / "r2" / "config.json").read_text())
+    assert saved["max_minutes"] == 0.02 and saved["epochs"] == CLOCK_EPOCHS and saved["tta"] is True
+
+
+def test_a_config_file_replaces_the_recipe(tmp_path, capsys):
+    data = image_folder(tmp_path / "data", n=8, test=2)
+    conf = tmp_path / "c.toml"
+    conf.write_text('epochs = 1\n')
+    lines = run_lines(capsys, ["train", "--data", str(data), "--config", str(conf), "--out", str(tmp_path / "r"),
+                               *[a for a in FAST if a != "--quiet"]])
+    assert not any(line.startswith("recipe ") for line in lines)
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert saved["ema"] is None and saved["tta"] is False  # RunConfig's defaults under the file
