@@ -51,6 +51,19 @@ def test_config_layers_and_strictness(tmp_path):
         resolve_config(tmp_path / "nope.toml")
 
 
+def test_strategy_is_checked():
+    """--strategy picks ddp (the default) or fsdp; anything else, or fsdp in fp16, is a one-line error."""
+    from vitkit.train.config import RunConfig
+
+    assert resolve_config().strategy == "ddp" and resolve_config(None, {"strategy": "fsdp"}).strategy == "fsdp"
+    with pytest.raises(ConfigError, match=r"^config.strategy: expected one of 'ddp', 'fsdp', got 'zero'$"):
+        resolve_config(None, None, ["strategy=zero"])
+    with pytest.raises(ConfigError, match=r"^strategy: expected one of 'ddp', 'fsdp', got 'zero'$"):
+        RunConfig(strategy="zero").validate()  # built in code, not parsed
+    with pytest.raises(ConfigError, match=r"^strategy: 'fsdp' trains in bf16 or fp32, not fp16 .*; use precision bf16$"):
+        resolve_config(None, {"strategy": "fsdp", "precision": "fp16"})
+
+
 def test_shipped_recipes_parse():
     root = os.path.join(os.path.dirname(__file__), "..", "configs")
     names = sorted(n for n in os.listdir(root) if n.endswith(".toml"))
