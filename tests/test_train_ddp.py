@@ -200,8 +200,9 @@ def test_batchnorm_sync_is_on_by_default_on_cuda_where_it_applies():
 
 
 # FSDP through what a run uses of it: EMA, validation and best/, gradient accumulation (micro-batches of 2
-# a process), clipping (optim.clip_grad, on by default) and gradient checkpointing
-FSDP = dict(strategy="fsdp", ema=0.9, eval_every=1, accum_steps=2, grad_checkpointing=True)
+# a process), clipping (optim.clip_grad, on by default), gradient checkpointing, and a conv stem whose
+# BatchNorm buffers (not sharded, unlike the parameters) share their statistics
+FSDP = dict(strategy="fsdp", ema=0.9, eval_every=1, accum_steps=2, grad_checkpointing=True, sync_bn=True, **CONV_STEM)
 
 
 def test_fsdp_trains_as_ddp_and_writes_ordinary_checkpoints(tmp_path, monkeypatch):

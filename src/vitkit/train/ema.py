@@ -45,7 +45,10 @@ class EMA:
         """Move the average towards ``model``'s weights after optimizer step ``step`` (0-based)."""
         values = list(model.state_dict().values())
         floats = [(e, v) for e, v in zip(self.shadow, values) if v.is_floating_point()]
-        torch._foreach_lerp_([e for e, _ in floats], [v.float() for _, v in floats], 1.0 - ema_decay(self.decay, step))
+        weight = 1.0 - ema_decay(self.decay, step)
+        for kind in dict.fromkeys(type(e) for e, _ in floats):  # one lerp per kind: shards (DTensors) apart
+            pairs = [(e, v) for e, v in floats if type(e) is kind]
+            torch._foreach_lerp_([e for e, _ in pairs], [v.float() for _, v in pairs], weight)
         for e, v in zip(self.shadow, values):
             if not v.is_floating_point():
                 e.copy_(v)
