@@ -68,7 +68,7 @@ for bs in 64 256; do
         --batch-size "$bs" --repeats 5 --iters 5 --out "$OUT/model_vs_timm_cuda_b$bs.json"
 done
 # the same short run under FSDP and DDP (one process: plain training); then: both completed, and FSDP's
-# loss fell as DDP's did, to within 10% of it, with the same test accuracy within a point
+# loss fell (by a quarter at least) as DDP's did, to within 10% of it, with the same test accuracy within a point
 SHORT=(--epochs 2 --max-minutes 0 --precision bf16 --ema 0.99 --accum-steps 2 --ckpt-every 100 --json)
 step fsdp 180 "$PY" -m vitkit train --out "$OUT/fsdp1" --strategy fsdp "${SHORT[@]}"
 step ddp_bf16 180 "$PY" -m vitkit train --out "$OUT/ddp_bf16" --strategy ddp "${SHORT[@]}"
@@ -82,7 +82,7 @@ def run(name):
 (a0, a1, fa), (b0, b1, fb) = run('fsdp1'), run('ddp_bf16')
 print(f'fsdp : loss {a0:.4f} -> {a1:.4f} (last 3 records), test acc {fa[\"test_acc\"]:.4f}, {fa[\"train_seconds\"]} s')
 print(f'ddp  : loss {b0:.4f} -> {b1:.4f} (last 3 records), test acc {fb[\"test_acc\"]:.4f}, {fb[\"train_seconds\"]} s')
-ok = fa['status'] == fb['status'] == 'completed' and a1 < 0.5 * a0 and abs(a1 - b1) <= 0.1 * b1 + 0.02
+ok = fa['status'] == fb['status'] == 'completed' and a1 < 0.75 * a0 and abs(a1 - b1) <= 0.1 * b1 + 0.02
 ok = ok and abs(fa['test_acc'] - fb['test_acc']) <= 0.01
 sys.exit(0 if ok else 1)
 "
