@@ -117,6 +117,11 @@ def test_init_process_group_sets_the_local_gpu_first(monkeypatch):
     assert calls == [("init", dict(backend="gloo", rank=1, world_size=2))]
     distributed.init_process_group(DistInfo(0, 1, 0), torch.device("cpu"))  # one process: no group
     assert len(calls) == 1
+    # ... unless it asks for one (FSDP): a group of one, in memory
+    assert distributed.init_process_group(DistInfo(0, 1, 0), torch.device("cuda", 0), alone=True)
+    assert calls[1] == ("set_device", torch.device("cuda", 0))
+    assert calls[2][1].pop("store").__class__ is torch.distributed.HashStore
+    assert calls[2] == ("init", dict(backend="cpu:gloo,cuda:nccl", rank=0, world_size=1))
 
 
 def test_param_groups_exclude_biases_norms_and_embeddings():

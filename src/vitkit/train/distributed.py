@@ -96,8 +96,8 @@ def init_process_group(info: DistInfo, device: torch.device, alone: bool = False
     backend = collectives_for(device).backend
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    store = None if info.enabled else dist.HashStore()  # a group of one needs no rendezvous
-    dist.init_process_group(backend=backend, store=store, rank=info.rank, world_size=info.world_size)
+    alone_store = {} if info.enabled else {"store": dist.HashStore()}  # a group of one needs no rendezvous
+    dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size, **alone_store)
     return True
 
 
