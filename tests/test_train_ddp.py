@@ -205,15 +205,26 @@ def test_batchnorm_sync_is_on_by_default_on_cuda_where_it_applies():
 FSDP = dict(strategy="fsdp", ema=0.9, eval_every=1, accum_steps=2, grad_checkpointing=True, sync_bn=True, **CONV_STEM)
 
 
-def test_fsdp_trains_as_ddp_and_writes_ordinary_checkpoints(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """The run directories of four runs by two processes, started once for the tests below: 'fsdp', the
+    same run under 'ddp', and 'resumed', the FSDP run stopped at its third step and resumed."""
+    root = tmp_path_factory.mktemp("fsdp")
+    dirs = {name: root / name for name in ("fsdp", "ddp", "resumed")}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        train_two(monkeypatch, (FSDP, str(dirs["fsdp"])), ({**FSDP, "strategy": "ddp"}, str(dirs["ddp"])),
+                  (FSDP, str(dirs["resumed"]), {"stop_at": 3}), (FSDP, str(dirs["resumed"]), {"resume": True}))
+    return dirs
+
+
+def test_fsdp_trains_as_ddp_and_writes_ordinary_checkpoints(two_process_runs):
     """Two FSDP processes follow DDP's losses and end with its weights, EMA and optimizer state within float
     tolerance (the shards' gradients are reduce-scattered instead of all-reduced: the sums run in another
     order); last/ loads into a plain model and trainer.pt has DDP's layout."""
     from vitkit.io.checkpoint import load
     from vitkit.train.checkpoint import load_trainer_state
 
-    fsdp, ddp = tmp_path / "fsdp", tmp_path / "ddp"
-    train_two(monkeypatch, (FSDP, str(fsdp)), ({**FSDP, "strategy": "ddp"}, str(ddp)))
+    fsdp, ddp = two_process_runs["fsdp"], two_process_runs["ddp"]
     a, b = torch.tensor(step_losses(fsdp)), torch.tensor(step_losses(ddp))
     assert len(a) == len(b) == 8
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a, b)
@@ -237,11 +248,11 @@ def test_fsdp_trains_as_ddp_and_writes_ordinary_checkpoints(tmp_path, monkeypatc
                for t, u in zip(sa["ema"], sb["ema"], strict=True))
 
 
-def test_fsdp_resumes_exactly(tmp_path, monkeypatch):
+def test_fsdp_resumes_exactly(two_process_runs):
     """Stopped mid-epoch and resumed, two FSDP processes end with the weights of an uninterrupted run, bit for
     bit: the checkpoint gathers the shards and the resume shards them again, with no arithmetic."""
-    full, run = tmp_path / "full", tmp_path / "run"
-    train_two(monkeypatch, (FSDP, str(full)), (FSDP, str(run), {"stop_at": 3}), (FSDP, str(run), {"resume": True}))
+    full, run = two_process_runs["fsdp"], two_process_runs["resumed"]
+    assert len(step_losses(run)) == 8
     assert step_losses(run) == step_losses(full)
     for name in ("last", "best"):
         assert max(weight_gap(full, run, name).values()) == 0.0, name
