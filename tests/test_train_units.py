@@ -60,7 +60,8 @@ def test_strategy_is_checked():
         resolve_config(None, None, ["strategy=zero"])
     with pytest.raises(ConfigError, match=r"^strategy: expected one of 'ddp', 'fsdp', got 'zero'$"):
         RunConfig(strategy="zero").validate()  # built in code, not parsed
-    with pytest.raises(ConfigError, match=r"^strategy: 'fsdp' trains in bf16 or fp32, not fp16 .*; use precision bf16$"):
+    with pytest.raises(ConfigError, match=r"^strategy: 'fsdp' trains in bf16 or fp32, not fp16 .*; use "
+                                          r"precision bf16$"):
         resolve_config(None, {"strategy": "fsdp", "precision": "fp16"})
 
 

@@ -287,8 +287,8 @@ def _check_given_once(flags: dict[str, Any], overrides: list[str]) -> None:
             raise ConfigError(f"override {text!r}: {key} is also given by a flag; give one of the two")
 
 
-__all__ = ["RunConfig", "STRATEGIES", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml", "load_config_file",
-           "read_run_config", "checked_run_config", "merge"]
+__all__ = ["RunConfig", "STRATEGIES", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml",
+           "load_config_file", "read_run_config", "checked_run_config", "merge"]
 
 
 # `vitkit train` with neither --data nor --config (the demo on the built-in digits) is also capped in time,

@@ -104,8 +104,9 @@ def init_process_group(info: DistInfo, device: torch.device, alone: bool = False
 @contextlib.contextmanager
 def process_group(info: DistInfo, device: torch.device, alone: bool = False):
     """The process group for the duration of a run (``alone``: a group of one for one process, see
-    ``init_process_group``): started here unless the caller has one, and then torn down here too. A gloo group left to the interpreter's exit can abort the process (its worker
-    threads outlive Python), so whoever starts a group ends it."""
+    ``init_process_group``): started here unless the caller has one, and then torn down here too. A
+    gloo group left to the interpreter's exit can abort the process (its worker threads outlive
+    Python), so whoever starts a group ends it."""
     started = init_process_group(info, device, alone)
     try:
         yield

@@ -226,7 +226,8 @@ class Trainer:
             f"{'resuming' if resumed else 'training'} {cfg.init_from or cfg.model} "
             f"({count_params(self.model) / 1e6:.2f}M params, {mcfg.img_size[0]}x{mcfg.img_size[1]}) on "
             f"{len(self.train_set)} images, {mcfg.num_classes} classes; {self.device.type} {self.precision}, "
-            f"{self.dist.world_size} process(es){' (fsdp)' if self.sharded else ''}, batch {cfg.batch_size}, {cfg.epochs} epochs x {len(self.loader)} steps"
+            f"{self.dist.world_size} process(es){' (fsdp)' if self.sharded else ''}, batch {cfg.batch_size}, "
+            f"{cfg.epochs} epochs x {len(self.loader)} steps"
             + (f", budget {cfg.max_minutes:g} min" if self.schedule.budget else "")
             + (f"; from step {self.state.step}" if resumed else "")
         )
@@ -440,13 +441,10 @@ class Trainer:
         resumable = name == "last"
         state = self.state_dict() if resumable else None  # a collective in DDP and FSDP
         model, weights = self.model, None
-        if self.sharded:  # every process takes part in gathering the weights; rank 0 writes them
-            if resumable:
-                weights = full_weights(self.model)
-            else:
-                model = self.eval_model()
-        elif not resumable and self.dist.is_main:
-            model = self.eval_model()
+        if not resumable and (self.sharded or self.dist.is_main):
+            model = self.eval_model()  # under FSDP gathered by every process
+        elif resumable and self.sharded:
+            weights = full_weights(self.model)  # gathered by every process; rank 0 receives them
         if self.dist.is_main:
             info = {"train": {"step": self.state.step, "epoch": self.state.epoch, **(extra or {})}}
             save_checkpoint(self.run_dir, name, model, state, extra=info, weights=weights)
