@@ -11,7 +11,12 @@
 #   3. the same data under torchrun (NCCL process group, world size 1), and with --compile;
 #   4. eval, predict and explain (gradient-weighted, for a chosen class) on the GPU;
 #   5. bench ViT-B/16 in fp32 and bf16, inference and training, batch 64 and 256;
-#   6. vitkit against timm on the GPU (bf16 autocast, ViT-B/16, batch 64 and 256), as ratios.
+#   6. vitkit against timm on the GPU (bf16 autocast, ViT-B/16, batch 64 and 256), as ratios;
+#   7. FSDP on one GPU (--strategy fsdp, a group of one): 250 steps of the digits in bf16 with EMA and
+#      gradient accumulation, beside the same run under DDP; its loss must fall as DDP's does;
+#   8. gradient checkpointing's memory: peak torch.cuda.max_memory_allocated of one ViT-B/16 training
+#      step (bf16 autocast) with and without, at batch 32 and 64 (benchmarks/grad_ckpt_memory.py).
+# Steps 1-6 took 6 minutes on one H200 (--compile 2 of them); 7 and 8 add about 2 (estimated, not yet run).
 # GPU_CHECK_SKIP="compile bench" leaves out the named steps (e.g. to fit a shorter lease).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +66,29 @@ step bench 240 "$PY" -m vitkit bench vit_base_patch16_224 --device cuda --dtype 
 for bs in 64 256; do
     step "vs_timm_b$bs" 240 "$PY" benchmarks/model_vs_timm.py --device cuda --dtypes bf16 --models vit_base_patch16_224 \
         --batch-size "$bs" --repeats 5 --iters 5 --out "$OUT/model_vs_timm_cuda_b$bs.json"
+done
+# the same short run under FSDP and DDP (one process: plain training); then: both completed, and FSDP's
+# loss fell (by a quarter at least) as DDP's did, to within 10% of it, with the same test accuracy within a point
+SHORT=(--epochs 2 --max-minutes 0 --precision bf16 --ema 0.99 --accum-steps 2 --ckpt-every 100 --json)
+step fsdp 180 "$PY" -m vitkit train --out "$OUT/fsdp1" --strategy fsdp "${SHORT[@]}"
+step ddp_bf16 180 "$PY" -m vitkit train --out "$OUT/ddp_bf16" --strategy ddp "${SHORT[@]}"
+step fsdp_vs_ddp 30 "$PY" -c "
+import json, sys
+def run(name):
+    rows = [json.loads(line) for line in open(f'$OUT/{name}/metrics.jsonl')]
+    steps = [r['loss'] for r in rows if r['type'] == 'step']
+    final = next(r for r in rows if r['type'] == 'final')
+    return steps[0], sum(steps[-3:]) / 3, final
+(a0, a1, fa), (b0, b1, fb) = run('fsdp1'), run('ddp_bf16')
+print(f'fsdp : loss {a0:.4f} -> {a1:.4f} (last 3 records), test acc {fa[\"test_acc\"]:.4f}, {fa[\"train_seconds\"]} s')
+print(f'ddp  : loss {b0:.4f} -> {b1:.4f} (last 3 records), test acc {fb[\"test_acc\"]:.4f}, {fb[\"train_seconds\"]} s')
+ok = fa['status'] == fb['status'] == 'completed' and a1 < 0.75 * a0 and abs(a1 - b1) <= 0.1 * b1 + 0.02
+ok = ok and abs(fa['test_acc'] - fb['test_acc']) <= 0.01
+sys.exit(0 if ok else 1)
+"
+for bs in 32 64; do
+    step "grad_ckpt_b$bs" 120 "$PY" benchmarks/grad_ckpt_memory.py --device cuda --precision bf16 --batch-size "$bs" \
+        --out "$OUT/grad_ckpt_memory_cuda_b$bs.json"
 done
 echo "gpu check: $fails step(s) failed" | tee -a "$LOG"
 exit $((fails > 0))

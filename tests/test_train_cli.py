@@ -51,6 +51,22 @@ def test_train_json_and_finetune(tmp_path, capsys):
     assert m.labels == ["a", "b", "c"] and m.cfg.img_size == (48, 48)
 
 
+def test_train_fsdp_then_resume_without_it(tmp_path, capsys):
+    """--strategy fsdp in one process; its checkpoint is an ordinary one, which a run without FSDP resumes."""
+    import vitkit
+
+    data = make_folder(tmp_path / "data")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--epochs", "1", "--out", str(run), "--strategy", "fsdp", "--ema", "0.9",
+                 "--json", *FAST]) == 0
+    s, _ = last_json(capsys)
+    assert s["status"] == "completed" and json.loads((run / "config.json").read_text())["strategy"] == "fsdp"
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--strategy", "ddp", "--json", *FAST]) == 0
+    s, _ = last_json(capsys)
+    assert s["step"] == 6 and json.loads((run / "config.json").read_text())["strategy"] == "ddp"
+    assert vitkit.load(run).labels == ["cat", "dog"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--set", "optim.lrr=1"], r"config.optim: unknown field\(s\) 'lrr'"),
     (["epochs=ten"], r"config.epochs: expected an integer, got 'ten'"),

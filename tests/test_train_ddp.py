@@ -1,6 +1,9 @@
-"""Two processes (gloo, CPU) follow the same loss trajectory as one process with the same global batch."""
+"""Two processes (gloo, CPU) follow the same loss trajectory as one process with the same global batch;
+so do two FSDP processes (sharded weights, gradients and optimizer state), whose checkpoints are
+ordinary ones."""
 
 import copy
+import itertools
 import os
 import socket
 import sys
@@ -11,6 +14,8 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
 from helpers import random_model, run_weights, step_losses, tiny_run_config, tiny_splits  # noqa: E402
+
+from vitkit.train import DistInfo  # noqa: E402
 
 # Augmentation off and no dropout: with them on, each process draws its own random numbers, so the
 # two runs would differ by design (the data order and the batch split do not depend on the process count).
@@ -25,24 +30,35 @@ def _worker(rank, world, runs):
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from vitkit.train import DistInfo, train
-
     info = DistInfo(rank, world, rank)
     if len(runs) == 1:  # train starts the group and ends it
-        train(tiny_run_config(**PLAIN, **runs[0][0]), runs[0][1], dist=info, splits=tiny_splits(), log=lambda m: None)
+        _train(info, *runs[0])
         assert not dist.is_initialized()
         return
     dist.init_process_group("gloo", rank=rank, world_size=world)  # one group for all runs: train leaves it be
     try:
-        for overrides, out in runs:
-            train(tiny_run_config(**PLAIN, **overrides), out, dist=info, splits=tiny_splits(), log=lambda m: None)
+        for run in runs:
+            _train(info, *run)
             assert dist.is_initialized()
     finally:
         dist.destroy_process_group()
 
 
-def train_two(monkeypatch, *runs: tuple[dict, str]) -> None:
-    """Each run (config overrides, run directory) in turn by two processes on a gloo group."""
+def _train(info, overrides: dict, out: str, how: dict | None = None) -> None:
+    """One run of a process; ``how``: {"stop_at": n} asks it to stop at its n-th step, {"resume": True}
+    continues it."""
+    from vitkit.train import train
+
+    how = how or {}
+    polls = itertools.count(1)
+    stop = (lambda: next(polls) == how["stop_at"]) if "stop_at" in how else None
+    train(tiny_run_config(**PLAIN, **overrides), out, dist=info, splits=tiny_splits(), log=lambda m: None, stop=stop,
+          resume=how.get("resume", False))
+
+
+def train_two(monkeypatch, *runs: tuple) -> None:
+    """Each run (config overrides, run directory[, how: see ``_train``]) in turn by two processes on a
+    gloo group."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -63,9 +79,9 @@ def train_one(out, **overrides) -> None:
         torch.set_num_threads(n)
 
 
-def weight_gap(a, b) -> dict[str, float]:
-    """The largest absolute difference of every tensor of two runs' last/ weights (the same keys)."""
-    wa, wb = run_weights(a), run_weights(b)
+def weight_gap(a, b, name: str = "last") -> dict[str, float]:
+    """The largest absolute difference of every tensor of two runs' weights in checkpoint ``name`` (the same keys)."""
+    wa, wb = run_weights(a, name), run_weights(b, name)
     assert wa.keys() == wb.keys()  # the unwrapped module: no 'module.' prefixes
     return {k: (wa[k].double() - wb[k].double()).abs().max().item() for k in wa}
 
@@ -181,3 +197,74 @@ def test_batchnorm_sync_is_on_by_default_on_cuda_where_it_applies():
     assert wants_sync_bn(None, conv, 2, cuda) and not wants_sync_bn(None, conv, 2, cpu)  # auto: CUDA only
     assert wants_sync_bn(True, conv, 2, cpu) and not wants_sync_bn(False, conv, 2, cuda)
     assert not wants_sync_bn(True, conv, 1, cuda) and not wants_sync_bn(True, plain, 2, cuda)  # nothing to share
+
+
+# FSDP through what a run uses of it: EMA, validation and best/, gradient accumulation (micro-batches of 2
+# a process), clipping (optim.clip_grad, on by default), gradient checkpointing, and a conv stem whose
+# BatchNorm buffers (not sharded, unlike the parameters) share their statistics
+FSDP = dict(strategy="fsdp", ema=0.9, eval_every=1, accum_steps=2, grad_checkpointing=True, sync_bn=True, **CONV_STEM)
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """The run directories of four runs by two processes, started once for the tests below: 'fsdp', the
+    same run under 'ddp', and 'resumed', the FSDP run stopped at its third step and resumed."""
+    root = tmp_path_factory.mktemp("fsdp")
+    dirs = {name: root / name for name in ("fsdp", "ddp", "resumed")}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        train_two(monkeypatch, (FSDP, str(dirs["fsdp"])), ({**FSDP, "strategy": "ddp"}, str(dirs["ddp"])),
+                  (FSDP, str(dirs["resumed"]), {"stop_at": 3}), (FSDP, str(dirs["resumed"]), {"resume": True}))
+    return dirs
+
+
+def test_fsdp_trains_as_ddp_and_writes_ordinary_checkpoints(two_process_runs):
+    """Two FSDP processes follow DDP's losses and end with its weights, EMA and optimizer state within float
+    tolerance (the shards' gradients are reduce-scattered instead of all-reduced: the sums run in another
+    order); last/ loads into a plain model and trainer.pt has DDP's layout."""
+    from vitkit.io.checkpoint import load
+    from vitkit.train.checkpoint import load_trainer_state
+
+    fsdp, ddp = two_process_runs["fsdp"], two_process_runs["ddp"]
+    a, b = torch.tensor(step_losses(fsdp)), torch.tensor(step_losses(ddp))
+    assert len(a) == len(b) == 8
+    assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a, b)
+    for name in ("last", "best"):  # best/: the EMA's weights
+        gap = weight_gap(fsdp, ddp, name)
+        assert max(gap.values()) < 1e-4, (name, gap)
+    plain = load(fsdp / "last")  # an ordinary VisionTransformer: full tensors, no sharding
+    ddp_weights = run_weights(ddp)
+    for k, v in plain.state_dict().items():
+        assert type(v) is torch.Tensor and v.shape == ddp_weights[k].shape
+        assert (v - ddp_weights[k]).abs().max() < 1e-4, k
+    sa, sb = load_trainer_state(fsdp / "last"), load_trainer_state(ddp / "last")
+    oa, ob = sa["optimizer"], sb["optimizer"]
+    assert [g["params"] for g in oa["param_groups"]] == [g["params"] for g in ob["param_groups"]]
+    assert oa["state"].keys() == ob["state"].keys()
+    for i, state in oa["state"].items():
+        assert state.keys() == ob["state"][i].keys()
+        for key, v in state.items():
+            assert type(v) is torch.Tensor and torch.allclose(v, ob["state"][i][key], rtol=1e-3, atol=1e-6), (i, key)
+    assert all(type(t) is torch.Tensor and t.shape == u.shape and torch.allclose(t, u, atol=1e-4)
+               for t, u in zip(sa["ema"], sb["ema"], strict=True))
+
+
+def test_fsdp_resumes_exactly(two_process_runs):
+    """Stopped mid-epoch and resumed, two FSDP processes end with the weights of an uninterrupted run, bit for
+    bit: the checkpoint gathers the shards and the resume shards them again, with no arithmetic."""
+    full, run = two_process_runs["fsdp"], two_process_runs["resumed"]
+    assert len(step_losses(run)) == 8
+    assert step_losses(run) == step_losses(full)
+    for name in ("last", "best"):
+        assert max(weight_gap(full, run, name).values()) == 0.0, name
+
+
+def test_fsdp_alone_is_plain_training(tmp_path):
+    """One FSDP process (a group of its own, shards of the whole) trains exactly as one plain process."""
+    import torch.distributed as dist
+
+    train_one(tmp_path / "fsdp", **FSDP)
+    assert not dist.is_initialized()  # the run ended the group it started
+    train_one(tmp_path / "plain", **{**FSDP, "strategy": "ddp"})
+    assert step_losses(tmp_path / "fsdp") == step_losses(tmp_path / "plain")
+    for name in ("last", "best"):
+        assert max(weight_gap(tmp_path / "fsdp", tmp_path / "plain", name).values()) == 0.0, name

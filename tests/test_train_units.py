@@ -51,6 +51,20 @@ def test_config_layers_and_strictness(tmp_path):
         resolve_config(tmp_path / "nope.toml")
 
 
+def test_strategy_is_checked():
+    """--strategy picks ddp (the default) or fsdp; anything else, or fsdp in fp16, is a one-line error."""
+    from vitkit.train.config import RunConfig
+
+    assert resolve_config().strategy == "ddp" and resolve_config(None, {"strategy": "fsdp"}).strategy == "fsdp"
+    with pytest.raises(ConfigError, match=r"^config.strategy: expected one of 'ddp', 'fsdp', got 'zero'$"):
+        resolve_config(None, None, ["strategy=zero"])
+    with pytest.raises(ConfigError, match=r"^strategy: expected one of 'ddp', 'fsdp', got 'zero'$"):
+        RunConfig(strategy="zero").validate()  # built in code, not parsed
+    with pytest.raises(ConfigError, match=r"^strategy: 'fsdp' trains in bf16 or fp32, not fp16 .*; use "
+                                          r"precision bf16$"):
+        resolve_config(None, {"strategy": "fsdp", "precision": "fp16"})
+
+
 def test_shipped_recipes_parse():
     root = os.path.join(os.path.dirname(__file__), "..", "configs")
     names = sorted(n for n in os.listdir(root) if n.endswith(".toml"))
@@ -104,6 +118,11 @@ def test_init_process_group_sets_the_local_gpu_first(monkeypatch):
     assert calls == [("init", dict(backend="gloo", rank=1, world_size=2))]
     distributed.init_process_group(DistInfo(0, 1, 0), torch.device("cpu"))  # one process: no group
     assert len(calls) == 1
+    # ... unless it asks for one (FSDP): a group of one, in memory
+    assert distributed.init_process_group(DistInfo(0, 1, 0), torch.device("cuda", 0), alone=True)
+    assert calls[1] == ("set_device", torch.device("cuda", 0))
+    assert calls[2][1].pop("store").__class__ is torch.distributed.HashStore
+    assert calls[2] == ("init", dict(backend="cpu:gloo,cuda:nccl", rank=0, world_size=1))
 
 
 def test_param_groups_exclude_biases_norms_and_embeddings():

@@ -132,6 +132,27 @@ def test_a_nonfinite_step_is_skipped_counted_then_stops_the_run(tmp_path):
         t.apply(grad, 2)
 
 
+def test_fsdp_step_reports_the_whole_norm_and_skips_a_nonfinite_step(tmp_path):
+    """Under FSDP (here a group of one) a step computes what a plain one does, the gradients' norm over
+    all the shards included (a plain number); a non-finite step leaves the sharded weights as they were."""
+    from vitkit.train.distributed import DistInfo, process_group
+    from vitkit.train.fsdp import full_weights
+
+    with process_group(DistInfo(), torch.device("cpu"), alone=True):
+        plain, sharded = make_trainer(tmp_path / "a"), make_trainer(tmp_path / "b", strategy="fsdp", skip_nonfinite=1)
+        a, b = plain.train_step(first_batch(plain)), sharded.train_step(first_batch(sharded))
+        assert type(b.grad_norm) is float and (b.grad_norm, b.loss) == (a.grad_norm, a.loss)
+        sharded.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            sharded.model.head.bias.fill_(float("nan"))
+        before = full_weights(sharded.model, everywhere=True)
+        bad = sharded.train_step(first_batch(sharded))
+        assert bad.nonfinite and math.isnan(bad.loss)
+        sharded.apply(bad, 0)
+        assert sharded.state.skipped == 1 and all(p.grad is None for p in sharded.model.parameters())
+        torch.testing.assert_close(full_weights(sharded.model, everywhere=True), before, rtol=0, atol=0, equal_nan=True)
+
+
 # ----------------------------------------------------------------------------------- how epochs end
 def canned_steps(t: Trainer, stop_at: int | None = None, seconds=lambda step: 0.0) -> None:
     """Replace the computed steps of ``t`` by finite ones (fast): a stop request at step ``stop_at``,

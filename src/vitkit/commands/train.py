@@ -81,6 +81,9 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--nproc", type=int, metavar="N", help="train with N data-parallel processes on this machine "
                    "(DDP), started by vitkit as `torchrun --nproc_per_node=N` would (default: 1; the demo: 2 "
                    "on a CPU with 2 or more cores)")
+    g.add_argument("--strategy", choices=["ddp", "fsdp"], help=_h("how the processes share the model: ddp, a "
+                   "replica each; fsdp, a shard each of the weights, gradients and optimizer state (large models)",
+                   "strategy"))
     g.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=None, help="with several "
                    "processes, share BatchNorm statistics across them (default: on CUDA only)")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: the cores not busy "
@@ -150,6 +153,7 @@ def flags_from_args(args) -> dict:
         "device": args.device,
         "processes": args.nproc,
         "threads": args.threads,
+        "strategy": args.strategy,
         "sync_bn": args.sync_bn,
         "precision": args.precision,
         "compile": args.compile,

@@ -36,10 +36,13 @@ def checkpoint_config(model) -> dict:
     }
 
 
-def save(model, path: str | os.PathLike, extra: Mapping | None = None) -> Path:
+def save(model, path: str | os.PathLike, extra: Mapping | None = None,
+         weights: Mapping[str, torch.Tensor] | None = None) -> Path:
     """Write ``model`` to directory ``path`` (created if needed) as model.safetensors + config.json.
 
     Each file is written atomically. ``extra`` adds keys to config.json (e.g. training provenance).
+    ``weights``: the tensors to write in place of ``model.state_dict()`` (the full weights of a model
+    whose own tensors are shards).
     """
     from safetensors.torch import save as st_save
 
@@ -47,7 +50,8 @@ def save(model, path: str | os.PathLike, extra: Mapping | None = None) -> Path:
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{path}: exists and is not a directory")
     model = unwrap(model)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    tensors = model.state_dict() if weights is None else weights
+    state = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     cfg = checkpoint_config(model)
     if extra:
         cfg.update(extra)

@@ -67,8 +67,10 @@ def _write_trainer_state(state: dict, path: Path) -> None:
         torch.save(state, tmp)
 
 
-def save_checkpoint(run_dir: Path, name: str, model, trainer_state: dict | None, extra: dict | None = None) -> Path:
+def save_checkpoint(run_dir: Path, name: str, model, trainer_state: dict | None, extra: dict | None = None,
+                    weights: dict | None = None) -> Path:
     """Write checkpoint ``run_dir/name`` atomically (see the module docstring); return its path.
+    ``weights``: the tensors to write in place of the model's own (see ``io.checkpoint.save``).
 
     A failure (full disk, permissions) raises CheckpointError and leaves the previous checkpoint intact.
     """
@@ -77,7 +79,7 @@ def save_checkpoint(run_dir: Path, name: str, model, trainer_state: dict | None,
     old = run_dir / f".{name}.old"
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=run_dir))
     try:
-        ckpt_io.save(model, tmp, extra=extra)  # each file atomic + fsynced
+        ckpt_io.save(model, tmp, extra=extra, weights=weights)  # each file atomic + fsynced
         if trainer_state is not None:
             _write_trainer_state(trainer_state, tmp / TRAINER_STATE)
         fsync_dir(tmp)

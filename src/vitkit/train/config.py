@@ -88,6 +88,9 @@ class ScheduleConfig:
             raise ConfigError(f"schedule.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio!r}")
 
 
+STRATEGIES = ("ddp", "fsdp")  # RunConfig.strategy
+
+
 @dataclass
 class RunConfig:
     # --- what to train -------------------------------------------------------------------------------
@@ -109,6 +112,9 @@ class RunConfig:
     processes: int = 1  # data-parallel processes that `vitkit train` starts on this machine (DDP: gloo on
     #   CPU, one GPU each on CUDA), as `torchrun --nproc_per_node=N` would; a torchrun launch decides itself,
     #   and a run's config.json records the number it ran with
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # how the processes share the work: "ddp", a full replica of the model
+    #   in each process, gradients all-reduced; "fsdp", each process holds a shard of every parameter, gradient
+    #   and optimizer state (torch FSDP2), for models whose training state does not fit one device (bf16 or fp32)
     threads: int | None = None  # CPU threads of each process; None = the cores not busy with other work, shared
     #   among this machine's processes. A run's config.json records the number it ran with
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # autocast dtype; auto: bf16 where the
@@ -152,6 +158,11 @@ class RunConfig:
         for name in ("eval_every", "ckpt_every", "skip_nonfinite", "progress_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy: expected one of {', '.join(map(repr, STRATEGIES))}, got {self.strategy!r}")
+        if self.strategy == "fsdp" and self.precision == "fp16":
+            raise ConfigError("strategy: 'fsdp' trains in bf16 or fp32, not fp16 (its gradient scaler does not take "
+                              "sharded gradients); use precision bf16")
         if self.max_minutes is not None and self.max_minutes < 0:
             raise ConfigError(f"max_minutes: must be >= 0 (0 = no limit), got {self.max_minutes!r}")
         if self.ema is not None and not 0 < self.ema < 1:
@@ -289,8 +300,8 @@ def _check_given_once(flags: dict[str, Any], overrides: list[str]) -> None:
             raise ConfigError(f"override {text!r}: {key} is also given by a flag; give one of the two")
 
 
-__all__ = ["RunConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml", "load_config_file",
-           "read_run_config", "checked_run_config", "merge"]
+__all__ = ["RunConfig", "STRATEGIES", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml",
+           "load_config_file", "read_run_config", "checked_run_config", "merge"]
 
 
 # `vitkit train` with neither --data nor --config (the demo on the built-in digits) is also capped in time,

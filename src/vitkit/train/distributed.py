@@ -83,28 +83,31 @@ def collectives_for(device: torch.device) -> Collectives:
     return Collectives("gloo")
 
 
-def init_process_group(info: DistInfo, device: torch.device) -> bool:
+def init_process_group(info: DistInfo, device: torch.device, alone: bool = False) -> bool:
     """Join the process group (``collectives_for(device).backend``); MASTER_ADDR/PORT come from the
     launcher. On CUDA this process's GPU (``device``, its local rank's) becomes the current one first,
-    so that NCCL's calls run there rather than all on cuda:0. True when this call started the group
-    (False: one process, or a group the caller had started already)."""
+    so that NCCL's calls run there rather than all on cuda:0. ``alone``: one process starts a group of
+    its own too (in-memory, no launcher), as FSDP needs one. True when this call started the group
+    (False: one process not ``alone``, or a group the caller had started already)."""
     import torch.distributed as dist
 
-    if not info.enabled or dist.is_initialized():
+    if not (info.enabled or alone) or dist.is_initialized():
         return False
     backend = collectives_for(device).backend
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size)
+    alone_store = {} if info.enabled else {"store": dist.HashStore()}  # a group of one needs no rendezvous
+    dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size, **alone_store)
     return True
 
 
 @contextlib.contextmanager
-def process_group(info: DistInfo, device: torch.device):
-    """The process group for the duration of a run: started here unless the caller has one, and then
-    torn down here too. A gloo group left to the interpreter's exit can abort the process (its worker
-    threads outlive Python), so whoever starts a group ends it."""
-    started = init_process_group(info, device)
+def process_group(info: DistInfo, device: torch.device, alone: bool = False):
+    """The process group for the duration of a run (``alone``: a group of one for one process, see
+    ``init_process_group``): started here unless the caller has one, and then torn down here too. A
+    gloo group left to the interpreter's exit can abort the process (its worker threads outlive
+    Python), so whoever starts a group ends it."""
+    started = init_process_group(info, device, alone)
     try:
         yield
     finally:

@@ -58,7 +58,7 @@ def train(
     progress = progress if progress is not None and dist.is_main else Progress()
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
     precision = pick_precision(cfg.precision, device)
-    with process_group(dist, device), _hold(run_dir, resume, dist):
+    with process_group(dist, device, alone=cfg.strategy == "fsdp"), _hold(run_dir, resume, dist):
         t_start, cpu_start = time.perf_counter(), time.process_time()
         resume_from, saved = resume_point(run_dir) if resume else (None, None)
         if saved is not None and dist.is_main:

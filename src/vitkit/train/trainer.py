@@ -19,7 +19,6 @@ any checkpoint and resumed reaches the same weights as an uninterrupted run (no 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import random
 import time
@@ -43,6 +42,7 @@ from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkp
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers
 from .ema import EMA
+from .fsdp import full_optimizer_state, full_tensor, full_weights, load_optimizer_state, plain_copy, shard_model
 from .loader import BatchLoader, loader_workers, micro_batches
 from .metrics import MetricsLog, StepWindow, open_loggers, write_plots
 from .optim import build_optimizer
@@ -149,17 +149,18 @@ class Trainer:
         self.loader = BatchLoader(train_set, cfg.batch_size, cfg.seed, dist, cfg.accum_steps,
                                   loader_workers(cfg.data.workers, dist.world_size))
         self.total_steps = cfg.epochs * len(self.loader)
-        self.optimizer = build_optimizer(model, cfg.optim, device.type)
         budget = cfg.max_minutes * 60 if cfg.max_minutes else None
         self.schedule = Schedule(cfg.schedule, cfg.optim.lr, self.total_steps, budget)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.augment = BatchAugment(cfg.augment, model.cfg.img_size, model.preprocess, model.cfg.num_classes)
         alternate = cfg.augment.flip_mode == "alternate" and cfg.augment.hflip > 0
         self.first_flips = first_flips(len(train_set), cfg.seed) if alternate else None  # alternating flips
-        self.ema = EMA(model, cfg.ema) if cfg.ema else None
         self.state = TrainerState()
         seed_process(cfg.seed, dist.rank)
-        self.net = self._wrap(model)
+        self.sharded = cfg.strategy == "fsdp"
+        self.net = self._wrap(model)  # sharding replaces the parameters: the optimizer and the EMA follow it
+        self.optimizer = build_optimizer(model, cfg.optim, device.type)
+        self.ema = EMA(model, cfg.ema) if cfg.ema else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.generator = torch.Generator(device=device)
         self.eval_batch_size = max(cfg.batch_size // cfg.accum_steps, 64)
@@ -171,13 +172,15 @@ class Trainer:
         self.clock_start = time.perf_counter()  # when training began, less the time spent before a resume
 
     def _wrap(self, model: nn.Module) -> nn.Module:
-        """The module that runs the steps: compiled (cfg.compile), wrapped for DDP (several processes),
-        its BatchNorm layers sharing their statistics across the processes (cfg.sync_bn; in place, the
-        same parameters and buffers)."""
+        """The module that runs the steps: sharded in place (FSDP: cfg.strategy), compiled (cfg.compile),
+        wrapped for DDP (several processes, the default strategy), its BatchNorm layers sharing their
+        statistics across the processes (cfg.sync_bn; in place, the same parameters and buffers)."""
         if wants_sync_bn(self.cfg.sync_bn, model, self.dist.world_size, self.device):
             model = sync_batchnorm(model, self.device)
+        if self.sharded:
+            shard_model(model, self.device)
         net = torch.compile(model) if self.cfg.compile else model
-        if self.dist.enabled:
+        if self.dist.enabled and not self.sharded:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             net = DDP(net, device_ids=[self.device.index] if self.device.type == "cuda" else None)
@@ -186,11 +189,13 @@ class Trainer:
     # --------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
         """trainer.pt: the state, the optimizer, scaler and EMA states and every process's RNG states
-        (gathered: a collective, so every process takes part)."""
+        (gathered: a collective, so every process takes part). Under FSDP the optimizer and EMA states
+        are gathered from their shards into the same layout (complete on rank 0, which writes them)."""
         rngs = all_gather_object(rng_state(), self.dist)
+        optimizer = full_optimizer_state(self.model, self.optimizer) if self.sharded else self.optimizer.state_dict()
         return {
             **self.state.to_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": rngs,
@@ -199,8 +204,12 @@ class Trainer:
         }
 
     def restore(self, saved: dict) -> None:
-        """Continue from a trainer.pt dict (``state_dict``); the weights are the model's already."""
-        self.optimizer.load_state_dict(saved["optimizer"])
+        """Continue from a trainer.pt dict (``state_dict``); the weights are the model's already (under
+        FSDP sharded from the checkpoint's full weights, as the optimizer and EMA states are here)."""
+        if self.sharded:
+            load_optimizer_state(self.model, self.optimizer, saved["optimizer"])
+        else:
+            self.optimizer.load_state_dict(saved["optimizer"])
         if saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         if self.ema is not None and saved.get("ema") is not None:
@@ -222,7 +231,8 @@ class Trainer:
             f"{'resuming' if resumed else 'training'} {cfg.init_from or cfg.model} "
             f"({count_params(self.model) / 1e6:.2f}M params, {mcfg.img_size[0]}x{mcfg.img_size[1]}) on "
             f"{len(self.train_set)} images, {mcfg.num_classes} classes; {self.device.type} {self.precision}, "
-            f"{self.dist.world_size} process(es), batch {cfg.batch_size}, {cfg.epochs} epochs x {len(self.loader)} steps"
+            f"{self.dist.world_size} process(es){' (fsdp)' if self.sharded else ''}, batch {cfg.batch_size}, "
+            f"{cfg.epochs} epochs x {len(self.loader)} steps"
             + (f", budget {cfg.max_minutes:g} min" if self.schedule.budget else "")
             + (f"; from step {self.state.step}" if resumed else "")
         )
@@ -302,8 +312,7 @@ class Trainer:
         loss = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device)
         for i, (xm, tm) in enumerate(parts):
-            sync = not (self.dist.enabled and i < len(parts) - 1)  # DDP reduces the gradients once, at the last
-            with contextlib.nullcontext() if sync else self.net.no_sync():
+            with self._reduce_gradients(i == len(parts) - 1):
                 part_loss, hits = self._forward_backward(xm, tm, len(parts))
             loss += part_loss / len(parts)
             correct += hits
@@ -315,6 +324,16 @@ class Trainer:
             return None
         idx = self.loader.batch_indices(self.state.epoch, self.state.pos)
         return alternating_flips(self.first_flips[idx], self.state.epoch)
+
+    def _reduce_gradients(self, last: bool):
+        """The context of a micro-batch's backward: the gradients are reduced across the processes once,
+        at the last micro-batch of the step (DDP: ``no_sync`` before it; FSDP: the unsharded gradients
+        are kept until then, ``set_requires_gradient_sync``)."""
+        if self.sharded:
+            self.model.set_requires_gradient_sync(last)
+        elif self.dist.enabled and not last:
+            return self.net.no_sync()
+        return contextlib.nullcontext()
 
     def _forward_backward(self, x: torch.Tensor, targets: torch.Tensor, parts: int):
         """The loss of a micro-batch (backpropagated, scaled by 1 / parts) and its correct predictions."""
@@ -333,7 +352,8 @@ class Trainer:
         if not self.cfg.optim.clip_grad:
             return torch.zeros((), device=self.device)
         self.scaler.unscale_(self.optimizer)
-        return torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.clip_grad)
+        # sharded gradients: the norm of all the shards, as a replicated DTensor
+        return full_tensor(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.clip_grad))
 
     def _agree(self, loss: torch.Tensor, correct: torch.Tensor, seen: int, grad_norm: torch.Tensor) -> StepResult:
         """The step's one collective: the loss, a non-finite flag, the stop request and the time, summed
@@ -403,8 +423,11 @@ class Trainer:
 
     # --------------------------------------------------------------------- validation, checkpoints
     def eval_model(self) -> nn.Module:
-        """The model validation scores and best/ holds: a copy holding the EMA when there is one."""
-        return self.ema.averaged_copy(self.model) if self.ema is not None else self.model
+        """The model validation scores and best/ holds: a copy holding the EMA when there is one. Under
+        FSDP an unsharded copy on every process (gathered: a collective), EMA or not."""
+        if self.ema is not None:
+            return self.ema.averaged_copy(self.model)
+        return plain_copy(self.model, full_weights(self.model, everywhere=True)) if self.sharded else self.model
 
     def validate(self, model: nn.Module) -> dict:
         """Score ``model`` on the validation split: an eval record (log and history), a line, and best/
@@ -428,11 +451,15 @@ class Trainer:
         """Save ``last`` (the weights and the trainer state, to resume from) or ``best`` (the weights to
         use: the EMA's when there is one; no trainer state). Every process takes part."""
         resumable = name == "last"
-        state = self.state_dict() if resumable else None  # a collective in DDP
+        state = self.state_dict() if resumable else None  # a collective in DDP and FSDP
+        model, weights = self.model, None
+        if not resumable and (self.sharded or self.dist.is_main):
+            model = self.eval_model()  # under FSDP gathered by every process
+        elif resumable and self.sharded:
+            weights = full_weights(self.model)  # gathered by every process; rank 0 receives them
         if self.dist.is_main:
-            model = self.model if resumable else self.eval_model()
             info = {"train": {"step": self.state.step, "epoch": self.state.epoch, **(extra or {})}}
-            save_checkpoint(self.run_dir, name, model, state, extra=info)
+            save_checkpoint(self.run_dir, name, model, state, extra=info, weights=weights)
         barrier(self.dist)
 
     # --------------------------------------------------------------------------------------- the end
@@ -482,11 +509,8 @@ class Trainer:
                               self.cfg.tta)
 
     def _load_best(self) -> nn.Module:
-        best = copy.deepcopy(self.model).cpu()
         barrier(self.dist)  # rank 0 has written best/
-        d = self.run_dir / "best"
-        ckpt_io.load_weights(best, ckpt_io.read_safetensors(d / ckpt_io.WEIGHTS), str(d))
-        return best.to(self.device)
+        return ckpt_io.load(self.run_dir / "best", self.device)
 
     def write_summary(self, summary: dict) -> None:
         """The final record, summary.json and the plots; on the main process."""
