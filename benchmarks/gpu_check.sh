@@ -16,7 +16,7 @@
 #      gradient accumulation, beside the same run under DDP; its loss must fall as DDP's does;
 #   8. gradient checkpointing's memory: peak torch.cuda.max_memory_allocated of one ViT-B/16 training
 #      step (bf16 autocast) with and without, at batch 32 and 64 (benchmarks/grad_ckpt_memory.py).
-# Steps 1-6 took 6 minutes on one H200 (--compile 2 of them); 7 and 8 add about 2 (estimated, not yet run).
+# Steps 1-6 took 6 minutes on one H200 (--compile 2 of them); 7 and 8 took 77 s there (results/gpu_check/run2_*).
 # GPU_CHECK_SKIP="compile bench" leaves out the named steps (e.g. to fit a shorter lease).
 set -uo pipefail
 cd "$(dirname "$0")/.."
