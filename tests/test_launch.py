@@ -2,10 +2,12 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -91,14 +93,53 @@ def test_process_counts_the_device_cannot_host(monkeypatch):
     check_processes(2, "cuda")
 
 
+def _failure(tmp_path, rank: int, exitcode: int, error: str | None = None, output: str = ""):
+    """A failed process as torch's launcher reports it: its error file (written by record_error when it
+    ended on a vitkit error) and its stderr log."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    folder = tmp_path / str(rank)
+    folder.mkdir()
+    (folder / "stderr.log").write_text(output)
+    if error is not None:
+        launch_mod.record_error(str(folder / "error.json"), error)
+    return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(folder / "error.json"))
+
+
+def _logs(tmp_path, world_size: int = 2):
+    from torch.distributed.elastic.multiprocessing import LogsDest
+
+    n = world_size
+    return SimpleNamespace(world_size=n, latest=LogsDest(
+        stderrs={r: str(tmp_path / str(r) / "stderr.log") for r in range(n)},
+        error_files={r: str(tmp_path / str(r) / "error.json") for r in range(n)}))
+
+
 def test_a_failing_rank_is_reported_with_its_output(tmp_path, capsys):
-    logs = [None, open(tmp_path / "log", "w+b")]
-    logs[1].write(b"Traceback (most recent call last):\nRuntimeError: boom\n")
-    assert launch_mod.report_exit([0, 3], logs, 2) == 3
+    crash = _failure(tmp_path, 1, 3, output="Traceback (most recent call last):\nRuntimeError: boom\n")
+    (tmp_path / "0").mkdir()
+    assert launch_mod.report_failure({1: crash}, _logs(tmp_path)) == 3
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "vitkit: error: process 1 of 2 failed (exit code 3)"
     assert err[-1] == "  [rank 1] RuntimeError: boom"
-    logs[1].close()
+
+
+def test_a_rank_s_one_line_error_is_shown_once(tmp_path, capsys):
+    # rank 1 ended on a vitkit error, rank 0 was stopped by the launcher: rank 1's line is the report
+    killed = _failure(tmp_path, 0, -signal.SIGTERM)
+    failed = _failure(tmp_path, 1, 1, error="--data /x: no such folder", output="vitkit: error: --data /x: no such folder\n")
+    assert launch_mod.report_failure({0: killed, 1: failed}, _logs(tmp_path)) == 1
+    assert capsys.readouterr().err.splitlines() == ["vitkit: error: process 1 of 2: --data /x: no such folder"]
+
+
+def test_rank_0_s_error_is_on_the_terminal_already(tmp_path, capsys):
+    # local rank 0 printed its error to this terminal (it recorded it): nothing more is shown
+    first = _failure(tmp_path, 0, 1, error="--data /x: no such folder")
+    other = _failure(tmp_path, 1, 1, error="--data /x: no such folder")
+    assert launch_mod.report_failure({0: first, 1: other}, _logs(tmp_path)) == 1
+    assert capsys.readouterr().err == ""
+    assert launch_mod.report_failure({1: other}, _logs(tmp_path)) == 1  # rank 0 stopped after the snapshot
+    assert capsys.readouterr().err == ""
 
 
 def test_a_launched_run_reports_what_its_checkpoint_scores(tmp_path):
@@ -115,3 +156,63 @@ def test_a_launched_run_reports_what_its_checkpoint_scores(tmp_path):
     res = json.loads(e.stdout.strip().splitlines()[-1])
     assert res["top1"] == pytest.approx(s["test_acc"], abs=1e-9)
     assert res["loss"] == pytest.approx(s["test_loss"], abs=1e-5)  # the summary rounds to 5 decimals
+
+
+# ------------------------------------------------------------------------------- several machines
+EP = ["--rdzv-endpoint", "node0:29500"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--nnodes", "0"], r"--nnodes: expected a number of machines N or MIN:MAX \(1 <= MIN <= MAX\), got '0'"),
+    (["--nnodes", "3:2"], r"--nnodes: expected .* got '3:2'"),
+    (["--nnodes", "two"], r"--nnodes: expected .* got 'two'"),
+    (["--nnodes", "2"], r"--rdzv-endpoint: a run on several machines \(--nnodes 2\) needs the address they meet at"),
+    (["--nnodes", "2", "--rdzv-endpoint", "node0"], r"--rdzv-endpoint: expected HOST:PORT with a port in 1..65535, "
+                                                    r"got 'node0'"),
+    (["--nnodes", "2", "--rdzv-endpoint", "node0:70000"], r"--rdzv-endpoint: expected HOST:PORT"),
+    (["--rdzv-backend", "zookeeper"], r"--rdzv-backend: unknown 'zookeeper'; one of: c10d, static, etcd, etcd-v2"),
+    (["--nnodes", "2", *EP, "--node-rank", "1"], r"--node-rank: only the static rendezvous takes it"),
+    (["--nnodes", "2", *EP, "--rdzv-backend", "static"], r"--node-rank: the static rendezvous needs this machine's rank"),
+    (["--nnodes", "2", *EP, "--rdzv-backend", "static", "--node-rank", "2"], r"--node-rank: must be in \[0, 2\) "
+                                                                               r"for --nnodes 2, got 2"),
+    (["--nnodes", "1:2", *EP, "--rdzv-backend", "static", "--node-rank", "0"], r"--nnodes 1:2: the static "
+                                                                                 r"rendezvous needs a fixed number"),
+    (["--max-restarts", "-1"], r"--max-restarts: must be >= 0, got -1"),
+    (["--nnodes", "2", *EP, "--rdzv-id", " "], r"--rdzv-id: must not be empty"),
+])
+def test_bad_launch_flags_are_one_line_before_any_process_starts(tmp_path, capsys, monkeypatch, flags, message):
+    started = []
+    monkeypatch.setattr(launch_mod, "launch", lambda argv, plan: started.append(plan) or 0)
+    code = main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--threads", "1", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and not started and not (tmp_path / "r").exists()
+    assert len(err.splitlines()) == 1 and re.fullmatch(r"vitkit: error: " + message + ".*", err), err
+
+
+def test_the_launch_plan_of_the_flags(tmp_path, monkeypatch):
+    data = image_folder(tmp_path / "data")
+    started = []
+    monkeypatch.setattr(launch_mod, "launch", lambda argv, plan: started.append(plan) or 0)
+    base = ["train", "--data", str(data), *FAST]
+    assert main([*base, "--out", str(tmp_path / "a"), "--nnodes", "2", *EP, "--rdzv-backend", "static",
+                 "--node-rank", "1"]) == 0
+    assert main([*base, "--out", str(tmp_path / "b"), "--nproc", "2", "--nnodes", "1:4", *EP, "--rdzv-id", "job7",
+                 "--max-restarts", "3"]) == 0
+    assert started == [
+        launch_mod.LaunchPlan(nproc=1, min_nodes=2, max_nodes=2, node_rank=1, rdzv_endpoint="node0:29500",
+                              rdzv_backend="static"),
+        launch_mod.LaunchPlan(nproc=2, min_nodes=1, max_nodes=4, rdzv_endpoint="node0:29500", rdzv_id="job7",
+                              max_restarts=3)]
+    # torch's launch configs: a static rendezvous gets the machine's rank; one machine meets on a port the
+    # system picks, under a fresh run id; restarts stay off unless asked for
+    logs = launch_mod.rank_logs(str(tmp_path / "logs"), 2)
+    static = launch_mod.launch_config(started[0], logs)
+    assert (static.rdzv_backend, static.rdzv_endpoint, static.rdzv_configs["rank"], static.run_id) == \
+        ("static", "node0:29500", 1, "vitkit")
+    elastic = launch_mod.launch_config(started[1], logs)
+    assert (elastic.min_nodes, elastic.max_nodes, elastic.rdzv_backend, elastic.run_id, elastic.max_restarts) == \
+        (1, 4, "c10d", "job7", 3)
+    one = launch_mod.launch_config(launch_mod.launch_plan(2), logs)
+    assert (one.rdzv_backend, one.rdzv_endpoint, one.max_restarts, one.nproc_per_node) == ("c10d", "localhost:0", 0, 2)
+    # one process and no restarts: no launcher at all
+    assert not launch_mod.launch_plan(1).needs_launcher and launch_mod.launch_plan(1, max_restarts=1).needs_launcher

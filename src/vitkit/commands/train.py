@@ -16,6 +16,7 @@ import signal
 import sys
 
 from . import seconds
+from .launch import DEFAULT_RDZV_ID
 
 
 def _h(text: str, key: str) -> str:
@@ -73,8 +74,9 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute each block's "
                    "activations in the backward pass instead of keeping them: less memory, slower steps")
     g.add_argument("--nproc", type=int, metavar="N", help="train with N data-parallel processes on this machine "
-                   "(DDP), started by vitkit as `torchrun --nproc_per_node=N` would (default: 1; the demo: 2 "
-                   "on a CPU with 2 or more cores)")
+                   "(DDP), started by torch's elastic launcher as `torchrun --nproc-per-node=N` starts them (default: "
+                   "1; the demo: 2 on a CPU with 2 or more cores)")
+    add_launch_flags(p)
     g.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=None, help="with several "
                    "processes, share BatchNorm statistics across them (default: on CUDA only)")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: the cores not busy "
@@ -93,6 +95,32 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.set_defaults(config_keys=config_keys)
     add_progress_and_loggers(p)
+
+
+# ------------------------------------------------------------------------------- machines
+def add_launch_flags(p: argparse.ArgumentParser) -> None:
+    """The machines of a run and how its processes meet, as torchrun names them (commands/launch.py)."""
+    g = p.add_argument_group("several machines and restarts")
+    g.add_argument("--nnodes", metavar="N|MIN:MAX", help="train on N machines (or MIN to MAX: elastic), each "
+                   "running this command with --nproc processes (default: 1)")
+    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="where the machines meet: a free port of one of "
+                   "them (needed with --nnodes > 1)")
+    g.add_argument("--rdzv-backend", metavar="NAME", help="the rendezvous: c10d (default: the first machine at "
+                   "the endpoint hosts it) or static (with --node-rank; rank 0's machine hosts it)")
+    g.add_argument("--rdzv-id", metavar="ID", help=f"a name the machines of one run share (default: "
+                   f"{DEFAULT_RDZV_ID})")
+    g.add_argument("--node-rank", type=int, metavar="R", help="this machine's rank, 0..N-1, with --rdzv-backend "
+                   "static (the machine of rank 0 holds the run's rank 0, which writes the run directory)")
+    g.add_argument("--max-restarts", type=int, metavar="K", help="after a process fails, start every process "
+                   "again, up to K times, from the run's last checkpoint (default: 0, no restarts)")
+
+
+def launch_plan_from_args(args, nproc: int):
+    """The run's LaunchPlan from the flags above and its processes on this machine."""
+    from .launch import launch_plan
+
+    return launch_plan(nproc, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                       rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id, max_restarts=args.max_restarts)
 
 
 # ------------------------------------------------------------------------------- progress and loggers
@@ -217,7 +245,17 @@ def check_processes(n: int, device: str) -> None:
 
 
 def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> int:
-    """Resolve the config; then start the processes of a multi-process run, or train in this one."""
+    """Resolve the config; then start the processes of a launched run, or train in this one. A process
+    the launcher started records the one-line error that ends it, for the launcher's report."""
+    import os
+
+    from .launch import errors_recorded
+
+    with errors_recorded(os.environ.get("TORCHELASTIC_ERROR_FILE")):
+        return resolve_and_run(args, base, extra_flags)
+
+
+def resolve_and_run(args, base: dict | None, extra_flags: dict | None) -> int:
     import os
     from pathlib import Path
 
@@ -230,15 +268,31 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
     flags = {**flags_from_args(args), **(extra_flags or {})}
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+    if restarted_with_checkpoint(args, os.environ):
+        args.resume = args.out  # a restarted attempt continues from the run's last checkpoint
     if args.resume:
-        base = saved_run_config(Path(args.resume), args.out)
+        base = saved_run_config(Path(args.resume), args.out, dist.rank)
     if base is None and args.config is None and args.data is None:
         base = demo_base()  # the demo: the built-in digits, within a fixed time, on up to 2 CPU processes
     cfg = resolve_config(args.config, flags, overrides, base=base)
     run_dir = Path(args.resume) if args.resume else new_run_dir(cfg, args.out)
-    if cfg.processes > 1 and not dist.enabled:  # start the processes; each comes back here as one rank
-        return launch_processes(args, cfg, run_dir)
+    if not dist.enabled and "TORCHELASTIC_RUN_ID" not in os.environ:
+        plan = launch_plan_from_args(args, cfg.processes)
+        if plan.needs_launcher:  # start the processes; each comes back here as one rank
+            return launch_processes(args, cfg, run_dir, plan)
     return train_here(args, cfg, run_dir, dist)
+
+
+def restarted_with_checkpoint(args, env) -> bool:
+    """Whether this process is a restarted attempt of a launched run (--max-restarts) whose run directory
+    holds a checkpoint to continue from (the launcher passes the run directory as --out)."""
+    from pathlib import Path
+
+    from ..train.checkpoint import find_checkpoint
+
+    restarts = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    return (not args.resume and bool(args.out) and restarts.isdigit() and int(restarts) > 0
+            and find_checkpoint(Path(args.out), "last") is not None)
 
 
 def overrides_from_args(args) -> list[str]:
@@ -253,14 +307,19 @@ def overrides_from_args(args) -> list[str]:
     return overrides
 
 
-def saved_run_config(run_dir, out: str | None) -> dict:
-    """The config.json of the run that --resume continues (checked alone, so that an error names it)."""
+def saved_run_config(run_dir, out: str | None, rank: int = 0) -> dict:
+    """The config.json of the run that --resume continues (checked alone, so that an error names it).
+    ``rank``: this process's rank; only rank 0 writes the run directory, so on several machines the
+    others find it only where the machines share it."""
     from pathlib import Path
 
     from ..errors import ConfigError
     from ..train.config import checked_run_config, read_run_config
 
     saved = run_dir / "config.json"
+    if not saved.is_file() and rank > 0:
+        raise ConfigError(f"--resume {run_dir}: rank {rank} finds no config.json there; on several machines the "
+                          "run directory must be on a filesystem they all share")
     if not saved.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.json there; not a vitkit run directory")
     base = read_run_config(saved)
@@ -284,8 +343,9 @@ def new_run_dir(cfg, out: str | None):
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def launch_processes(args, cfg, run_dir) -> int:
-    """Check the config once (one error line, not one per process), then start cfg.processes processes."""
+def launch_processes(args, cfg, run_dir, plan) -> int:
+    """Check the config once (one error line, not one per process), then start the processes ``plan``
+    says (cfg.processes on this machine)."""
     from ..errors import ConfigError
     from ..train.build import preflight
     from .launch import launch
@@ -299,7 +359,7 @@ def launch_processes(args, cfg, run_dir) -> int:
         argv += ["--out", str(run_dir)]  # every rank must agree on the run directory
     if cfg.threads is None:  # ... and on the threads, counted once while the machine is not yet busy with them
         argv += ["--threads", str(default_threads(cfg.processes))]
-    return launch(argv, cfg.processes)
+    return launch(argv, plan)
 
 
 @contextlib.contextmanager
