@@ -17,6 +17,7 @@ from vitkit.cli import main
 from vitkit.commands import launch as launch_mod
 from vitkit.commands.train import check_processes
 from vitkit.errors import ConfigError
+from vitkit.train.checkpoint import checkpoint_step
 
 from helpers import FAST_TRAIN_ARGS as FAST
 from helpers import image_folder, step_losses
@@ -216,3 +217,99 @@ def test_the_launch_plan_of_the_flags(tmp_path, monkeypatch):
     assert (one.rdzv_backend, one.rdzv_endpoint, one.max_restarts, one.nproc_per_node) == ("c10d", "localhost:0", 0, 2)
     # one process and no restarts: no launcher at all
     assert not launch_mod.launch_plan(1).needs_launcher and launch_mod.launch_plan(1, max_restarts=1).needs_launcher
+
+
+def _start_nodes(argv: list[str], node_flags: list[list[str]]) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-m", "vitkit", *argv, *flags], env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True) for flags in node_flags]
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 150) -> list[tuple[str, str]]:
+    """Each process's (stdout, stderr); a hang past ``timeout`` kills them all and fails the test."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)  # its processes die with it (they follow their launcher)
+                p.wait()
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_two_machines_match_one_process(tmp_path, backend):
+    """Two "machines" on this one (loopback), one process each, started by the same command with
+    --nnodes 2: the run equals a 1-process run with the same global batch. The static rendezvous puts
+    rank 0, which reports and writes, on the machine of --node-rank 0."""
+    from helpers import free_port
+
+    data = image_folder(tmp_path / "data")
+    common = ["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "2", "--set", "log_every=1", "--json"]
+    argv = [*common, "--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv-backend", backend, "--out", str(tmp_path / "two")]
+    ranks = [["--node-rank", "0"], ["--node-rank", "1"]] if backend == "static" else [[], []]
+    results = _finish(_start_nodes(argv, ranks))
+    summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in results if out.strip()]
+    assert len(summaries) == 1 and summaries[0]["processes"] == 2 and summaries[0]["status"] == "completed", results
+    if backend == "static":
+        assert results[0][0].strip() and not results[1][0].strip(), results
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert len(one) == len(two) == 6
+    assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
+    a = load_file(tmp_path / "one" / "last" / "model.safetensors")
+    b = load_file(tmp_path / "two" / "last" / "model.safetensors")
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5), k
+
+
+# A fault for the first attempt of a launched run: rank 0 dies right after its first checkpoint. Loaded
+# at the start of every process whose PYTHONPATH holds it (as sitecustomize), it acts only where asked to.
+FAIL_ONCE = '''
+import os
+if os.environ.get("FAIL_AFTER_FIRST_CHECKPOINT") and os.environ.get("RANK") == "0" \\
+        and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+    import vitkit.train.trainer as trainer
+    real_save = trainer.save_checkpoint
+
+    def save_then_die(run_dir, name, *a, **k):
+        out = real_save(run_dir, name, *a, **k)
+        if name == "last":
+            os._exit(3)
+        return out
+
+    trainer.save_checkpoint = save_then_die
+'''
+
+
+def test_a_restarted_attempt_resumes_from_the_last_checkpoint(tmp_path):
+    """--max-restarts 1: rank 0 dies after the first epoch's checkpoint, the launcher starts both
+    processes again, and they continue from that checkpoint: the run ends as an uninterrupted one."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAIL_ONCE)
+    data = image_folder(tmp_path / "data")
+    common = ["train", "--data", str(data), *[a for a in FAST if a != "--quiet"], *PLAIN, "--epochs", "2",
+              "--set", "log_every=1", "--set", "max_minutes=null"]
+    env = dict(ENV, FAIL_AFTER_FIRST_CHECKPOINT="1", PYTHONPATH=os.pathsep.join([str(hooks), ENV["PYTHONPATH"]]))
+    r = subprocess.run([sys.executable, "-m", "vitkit", *common, "--nproc", "2", "--max-restarts", "1", "--out",
+                        str(tmp_path / "two")], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "; from step 3" in r.stdout, r.stdout  # the second attempt resumed after epoch 1 (3 steps)
+    assert main([*common, "--quiet", "--out", str(tmp_path / "one")]) == 0
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert len(one) == len(two) == 6
+    assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
+
+
+def test_no_restart_unless_asked(tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAIL_ONCE)
+    data = image_folder(tmp_path / "data")
+    env = dict(ENV, FAIL_AFTER_FIRST_CHECKPOINT="1", PYTHONPATH=os.pathsep.join([str(hooks), ENV["PYTHONPATH"]]))
+    r = subprocess.run([sys.executable, "-m", "vitkit", "train", "--data", str(data), *FAST, "--epochs", "2",
+                        "--nproc", "2", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=180,
+                       env=env)
+    assert r.returncode == 3, r.stderr  # rank 0's own exit code; the run stays as it was left
+    assert checkpoint_step(tmp_path / "run" / "last") == "3" and not (tmp_path / "run" / "summary.json").exists()

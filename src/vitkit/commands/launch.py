@@ -18,7 +18,8 @@ What a launch looks like:
   processes write to files in a temporary folder, shown only when one of them fails.
 - Ctrl-C (SIGINT) and SIGTERM reach the launcher, which passes them on to every process (each runs
   in a session of its own): they agree on the step, rank 0 saves, all exit (torch's shutdown timeout,
-  30 s by default, bounds how long they may take).
+  30 s by default, bounds how long they may take). If the launcher dies, its processes get SIGTERM
+  (Linux; ``follow_launcher``), so none is left running on its own.
 - When a process fails, the launcher stops the others and reports it (``report_failure``): a
   process's one-line vitkit error is recorded in its error file (``record_error``), so the report
   shows each error once.
@@ -144,7 +145,8 @@ def launch(argv: list[str], plan: LaunchPlan) -> int:
     from torch.distributed.elastic.rendezvous import static_tcp_rendezvous  # noqa: F401 - their loggers, quietened
     from torch.distributed.launcher.api import elastic_launch
 
-    with tempfile.TemporaryDirectory(prefix="vitkit-ranks-") as log_dir, _elastic_quiet(), _signals_kept():
+    with tempfile.TemporaryDirectory(prefix="vitkit-ranks-") as log_dir, _elastic_quiet(), _signals_kept(), \
+            _fresh_store_each_attempt():
         logs = rank_logs(log_dir, plan.nproc)
         try:
             elastic_launch(launch_config(plan, logs), sys.executable)("-m", "vitkit", *argv)
@@ -209,6 +211,22 @@ def _elastic_quiet():
 
 
 @contextlib.contextmanager
+def _fresh_store_each_attempt():
+    """A new store for the processes of each attempt (restarts, machines joining an elastic run), with
+    torch's own switch: the store the rendezvous shares by default outlives an attempt, and the next
+    one's processes could read the previous one's addresses from it and fail to connect."""
+    key, was = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if was is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = was
+
+
+@contextlib.contextmanager
 def _signals_kept():
     """The launcher takes over SIGINT, SIGTERM, SIGHUP and SIGQUIT while it runs; give them back after."""
     sigs = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None),
@@ -219,6 +237,23 @@ def _signals_kept():
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def follow_launcher() -> None:
+    """Make this launched process end with its launcher. torch's launcher starts each process in a
+    session of its own, out of reach of a signal to the launcher's group; on Linux the kernel then
+    sends the process SIGTERM (a stop at the next step, as any SIGTERM) when the launcher dies, so that
+    none keeps running on its own."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - no prctl here
+        return
+    if os.getppid() == 1:  # the launcher died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 # ------------------------------------------------------------------------------------------- failures
@@ -250,11 +285,12 @@ def report_failure(failures: dict, logs) -> int:
     that ended on its own rather than stopped by the launcher's signal, the earliest; as its one-line
     error, or as the last lines of its output."""
     terminal = logs.latest.error_files.get(0)
+    own = next((f.exitcode for f in failures.values() if f.local_rank == 0 and f.exitcode > 0), None)
     if terminal and os.path.isfile(terminal):
-        return next((f.exitcode for f in failures.values() if f.local_rank == 0 and f.exitcode > 0), 1)
+        return own or 1
     others = {rank: f for rank, f in failures.items() if f.local_rank != 0}
-    if not others:  # local rank 0 alone failed: its output is on the terminal
-        return max(next(iter(failures.values())).exitcode, 1)
+    if own is not None and all(f.exitcode < 0 and not _recorded(f) for f in others.values()):
+        return own  # local rank 0 failed on its own (its output is on the terminal); the others were stopped
     rank, f = min(others.items(), key=lambda rf: (not _recorded(rf[1]), rf[1].exitcode < 0, rf[1].timestamp, rf[0]))
     where = f"process {rank} of {logs.world_size}"
     if _recorded(f):
@@ -286,4 +322,4 @@ def _first_line(e: BaseException) -> str:
 
 
 __all__ = ["LaunchPlan", "launch_plan", "parse_nnodes", "parse_endpoint", "launch", "launch_config", "rank_logs",
-           "record_error", "errors_recorded", "report_failure", "RDZV_BACKENDS"]
+           "follow_launcher", "record_error", "errors_recorded", "report_failure", "RDZV_BACKENDS"]

@@ -249,8 +249,10 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
     the launcher started records the one-line error that ends it, for the launcher's report."""
     import os
 
-    from .launch import errors_recorded
+    from .launch import errors_recorded, follow_launcher
 
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torch's launcher (vitkit's, or torchrun)
+        follow_launcher()
     with errors_recorded(os.environ.get("TORCHELASTIC_ERROR_FILE")):
         return resolve_and_run(args, base, extra_flags)
 
