@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from vitkit.cli import main
 from vitkit.commands import launch as launch_mod
-from vitkit.commands.train import check_processes
+from vitkit.commands.train import check_processes, saved_run_config
 from vitkit.errors import ConfigError
 from vitkit.train.checkpoint import checkpoint_step
 
@@ -313,3 +313,28 @@ def test_no_restart_unless_asked(tmp_path):
                        env=env)
     assert r.returncode == 3, r.stderr  # rank 0's own exit code; the run stays as it was left
     assert checkpoint_step(tmp_path / "run" / "last") == "3" and not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_ranks_that_do_not_share_the_run_directory_stop_with_an_error_saying_so(tmp_path):
+    """Only rank 0 writes the run directory: a rank on another machine that does not see its checkpoint
+    (here: rank 1 resumes from a copy holding the run's config.json alone) cannot start from it."""
+    import shutil
+
+    from helpers import free_port
+
+    data = image_folder(tmp_path / "data")
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    assert main(["train", "--data", str(data), *FAST, "--epochs", "1", "--out", str(run)]) == 0
+    copy.mkdir()
+    shutil.copy(run / "config.json", copy / "config.json")
+    env = dict(ENV, WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    procs = [subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--resume", str(d), "--threads", "1"],
+                              env=dict(env, RANK=str(r), LOCAL_RANK="0"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) for r, d in ((0, run), (1, copy))]
+    (_, err0), (_, err1) = _finish(procs)
+    assert [p.returncode for p in procs] == [1, 1], err0 + err1
+    assert err0.strip() == (f"vitkit: error: {run}: the ranks start from different points (rank 0: step 3, rank 1: a "
+                            "new run); on several machines the run directory must be on a filesystem they all share")
+    with pytest.raises(ConfigError, match=r"--resume .*: rank 1 finds no config.json there; on several machines the "
+                                          r"run directory must be on a filesystem they all share"):
+        saved_run_config(tmp_path / "empty", None, rank=1)

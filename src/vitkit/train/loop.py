@@ -19,13 +19,14 @@ from typing import Callable
 
 import torch
 
+from ..errors import TrainingError
 from ..io.atomic import ensure_dir
 from ..progress import Progress
 from ..runtime import pick_precision, resolve_device
 from .build import check_classes, check_run_dir, init_format, model_config, open_data, prepare_model, read_init
-from .checkpoint import RunLock, cleanup_temp, resume_point
+from .checkpoint import RunLock, cleanup_temp, find_checkpoint, resume_point
 from .config import RunConfig
-from .distributed import DistInfo, barrier, process_group
+from .distributed import DistInfo, all_gather_object, barrier, process_group
 from .metrics import check_loggers
 from .trainer import Trainer, main_log
 
@@ -57,7 +58,7 @@ def train(
     precision = pick_precision(cfg.precision, device)
     with process_group(dist, device), _hold(run_dir, resume, dist):
         t_start, cpu_start = time.perf_counter(), time.process_time()
-        resume_from, saved = resume_point(run_dir) if resume else (None, None)
+        resume_from, saved = start_point(run_dir, resume, dist)
         if saved is not None and dist.is_main:
             cleanup_temp(run_dir)
         init = None  # foreign init_from weights, read once for the model's config and the model
@@ -85,6 +86,23 @@ def train(
         return summary
 
 
+def start_point(run_dir: Path, resume: bool, dist: DistInfo) -> tuple[Path | None, dict | None]:
+    """The checkpoint a run continues from and its trainer state ((None, None): a new run), the same on
+    every rank. Only rank 0 writes the run directory, so on several machines the others see its
+    checkpoints only where the machines share it: ranks that would start from different points (a
+    checkpoint missing on one, or another step) stop with an error that says so."""
+    found = resume and (dist.is_main or find_checkpoint(run_dir, "last") is not None)
+    resume_from, saved = resume_point(run_dir) if found else (None, None)
+    if dist.enabled:
+        starts = all_gather_object(None if saved is None else int(saved["step"]), dist)
+        if len(set(starts)) > 1:
+            other = next(r for r, s in enumerate(starts) if s != starts[0])
+            seen = [f"rank {r}: {'a new run' if starts[r] is None else f'step {starts[r]}'}" for r in (0, other)]
+            raise TrainingError(f"{run_dir}: the ranks start from different points ({', '.join(seen)}); on several "
+                                "machines the run directory must be on a filesystem they all share")
+    return resume_from, saved
+
+
 def ran_with(cfg: RunConfig, dist: DistInfo) -> RunConfig:
     """``cfg`` as this run executes it, to record in its config.json: the CPU threads (``cfg.threads``, set
     here; else torch's current number) and the processes. The same values replay the run exactly."""
@@ -108,4 +126,4 @@ def _hold(run_dir: Path, resume: bool, dist: DistInfo):
         lock.release()
 
 
-__all__ = ["train", "ran_with"]
+__all__ = ["train", "start_point", "ran_with"]
