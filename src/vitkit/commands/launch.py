@@ -24,7 +24,8 @@ What a launch looks like:
   process's one-line vitkit error is recorded in its error file (``record_error``), so the report
   shows each error once.
 - No silent restarts: ``--max-restarts K`` (default 0) lets the launcher start every process again
-  after a failure, up to K times; a restarted attempt continues from the run's last checkpoint.
+  after a failure, up to K times; a restarted attempt continues from the run's last checkpoint (the
+  launcher passes ``--auto-resume`` to processes that may start again).
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ class LaunchPlan:
     def needs_launcher(self) -> bool:
         """Whether the run is started by the launcher: several processes or machines, or restarts."""
         return self.nproc > 1 or self.max_nodes > 1 or self.max_restarts > 0
+
+    @property
+    def may_restart(self) -> bool:
+        """Whether the processes may be started again: after a failure (--max-restarts), or when a
+        machine joins an elastic run (MIN < MAX machines; torch does not count that as a restart)."""
+        return self.max_restarts > 0 or self.min_nodes < self.max_nodes
 
     @property
     def standalone(self) -> bool:

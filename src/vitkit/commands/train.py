@@ -113,6 +113,8 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
                    "static (the machine of rank 0 holds the run's rank 0, which writes the run directory)")
     g.add_argument("--max-restarts", type=int, metavar="K", help="after a process fails, start every process "
                    "again, up to K times, from the run's last checkpoint (default: 0, no restarts)")
+    # what the launcher adds for runs that may start again: a checkpoint in --out is this launch's own
+    g.add_argument("--auto-resume", action="store_true", help=argparse.SUPPRESS)
 
 
 def launch_plan_from_args(args, nproc: int):
@@ -270,7 +272,7 @@ def resolve_and_run(args, base: dict | None, extra_flags: dict | None) -> int:
     flags = {**flags_from_args(args), **(extra_flags or {})}
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
-    if restarted_with_checkpoint(args, os.environ):
+    if saved_by_this_launch(args):
         args.resume = args.out  # a restarted attempt continues from the run's last checkpoint
     if args.resume:
         base = saved_run_config(Path(args.resume), args.out, dist.rank)
@@ -285,15 +287,16 @@ def resolve_and_run(args, base: dict | None, extra_flags: dict | None) -> int:
     return train_here(args, cfg, run_dir, dist)
 
 
-def restarted_with_checkpoint(args, env) -> bool:
-    """Whether this process is a restarted attempt of a launched run (--max-restarts) whose run directory
-    holds a checkpoint to continue from (the launcher passes the run directory as --out)."""
+def saved_by_this_launch(args) -> bool:
+    """Whether this process belongs to a launch that may start its processes again (--max-restarts, an
+    elastic --nnodes MIN:MAX whose processes restart when a machine joins) and an earlier attempt left a
+    checkpoint in the run directory. The launcher checked before its first attempt that the directory
+    held none (or was --resume'd), so a checkpoint there is this launch's own."""
     from pathlib import Path
 
     from ..train.checkpoint import find_checkpoint
 
-    restarts = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
-    return (not args.resume and bool(args.out) and restarts.isdigit() and int(restarts) > 0
+    return (getattr(args, "auto_resume", False) and not args.resume and bool(args.out)
             and find_checkpoint(Path(args.out), "last") is not None)
 
 
@@ -359,6 +362,8 @@ def launch_processes(args, cfg, run_dir, plan) -> int:
         raise ConfigError("processes: a multi-process run is started from the command line (vitkit train)")
     if not args.resume and not args.out:
         argv += ["--out", str(run_dir)]  # every rank must agree on the run directory
+    if plan.may_restart:
+        argv += ["--auto-resume"]  # a restarted attempt continues from the checkpoint an earlier one saved
     if cfg.threads is None:  # ... and on the threads, counted once while the machine is not yet busy with them
         argv += ["--threads", str(default_threads(cfg.processes))]
     return launch(argv, plan)
