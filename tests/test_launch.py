@@ -215,6 +215,10 @@ def test_the_launch_plan_of_the_flags(tmp_path, monkeypatch):
         (1, 4, "c10d", "job7", 3)
     one = launch_mod.launch_config(launch_mod.launch_plan(2), logs)
     assert (one.rdzv_backend, one.rdzv_endpoint, one.max_restarts, one.nproc_per_node) == ("c10d", "localhost:0", 0, 2)
+    launch_mod.check_resolves("127.0.0.1:29500")
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint nosuchhost.invalid:29500: no address for host "
+                                          r"'nosuchhost.invalid'"):
+        launch_mod.check_resolves("nosuchhost.invalid:29500")  # at once, not after torch's minutes of retries
     # one process and no restarts: no launcher at all
     assert not launch_mod.launch_plan(1).needs_launcher and launch_mod.launch_plan(1, max_restarts=1).needs_launcher
 

@@ -123,6 +123,18 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def check_resolves(endpoint: str) -> None:
+    """A one-line error for an endpoint whose host has no address (a typo), at once: torch's store
+    would retry it for minutes."""
+    import socket
+
+    host, port = parse_endpoint(endpoint)
+    try:
+        socket.getaddrinfo(host, port)
+    except OSError as e:
+        raise ConfigError(f"--rdzv-endpoint {endpoint}: no address for host {host!r} ({e.strerror or e})") from None
+
+
 def check_node_rank(node_rank: int | None, backend: str, min_nodes: int, max_nodes: int) -> None:
     """--node-rank places this machine in a static rendezvous, which needs one on each machine."""
     if backend == "static":
@@ -152,6 +164,8 @@ def launch(argv: list[str], plan: LaunchPlan) -> int:
     from torch.distributed.elastic.rendezvous import static_tcp_rendezvous  # noqa: F401 - their loggers, quietened
     from torch.distributed.launcher.api import elastic_launch
 
+    if plan.rdzv_endpoint is not None:
+        check_resolves(plan.rdzv_endpoint)
     with tempfile.TemporaryDirectory(prefix="vitkit-ranks-") as log_dir, _elastic_quiet(), _signals_kept(), \
             _fresh_store_each_attempt():
         logs = rank_logs(log_dir, plan.nproc)
@@ -328,5 +342,5 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-__all__ = ["LaunchPlan", "launch_plan", "parse_nnodes", "parse_endpoint", "launch", "launch_config", "rank_logs",
+__all__ = ["LaunchPlan", "launch_plan", "parse_nnodes", "parse_endpoint", "check_resolves", "launch", "launch_config", "rank_logs",
            "follow_launcher", "record_error", "errors_recorded", "report_failure", "RDZV_BACKENDS"]
