@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -33,6 +34,19 @@ def vitkit(*argv, timeout=180, **kw):
                           timeout=timeout, env=ENV, **kw)
 
 
+def assert_runs_as_one_process(common: list[str], tmp_path, run) -> None:
+    """``run`` (6 steps of a global batch of 8 split among its processes) follows a 1-process run of the
+    ``common`` arguments, in loss and weights: only the order of floating-point sums differs."""
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    one, two = step_losses(tmp_path / "one"), step_losses(run)
+    assert len(one) == len(two) == 6
+    assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
+    a = load_file(tmp_path / "one" / "last" / "model.safetensors")
+    b = load_file(Path(run) / "last" / "model.safetensors")
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5), k
+
+
 def test_two_launched_processes_match_one(tmp_path, capsys):
     data = image_folder(tmp_path / "data")
     common = ["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "2", "--set", "log_every=1", "--json"]
@@ -41,15 +55,7 @@ def test_two_launched_processes_match_one(tmp_path, capsys):
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["processes"] == 2 and summary["status"] == "completed"
     assert json.loads((tmp_path / "two" / "config.json").read_text())["processes"] == 2
-    assert main([*common, "--out", str(tmp_path / "one")]) == 0
-    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
-    assert len(one) == len(two) == 6
-    # the same global batch of 8 split 4 + 4; only the order of floating-point sums differs
-    assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
-    a = load_file(tmp_path / "one" / "last" / "model.safetensors")
-    b = load_file(tmp_path / "two" / "last" / "model.safetensors")
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-5), k
+    assert_runs_as_one_process(common, tmp_path, tmp_path / "two")
 
 
 def test_an_error_in_every_process_is_shown_once(tmp_path):
@@ -141,6 +147,14 @@ def test_rank_0_s_error_is_on_the_terminal_already(tmp_path, capsys):
     assert capsys.readouterr().err == ""
     assert launch_mod.report_failure({1: other}, _logs(tmp_path)) == 1  # rank 0 stopped after the snapshot
     assert capsys.readouterr().err == ""
+
+
+
+def test_rank_0_killed_alone_is_reported(tmp_path, capsys):
+    (tmp_path / "1").mkdir()
+    killed = _failure(tmp_path, 0, -signal.SIGKILL)  # e.g. by the kernel, out of memory
+    assert launch_mod.report_failure({0: killed}, _logs(tmp_path)) == 128 + signal.SIGKILL
+    assert capsys.readouterr().err.splitlines() == ["vitkit: error: process 0 of 2 failed (killed by SIGKILL)"]
 
 
 def test_a_launched_run_reports_what_its_checkpoint_scores(tmp_path):
@@ -257,14 +271,7 @@ def test_two_machines_match_one_process(tmp_path, backend):
     assert len(summaries) == 1 and summaries[0]["processes"] == 2 and summaries[0]["status"] == "completed", results
     if backend == "static":
         assert results[0][0].strip() and not results[1][0].strip(), results
-    assert main([*common, "--out", str(tmp_path / "one")]) == 0
-    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
-    assert len(one) == len(two) == 6
-    assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
-    a = load_file(tmp_path / "one" / "last" / "model.safetensors")
-    b = load_file(tmp_path / "two" / "last" / "model.safetensors")
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-5), k
+    assert_runs_as_one_process(common, tmp_path, tmp_path / "two")
 
 
 # A fault for the first attempt of a launched run: rank 0 dies right after its first checkpoint. Loaded
@@ -300,10 +307,7 @@ def test_a_restarted_attempt_resumes_from_the_last_checkpoint(tmp_path):
                         str(tmp_path / "two")], capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stderr
     assert "; from step 3" in r.stdout, r.stdout  # the second attempt resumed after epoch 1 (3 steps)
-    assert main([*common, "--quiet", "--out", str(tmp_path / "one")]) == 0
-    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
-    assert len(one) == len(two) == 6
-    assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
+    assert_runs_as_one_process([*common, "--quiet"], tmp_path, tmp_path / "two")
 
 
 def test_no_restart_unless_asked(tmp_path):

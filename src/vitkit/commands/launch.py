@@ -312,7 +312,9 @@ def report_failure(failures: dict, logs) -> int:
     others = {rank: f for rank, f in failures.items() if f.local_rank != 0}
     if own is not None and all(f.exitcode < 0 and not _recorded(f) for f in others.values()):
         return own  # local rank 0 failed on its own (its output is on the terminal); the others were stopped
-    rank, f = min(others.items(), key=lambda rf: (not _recorded(rf[1]), rf[1].exitcode < 0, rf[1].timestamp, rf[0]))
+    candidates = others or failures  # local rank 0 alone, killed (by the system: the launcher stops no one first)
+    rank, f = min(candidates.items(), key=lambda rf: (not _recorded(rf[1]), rf[1].exitcode < 0, rf[1].timestamp,
+                                                      rf[0]))
     where = f"process {rank} of {logs.world_size}"
     if _recorded(f):
         print(f"vitkit: error: {where}: {f.message}", file=sys.stderr)

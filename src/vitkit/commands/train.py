@@ -5,7 +5,8 @@ directory: the run replayed), then the flags, then --set / trailing KEY=VALUE ov
 both by a flag and by an override is an error. Flags that timm's train.py users know (--img-size,
 --weight-decay, --drop-path, --smoothing, --mixup, --cutmix, --workers) set their config keys, as
 --set does. The distributed environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK)
-is read here, once, and handed to the library.
+is read here, once, and handed to the library; so are the launcher's own variables (TORCHELASTIC_RUN_ID:
+started by torch's launcher; TORCHELASTIC_ERROR_FILE: where a launched process records its error).
 """
 
 from __future__ import annotations
@@ -260,6 +261,8 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
 
 
 def resolve_and_run(args, base: dict | None, extra_flags: dict | None) -> int:
+    """The run's config (``base``: the recipe's defaults, if not the demo's or a resumed run's) and
+    directory; then the launch, or the training in this process."""
     import os
     from pathlib import Path
 
@@ -280,7 +283,7 @@ def resolve_and_run(args, base: dict | None, extra_flags: dict | None) -> int:
         base = demo_base()  # the demo: the built-in digits, within a fixed time, on up to 2 CPU processes
     cfg = resolve_config(args.config, flags, overrides, base=base)
     run_dir = Path(args.resume) if args.resume else new_run_dir(cfg, args.out)
-    if not dist.enabled and "TORCHELASTIC_RUN_ID" not in os.environ:
+    if not dist.enabled and "TORCHELASTIC_RUN_ID" not in os.environ:  # a launched process of one trains here
         plan = launch_plan_from_args(args, cfg.processes)
         if plan.needs_launcher:  # start the processes; each comes back here as one rank
             return launch_processes(args, cfg, run_dir, plan)
