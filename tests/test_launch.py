@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from vitkit.cli import main
 from vitkit.commands import launch as launch_mod
-from vitkit.commands.train import check_processes, saved_run_config
+from vitkit.commands.train import check_processes
 from vitkit.errors import ConfigError
 from vitkit.train.checkpoint import checkpoint_step
 
@@ -272,6 +272,13 @@ def test_two_machines_match_one_process(tmp_path, backend):
     if backend == "static":
         assert results[0][0].strip() and not results[1][0].strip(), results
     assert_runs_as_one_process(common, tmp_path, tmp_path / "two")
+    if backend == "static":  # resumed for one more epoch, machine 1 without the run directory
+        more = ["train", "--epochs", "3", "--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                "--rdzv-backend", "static", "--json"]
+        results = _finish(_start_nodes(more, [["--resume", str(tmp_path / "two"), "--node-rank", "0"],
+                                              ["--resume", str(tmp_path / "elsewhere"), "--node-rank", "1"]]))
+        assert json.loads(results[0][0].strip().splitlines()[-1])["step"] == 9, results
+        assert len(step_losses(tmp_path / "two")) == 9 and not (tmp_path / "elsewhere").exists()
 
 
 # A fault for the first attempt of a launched run: rank 0 dies right after its first checkpoint. Loaded
@@ -323,26 +330,35 @@ def test_no_restart_unless_asked(tmp_path):
     assert checkpoint_step(tmp_path / "run" / "last") == "3" and not (tmp_path / "run" / "summary.json").exists()
 
 
-def test_ranks_that_do_not_share_the_run_directory_stop_with_an_error_saying_so(tmp_path):
-    """Only rank 0 writes the run directory: a rank on another machine that does not see its checkpoint
-    (here: rank 1 resumes from a copy holding the run's config.json alone) cannot start from it."""
+def test_a_rank_that_does_not_see_the_run_directory_resumes_from_rank_0(tmp_path):
+    """Only rank 0 writes the run directory. A rank on another machine that does not see it (here: rank 1
+    resumes from a folder that does not exist) gets the run's config and checkpoint from rank 0, and the
+    run continues exactly as where every rank sees the directory."""
     import shutil
 
-    from helpers import free_port
+    from helpers import assert_same_weights, free_port
 
     data = image_folder(tmp_path / "data")
-    run, copy = tmp_path / "run", tmp_path / "copy"
-    assert main(["train", "--data", str(data), *FAST, "--epochs", "1", "--out", str(run)]) == 0
-    copy.mkdir()
-    shutil.copy(run / "config.json", copy / "config.json")
-    env = dict(ENV, WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    procs = [subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--resume", str(d), "--threads", "1"],
-                              env=dict(env, RANK=str(r), LOCAL_RANK="0"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True) for r, d in ((0, run), (1, copy))]
-    (_, err0), (_, err1) = _finish(procs)
-    assert [p.returncode for p in procs] == [1, 1], err0 + err1
-    assert err0.strip() == (f"vitkit: error: {run}: the ranks start from different points (rank 0: step 3, rank 1: a "
-                            "new run); on several machines the run directory must be on a filesystem they all share")
-    with pytest.raises(ConfigError, match=r"--resume .*: rank 1 finds no config.json there; on several machines the "
-                                          r"run directory must be on a filesystem they all share"):
-        saved_run_config(tmp_path / "empty", None, rank=1)
+    first = tmp_path / "first"
+    assert main(["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "1", "--set", "log_every=1",
+                 "--out", str(first)]) == 0
+    shared, alone = tmp_path / "shared", tmp_path / "alone"
+    shutil.copytree(first, shared)
+    shutil.copytree(first, alone)
+    env = dict(ENV, WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+
+    def resume(dirs):
+        port = str(free_port())
+        procs = [subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--resume", str(d), "--threads", "1",
+                                   "--epochs", "2", "--quiet"], env=dict(env, RANK=str(r), LOCAL_RANK="0",
+                                                                           MASTER_PORT=port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                 for r, d in enumerate(dirs)]
+        results = _finish(procs)
+        assert [p.returncode for p in procs] == [0, 0], results
+
+    resume([shared, shared])
+    resume([alone, tmp_path / "elsewhere"])
+    assert not (tmp_path / "elsewhere").exists()  # rank 1 wrote nothing
+    assert len(step_losses(alone)) == 6 and step_losses(alone) == step_losses(shared)
+    assert_same_weights(alone, shared)

@@ -278,7 +278,8 @@ def resolve_and_run(args, base: dict | None, extra_flags: dict | None) -> int:
     if saved_by_this_launch(args):
         args.resume = args.out  # a restarted attempt continues from the run's last checkpoint
     if args.resume:
-        base = saved_run_config(Path(args.resume), args.out, dist.rank)
+        # a rank other than 0, or the launcher of a run on several machines, may be where the run is not
+        base = saved_run_config(Path(args.resume), args.out, elsewhere=dist.rank > 0 or args.nnodes is not None)
     if base is None and args.config is None and args.data is None:
         base = demo_base()  # the demo: the built-in digits, within a fixed time, on up to 2 CPU processes
     cfg = resolve_config(args.config, flags, overrides, base=base)
@@ -315,19 +316,20 @@ def overrides_from_args(args) -> list[str]:
     return overrides
 
 
-def saved_run_config(run_dir, out: str | None, rank: int = 0) -> dict:
+def saved_run_config(run_dir, out: str | None, elsewhere: bool = False) -> dict:
     """The config.json of the run that --resume continues (checked alone, so that an error names it).
-    ``rank``: this process's rank; only rank 0 writes the run directory, so on several machines the
-    others find it only where the machines share it."""
+    ``elsewhere``: this process may be on a machine that does not see the run directory, which rank 0
+    alone writes: then a missing config.json is no error. Such a process starts from the command line's
+    values alone (an empty base), and the run's config comes from rank 0 once the processes meet
+    (``train.loop.main_config``)."""
     from pathlib import Path
 
     from ..errors import ConfigError
     from ..train.config import checked_run_config, read_run_config
 
     saved = run_dir / "config.json"
-    if not saved.is_file() and rank > 0:
-        raise ConfigError(f"--resume {run_dir}: rank {rank} finds no config.json there; on several machines the "
-                          "run directory must be on a filesystem they all share")
+    if not saved.is_file() and elsewhere:
+        return {}
     if not saved.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.json there; not a vitkit run directory")
     base = read_run_config(saved)
