@@ -9,8 +9,8 @@ distributed path as one that `torchrun` starts. Where the processes meet (a ``La
 - several machines (``--nnodes N`` or ``MIN:MAX``): the same command on each, meeting at
   ``--rdzv-endpoint HOST:PORT``. With the c10d rendezvous (the default) the first machine to arrive
   there hosts it and the rendezvous orders the machines; with ``--rdzv-backend static`` each machine
-  names its place (``--node-rank``), and the machine of rank 0, which holds the run's rank 0, hosts
-  the rendezvous at its own address.
+  names its place (``--node-rank``), and machine 0, which holds the run's rank 0, hosts the
+  rendezvous at its own address.
 
 What a launch looks like:
 
@@ -18,8 +18,9 @@ What a launch looks like:
   processes write to files in a temporary folder, shown only when one of them fails.
 - Ctrl-C (SIGINT) and SIGTERM reach the launcher, which passes them on to every process (each runs
   in a session of its own): they agree on the step, rank 0 saves, all exit (torch's shutdown timeout,
-  30 s by default, bounds how long they may take). If the launcher dies, its processes get SIGTERM
-  (Linux; ``follow_launcher``), so none is left running on its own.
+  30 s by default, bounds how long they may take). A second Ctrl-C ends the launcher at once; its
+  processes finish stopping on their own. If the launcher dies, its processes get SIGTERM (Linux;
+  ``follow_launcher``), so none is left running on its own.
 - When a process fails, the launcher stops the others and reports it (``report_failure``): a
   process's one-line vitkit error is recorded in its error file (``record_error``), so the report
   shows each error once.

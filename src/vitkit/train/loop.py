@@ -56,6 +56,7 @@ def train(
     say = main_log(log, dist)
     progress = progress if progress is not None and dist.is_main else Progress()
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
+    pick_precision(cfg.precision, device)  # an error before the run directory is made
     with process_group(dist, device), _hold(run_dir, resume, dist), contextlib.ExitStack() as scratch:
         t_start, cpu_start = time.perf_counter(), time.process_time()
         cfg = main_config(cfg, dist, device)
