@@ -1,4 +1,5 @@
-"""`vitkit train --nproc N`: vitkit starts the N DDP processes itself (as torchrun would)."""
+"""`vitkit train --nproc N`, `--nnodes`, `--max-restarts`: torch's elastic launcher starts the processes,
+on one machine or on several (here two "machines" over loopback)."""
 
 import json
 import os

@@ -345,5 +345,6 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-__all__ = ["LaunchPlan", "launch_plan", "parse_nnodes", "parse_endpoint", "check_resolves", "launch", "launch_config", "rank_logs",
-           "follow_launcher", "record_error", "errors_recorded", "report_failure", "RDZV_BACKENDS"]
+__all__ = ["LaunchPlan", "launch_plan", "parse_nnodes", "parse_endpoint", "check_resolves", "launch", "launch_config",
+           "rank_logs", "follow_launcher", "record_error", "errors_recorded", "report_failure", "RDZV_BACKENDS",
+           "DEFAULT_RDZV_ID"]
