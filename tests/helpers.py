@@ -148,6 +148,15 @@ def tiny_run_config(**overrides) -> RunConfig:
     return RunConfig.from_dict({**TINY_RUN, **overrides})
 
 
+def free_port() -> int:
+    """A TCP port of this machine that is free now (for MASTER_PORT or a rendezvous endpoint)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def tiny_set(n: int, classes: Sequence[str] = ("a", "b"), seed: int = 0) -> ImageSet:
     """``n`` in-memory 32x32 RGB images, labels cycling through ``classes``; each class has its own
     brightness under seeded noise, so the task is easy to learn."""

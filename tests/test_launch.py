@@ -1,11 +1,15 @@
-"""`vitkit train --nproc N`: vitkit starts the N DDP processes itself (as torchrun would)."""
+"""`vitkit train --nproc N`, `--nnodes`, `--max-restarts`: torch's elastic launcher starts the processes,
+on one machine or on several (here two "machines" over loopback)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +19,7 @@ from vitkit.cli import main
 from vitkit.commands import launch as launch_mod
 from vitkit.commands.train import check_processes
 from vitkit.errors import ConfigError
+from vitkit.train.checkpoint import checkpoint_step
 
 from helpers import FAST_TRAIN_ARGS as FAST
 from helpers import image_folder, step_losses
@@ -30,6 +35,19 @@ def vitkit(*argv, timeout=180, **kw):
                           timeout=timeout, env=ENV, **kw)
 
 
+def assert_runs_as_one_process(common: list[str], tmp_path, run) -> None:
+    """``run`` (6 steps of a global batch of 8 split among its processes) follows a 1-process run of the
+    ``common`` arguments, in loss and weights: only the order of floating-point sums differs."""
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    one, two = step_losses(tmp_path / "one"), step_losses(run)
+    assert len(one) == len(two) == 6
+    assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
+    a = load_file(tmp_path / "one" / "last" / "model.safetensors")
+    b = load_file(Path(run) / "last" / "model.safetensors")
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5), k
+
+
 def test_two_launched_processes_match_one(tmp_path, capsys):
     data = image_folder(tmp_path / "data")
     common = ["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "2", "--set", "log_every=1", "--json"]
@@ -38,15 +56,7 @@ def test_two_launched_processes_match_one(tmp_path, capsys):
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["processes"] == 2 and summary["status"] == "completed"
     assert json.loads((tmp_path / "two" / "config.json").read_text())["processes"] == 2
-    assert main([*common, "--out", str(tmp_path / "one")]) == 0
-    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
-    assert len(one) == len(two) == 6
-    # the same global batch of 8 split 4 + 4; only the order of floating-point sums differs
-    assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
-    a = load_file(tmp_path / "one" / "last" / "model.safetensors")
-    b = load_file(tmp_path / "two" / "last" / "model.safetensors")
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-5), k
+    assert_runs_as_one_process(common, tmp_path, tmp_path / "two")
 
 
 def test_an_error_in_every_process_is_shown_once(tmp_path):
@@ -91,14 +101,61 @@ def test_process_counts_the_device_cannot_host(monkeypatch):
     check_processes(2, "cuda")
 
 
+def _failure(tmp_path, rank: int, exitcode: int, error: str | None = None, output: str = ""):
+    """A failed process as torch's launcher reports it: its error file (written by record_error when it
+    ended on a vitkit error) and its stderr log."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    folder = tmp_path / str(rank)
+    folder.mkdir()
+    (folder / "stderr.log").write_text(output)
+    if error is not None:
+        launch_mod.record_error(str(folder / "error.json"), error)
+    return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(folder / "error.json"))
+
+
+def _logs(tmp_path, world_size: int = 2):
+    from torch.distributed.elastic.multiprocessing import LogsDest
+
+    n = world_size
+    return SimpleNamespace(world_size=n, latest=LogsDest(
+        stderrs={r: str(tmp_path / str(r) / "stderr.log") for r in range(n)},
+        error_files={r: str(tmp_path / str(r) / "error.json") for r in range(n)}))
+
+
 def test_a_failing_rank_is_reported_with_its_output(tmp_path, capsys):
-    logs = [None, open(tmp_path / "log", "w+b")]
-    logs[1].write(b"Traceback (most recent call last):\nRuntimeError: boom\n")
-    assert launch_mod.report_exit([0, 3], logs, 2) == 3
+    crash = _failure(tmp_path, 1, 3, output="Traceback (most recent call last):\nRuntimeError: boom\n")
+    (tmp_path / "0").mkdir()
+    assert launch_mod.report_failure({1: crash}, _logs(tmp_path)) == 3
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "vitkit: error: process 1 of 2 failed (exit code 3)"
     assert err[-1] == "  [rank 1] RuntimeError: boom"
-    logs[1].close()
+
+
+def test_a_rank_s_one_line_error_is_shown_once(tmp_path, capsys):
+    # rank 1 ended on a vitkit error, rank 0 was stopped by the launcher: rank 1's line is the report
+    killed = _failure(tmp_path, 0, -signal.SIGTERM)
+    failed = _failure(tmp_path, 1, 1, error="--data /x: no such folder", output="vitkit: error: --data /x: no such folder\n")
+    assert launch_mod.report_failure({0: killed, 1: failed}, _logs(tmp_path)) == 1
+    assert capsys.readouterr().err.splitlines() == ["vitkit: error: process 1 of 2: --data /x: no such folder"]
+
+
+def test_rank_0_s_error_is_on_the_terminal_already(tmp_path, capsys):
+    # local rank 0 printed its error to this terminal (it recorded it): nothing more is shown
+    first = _failure(tmp_path, 0, 1, error="--data /x: no such folder")
+    other = _failure(tmp_path, 1, 1, error="--data /x: no such folder")
+    assert launch_mod.report_failure({0: first, 1: other}, _logs(tmp_path)) == 1
+    assert capsys.readouterr().err == ""
+    assert launch_mod.report_failure({1: other}, _logs(tmp_path)) == 1  # rank 0 stopped after the snapshot
+    assert capsys.readouterr().err == ""
+
+
+
+def test_rank_0_killed_alone_is_reported(tmp_path, capsys):
+    (tmp_path / "1").mkdir()
+    killed = _failure(tmp_path, 0, -signal.SIGKILL)  # e.g. by the kernel, out of memory
+    assert launch_mod.report_failure({0: killed}, _logs(tmp_path)) == 128 + signal.SIGKILL
+    assert capsys.readouterr().err.splitlines() == ["vitkit: error: process 0 of 2 failed (killed by SIGKILL)"]
 
 
 def test_a_launched_run_reports_what_its_checkpoint_scores(tmp_path):
@@ -116,3 +173,194 @@ def test_a_launched_run_reports_what_its_checkpoint_scores(tmp_path):
     res = json.loads(e.stdout.strip().splitlines()[-1])
     assert res["top1"] == pytest.approx(s["test_acc"], abs=1e-9)
     assert res["loss"] == pytest.approx(s["test_loss"], abs=1e-5)  # the summary rounds to 5 decimals
+
+
+# ------------------------------------------------------------------------------- several machines
+EP = ["--rdzv-endpoint", "node0:29500"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--nnodes", "0"], r"--nnodes: expected a number of machines N or MIN:MAX \(1 <= MIN <= MAX\), got '0'"),
+    (["--nnodes", "3:2"], r"--nnodes: expected .* got '3:2'"),
+    (["--nnodes", "two"], r"--nnodes: expected .* got 'two'"),
+    (["--nnodes", "2"], r"--rdzv-endpoint: a run on several machines \(--nnodes 2\) needs the address they meet at"),
+    (["--nnodes", "2", "--rdzv-endpoint", "node0"], r"--rdzv-endpoint: expected HOST:PORT with a port in 1..65535, "
+                                                    r"got 'node0'"),
+    (["--nnodes", "2", "--rdzv-endpoint", "node0:70000"], r"--rdzv-endpoint: expected HOST:PORT"),
+    (["--rdzv-backend", "zookeeper"], r"--rdzv-backend: unknown 'zookeeper'; one of: c10d, static, etcd, etcd-v2"),
+    (["--nnodes", "2", *EP, "--node-rank", "1"], r"--node-rank: only the static rendezvous takes it"),
+    (["--nnodes", "2", *EP, "--rdzv-backend", "static"], r"--node-rank: the static rendezvous needs this machine's rank"),
+    (["--nnodes", "2", *EP, "--rdzv-backend", "static", "--node-rank", "2"], r"--node-rank: must be in \[0, 2\) "
+                                                                               r"for --nnodes 2, got 2"),
+    (["--nnodes", "1:2", *EP, "--rdzv-backend", "static", "--node-rank", "0"], r"--nnodes 1:2: the static "
+                                                                                 r"rendezvous needs a fixed number"),
+    (["--max-restarts", "-1"], r"--max-restarts: must be >= 0, got -1"),
+    (["--nnodes", "2", *EP, "--rdzv-id", " "], r"--rdzv-id: must not be empty"),
+])
+def test_bad_launch_flags_are_one_line_before_any_process_starts(tmp_path, capsys, monkeypatch, flags, message):
+    started = []
+    monkeypatch.setattr(launch_mod, "launch", lambda argv, plan: started.append(plan) or 0)
+    code = main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--threads", "1", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and not started and not (tmp_path / "r").exists()
+    assert len(err.splitlines()) == 1 and re.fullmatch(r"vitkit: error: " + message + ".*", err), err
+
+
+def test_the_launch_plan_of_the_flags(tmp_path, monkeypatch):
+    data = image_folder(tmp_path / "data")
+    started = []
+    monkeypatch.setattr(launch_mod, "launch", lambda argv, plan: started.append(plan) or 0)
+    base = ["train", "--data", str(data), *FAST]
+    assert main([*base, "--out", str(tmp_path / "a"), "--nnodes", "2", *EP, "--rdzv-backend", "static",
+                 "--node-rank", "1"]) == 0
+    assert main([*base, "--out", str(tmp_path / "b"), "--nproc", "2", "--nnodes", "1:4", *EP, "--rdzv-id", "job7",
+                 "--max-restarts", "3"]) == 0
+    assert started == [
+        launch_mod.LaunchPlan(nproc=1, min_nodes=2, max_nodes=2, node_rank=1, rdzv_endpoint="node0:29500",
+                              rdzv_backend="static"),
+        launch_mod.LaunchPlan(nproc=2, min_nodes=1, max_nodes=4, rdzv_endpoint="node0:29500", rdzv_id="job7",
+                              max_restarts=3)]
+    # torch's launch configs: a static rendezvous gets the machine's rank; one machine meets on a port the
+    # system picks, under a fresh run id; restarts stay off unless asked for
+    logs = launch_mod.rank_logs(str(tmp_path / "logs"), 2)
+    static = launch_mod.launch_config(started[0], logs)
+    assert (static.rdzv_backend, static.rdzv_endpoint, static.rdzv_configs["rank"], static.run_id) == \
+        ("static", "node0:29500", 1, "vitkit")
+    elastic = launch_mod.launch_config(started[1], logs)
+    assert (elastic.min_nodes, elastic.max_nodes, elastic.rdzv_backend, elastic.run_id, elastic.max_restarts) == \
+        (1, 4, "c10d", "job7", 3)
+    one = launch_mod.launch_config(launch_mod.launch_plan(2), logs)
+    assert (one.rdzv_backend, one.rdzv_endpoint, one.max_restarts, one.nproc_per_node) == ("c10d", "localhost:0", 0, 2)
+    launch_mod.check_resolves("127.0.0.1:29500")
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint nosuchhost.invalid:29500: no address for host "
+                                          r"'nosuchhost.invalid'"):
+        launch_mod.check_resolves("nosuchhost.invalid:29500")  # at once, not after torch's minutes of retries
+    # one process and no restarts: no launcher at all
+    assert not launch_mod.launch_plan(1).needs_launcher and launch_mod.launch_plan(1, max_restarts=1).needs_launcher
+
+
+def _start_nodes(argv: list[str], node_flags: list[list[str]]) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-m", "vitkit", *argv, *flags], env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True) for flags in node_flags]
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 150) -> list[tuple[str, str]]:
+    """Each process's (stdout, stderr); a hang past ``timeout`` kills them all and fails the test."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)  # its processes die with it (they follow their launcher)
+                p.wait()
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_two_machines_match_one_process(tmp_path, backend):
+    """Two "machines" on this one (loopback), one process each, started by the same command with
+    --nnodes 2: the run equals a 1-process run with the same global batch. The static rendezvous puts
+    rank 0, which reports and writes, on the machine of --node-rank 0."""
+    from helpers import free_port
+
+    data = image_folder(tmp_path / "data")
+    common = ["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "2", "--set", "log_every=1", "--json"]
+    argv = [*common, "--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv-backend", backend, "--out", str(tmp_path / "two")]
+    ranks = [["--node-rank", "0"], ["--node-rank", "1"]] if backend == "static" else [[], []]
+    results = _finish(_start_nodes(argv, ranks))
+    summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in results if out.strip()]
+    assert len(summaries) == 1 and summaries[0]["processes"] == 2 and summaries[0]["status"] == "completed", results
+    if backend == "static":
+        assert results[0][0].strip() and not results[1][0].strip(), results
+    assert_runs_as_one_process(common, tmp_path, tmp_path / "two")
+    if backend == "static":  # resumed for one more epoch, machine 1 without the run directory
+        more = ["train", "--epochs", "3", "--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                "--rdzv-backend", "static", "--json"]
+        results = _finish(_start_nodes(more, [["--resume", str(tmp_path / "two"), "--node-rank", "0"],
+                                              ["--resume", str(tmp_path / "elsewhere"), "--node-rank", "1"]]))
+        assert json.loads(results[0][0].strip().splitlines()[-1])["step"] == 9, results
+        assert len(step_losses(tmp_path / "two")) == 9 and not (tmp_path / "elsewhere").exists()
+
+
+# A fault for the first attempt of a launched run: rank 0 dies right after its first checkpoint. Loaded
+# at the start of every process whose PYTHONPATH holds it (as sitecustomize), it acts only where asked to.
+FAIL_ONCE = '''
+import os
+if os.environ.get("FAIL_AFTER_FIRST_CHECKPOINT") and os.environ.get("RANK") == "0" \\
+        and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+    import vitkit.train.trainer as trainer
+    real_save = trainer.save_checkpoint
+
+    def save_then_die(run_dir, name, *a, **k):
+        out = real_save(run_dir, name, *a, **k)
+        if name == "last":
+            os._exit(3)
+        return out
+
+    trainer.save_checkpoint = save_then_die
+'''
+
+
+def test_a_restarted_attempt_resumes_from_the_last_checkpoint(tmp_path):
+    """--max-restarts 1: rank 0 dies after the first epoch's checkpoint, the launcher starts both
+    processes again, and they continue from that checkpoint: the run ends as an uninterrupted one."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAIL_ONCE)
+    data = image_folder(tmp_path / "data")
+    common = ["train", "--data", str(data), *[a for a in FAST if a != "--quiet"], *PLAIN, "--epochs", "2",
+              "--set", "log_every=1", "--set", "max_minutes=null"]
+    env = dict(ENV, FAIL_AFTER_FIRST_CHECKPOINT="1", PYTHONPATH=os.pathsep.join([str(hooks), ENV["PYTHONPATH"]]))
+    r = subprocess.run([sys.executable, "-m", "vitkit", *common, "--nproc", "2", "--max-restarts", "1", "--out",
+                        str(tmp_path / "two")], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "; from step 3" in r.stdout, r.stdout  # the second attempt resumed after epoch 1 (3 steps)
+    assert_runs_as_one_process([*common, "--quiet"], tmp_path, tmp_path / "two")
+
+
+def test_no_restart_unless_asked(tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAIL_ONCE)
+    data = image_folder(tmp_path / "data")
+    env = dict(ENV, FAIL_AFTER_FIRST_CHECKPOINT="1", PYTHONPATH=os.pathsep.join([str(hooks), ENV["PYTHONPATH"]]))
+    r = subprocess.run([sys.executable, "-m", "vitkit", "train", "--data", str(data), *FAST, "--epochs", "2",
+                        "--nproc", "2", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=180,
+                       env=env)
+    assert r.returncode == 3, r.stderr  # rank 0's own exit code; the run stays as it was left
+    assert checkpoint_step(tmp_path / "run" / "last") == "3" and not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_rank_that_does_not_see_the_run_directory_resumes_from_rank_0(tmp_path):
+    """Only rank 0 writes the run directory. A rank on another machine that does not see it (here: rank 1
+    resumes from a folder that does not exist) gets the run's config and checkpoint from rank 0, and the
+    run continues exactly as where every rank sees the directory."""
+    import shutil
+
+    from helpers import assert_same_weights, free_port
+
+    data = image_folder(tmp_path / "data")
+    first = tmp_path / "first"
+    assert main(["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "1", "--set", "log_every=1",
+                 "--out", str(first)]) == 0
+    shared, alone = tmp_path / "shared", tmp_path / "alone"
+    shutil.copytree(first, shared)
+    shutil.copytree(first, alone)
+    env = dict(ENV, WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+
+    def resume(dirs):
+        port = str(free_port())
+        procs = [subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--resume", str(d), "--threads", "1",
+                                   "--epochs", "2", "--quiet"], env=dict(env, RANK=str(r), LOCAL_RANK="0",
+                                                                           MASTER_PORT=port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                 for r, d in enumerate(dirs)]
+        results = _finish(procs)
+        assert [p.returncode for p in procs] == [0, 0], results
+
+    resume([shared, shared])
+    resume([alone, tmp_path / "elsewhere"])
+    assert not (tmp_path / "elsewhere").exists()  # rank 1 wrote nothing
+    assert len(step_losses(alone)) == 6 and step_losses(alone) == step_losses(shared)
+    assert_same_weights(alone, shared)

@@ -202,7 +202,7 @@ def test_only_rank_0_of_a_distributed_run_reports(tmp_path):
     import subprocess
     import sys
 
-    from vitkit.commands.launch import free_port
+    from helpers import free_port
 
     data = image_folder(tmp_path / "data")
     src = os.path.join(os.path.dirname(__file__), "..", "src")

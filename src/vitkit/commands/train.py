@@ -5,7 +5,8 @@ directory: the run replayed), then the flags, then --set / trailing KEY=VALUE ov
 both by a flag and by an override is an error. Flags that timm's train.py users know (--img-size,
 --weight-decay, --drop-path, --smoothing, --mixup, --cutmix, --workers) set their config keys, as
 --set does. The distributed environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK)
-is read here, once, and handed to the library.
+is read here, once, and handed to the library; so are the launcher's own variables (TORCHELASTIC_RUN_ID:
+started by torch's launcher; TORCHELASTIC_ERROR_FILE: where a launched process records its error).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import sys
 
 from . import seconds
+from .launch import DEFAULT_RDZV_ID
 
 
 def _h(text: str, key: str) -> str:
@@ -79,8 +81,9 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute each block's "
                    "activations in the backward pass instead of keeping them: less memory, slower steps")
     g.add_argument("--nproc", type=int, metavar="N", help="train with N data-parallel processes on this machine "
-                   "(DDP), started by vitkit as `torchrun --nproc_per_node=N` would (default: 1; the demo: 2 "
-                   "on a CPU with 2 or more cores)")
+                   "(DDP), started by torch's elastic launcher as `torchrun --nproc-per-node=N` starts them (default: "
+                   "1; the demo: 2 on a CPU with 2 or more cores)")
+    add_launch_flags(p)
     g.add_argument("--strategy", choices=["ddp", "fsdp"], help=_h("how the processes share the model: ddp, a "
                    "replica each; fsdp, a shard each of the weights, gradients and optimizer state (large models)",
                    "strategy"))
@@ -102,6 +105,34 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.set_defaults(config_keys=config_keys)
     add_progress_and_loggers(p)
+
+
+# ------------------------------------------------------------------------------- machines
+def add_launch_flags(p: argparse.ArgumentParser) -> None:
+    """The machines of a run and how its processes meet, as torchrun names them (commands/launch.py)."""
+    g = p.add_argument_group("several machines and restarts")
+    g.add_argument("--nnodes", metavar="N|MIN:MAX", help="train on N machines (or MIN to MAX: elastic), each "
+                   "running this command with --nproc processes (default: 1)")
+    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="where the machines meet: a free port of one of "
+                   "them (needed with --nnodes > 1)")
+    g.add_argument("--rdzv-backend", metavar="NAME", help="the rendezvous: c10d (default: the first machine at "
+                   "the endpoint hosts it) or static (with --node-rank; rank 0's machine hosts it)")
+    g.add_argument("--rdzv-id", metavar="ID", help=f"a name the machines of one run share (default: "
+                   f"{DEFAULT_RDZV_ID})")
+    g.add_argument("--node-rank", type=int, metavar="R", help="this machine's rank, 0..N-1, with --rdzv-backend "
+                   "static (the machine of rank 0 holds the run's rank 0, which writes the run directory)")
+    g.add_argument("--max-restarts", type=int, metavar="K", help="after a process fails, start every process "
+                   "again, up to K times, from the run's last checkpoint (default: 0, no restarts)")
+    # what the launcher adds for runs that may start again: a checkpoint in --out is this launch's own
+    g.add_argument("--auto-resume", action="store_true", help=argparse.SUPPRESS)
+
+
+def launch_plan_from_args(args, nproc: int):
+    """The run's LaunchPlan from the flags above and its processes on this machine."""
+    from .launch import launch_plan
+
+    return launch_plan(nproc, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                       rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id, max_restarts=args.max_restarts)
 
 
 # ------------------------------------------------------------------------------- progress and loggers
@@ -228,7 +259,21 @@ def check_processes(n: int, device: str) -> None:
 
 
 def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> int:
-    """Resolve the config; then start the processes of a multi-process run, or train in this one."""
+    """Resolve the config; then start the processes of a launched run, or train in this one. A process
+    the launcher started records the one-line error that ends it, for the launcher's report."""
+    import os
+
+    from .launch import errors_recorded, follow_launcher
+
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torch's launcher (vitkit's, or torchrun)
+        follow_launcher()
+    with errors_recorded(os.environ.get("TORCHELASTIC_ERROR_FILE")):
+        return resolve_and_run(args, base, extra_flags)
+
+
+def resolve_and_run(args, base: dict | None, extra_flags: dict | None) -> int:
+    """The run's config (``base``: the recipe's defaults, if not the demo's or a resumed run's) and
+    directory; then the launch, or the training in this process."""
     import os
     from pathlib import Path
 
@@ -241,8 +286,11 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
     flags = {**flags_from_args(args), **(extra_flags or {})}
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+    if saved_by_this_launch(args):
+        args.resume = args.out  # a restarted attempt continues from the run's last checkpoint
     if args.resume:
-        base = saved_run_config(Path(args.resume), args.out)
+        # a rank other than 0, or the launcher of a run on several machines, may be where the run is not
+        base = saved_run_config(Path(args.resume), args.out, elsewhere=dist.rank > 0 or args.nnodes is not None)
     recipe = None
     if base is None and args.config is None:
         if args.data is None:
@@ -252,8 +300,10 @@ def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> 
             base = recipe.base
     cfg = resolve_config(args.config, flags, overrides, base=base)
     run_dir = Path(args.resume) if args.resume else new_run_dir(cfg, args.out)
-    if cfg.processes > 1 and not dist.enabled:  # start the processes; each comes back here as one rank
-        return launch_processes(args, cfg, run_dir)
+    if not dist.enabled and "TORCHELASTIC_RUN_ID" not in os.environ:  # a launched process of one trains here
+        plan = launch_plan_from_args(args, cfg.processes)
+        if plan.needs_launcher:  # start the processes; each comes back here as one rank
+            return launch_processes(args, cfg, run_dir, plan)
     return train_here(args, cfg, run_dir, dist, recipe.line if recipe else None)
 
 
@@ -279,6 +329,19 @@ def _number(value):
         return None
 
 
+def saved_by_this_launch(args) -> bool:
+    """Whether this process belongs to a launch that may start its processes again (--max-restarts, an
+    elastic --nnodes MIN:MAX whose processes restart when a machine joins) and an earlier attempt left a
+    checkpoint in the run directory. The launcher checked before its first attempt that the directory
+    held none (or was --resume'd), so a checkpoint there is this launch's own."""
+    from pathlib import Path
+
+    from ..train.checkpoint import find_checkpoint
+
+    return (getattr(args, "auto_resume", False) and not args.resume and bool(args.out)
+            and find_checkpoint(Path(args.out), "last") is not None)
+
+
 def overrides_from_args(args) -> list[str]:
     """The --set overrides, then the trailing KEY=VALUE ones."""
     from ..errors import ConfigError
@@ -291,14 +354,20 @@ def overrides_from_args(args) -> list[str]:
     return overrides
 
 
-def saved_run_config(run_dir, out: str | None) -> dict:
-    """The config.json of the run that --resume continues (checked alone, so that an error names it)."""
+def saved_run_config(run_dir, out: str | None, elsewhere: bool = False) -> dict:
+    """The config.json of the run that --resume continues (checked alone, so that an error names it).
+    ``elsewhere``: this process may be on a machine that does not see the run directory, which rank 0
+    alone writes: then a missing config.json is no error. Such a process starts from the command line's
+    values alone (an empty base), and the run's config comes from rank 0 once the processes meet
+    (``train.loop.main_config``)."""
     from pathlib import Path
 
     from ..errors import ConfigError
     from ..train.config import checked_run_config, read_run_config
 
     saved = run_dir / "config.json"
+    if not saved.is_file() and elsewhere:
+        return {}
     if not saved.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.json there; not a vitkit run directory")
     base = read_run_config(saved)
@@ -322,8 +391,9 @@ def new_run_dir(cfg, out: str | None):
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def launch_processes(args, cfg, run_dir) -> int:
-    """Check the config once (one error line, not one per process), then start cfg.processes processes."""
+def launch_processes(args, cfg, run_dir, plan) -> int:
+    """Check the config once (one error line, not one per process), then start the processes ``plan``
+    says (cfg.processes on this machine)."""
     from ..errors import ConfigError
     from ..train.build import preflight
     from .launch import launch
@@ -335,9 +405,11 @@ def launch_processes(args, cfg, run_dir) -> int:
         raise ConfigError("processes: a multi-process run is started from the command line (vitkit train)")
     if not args.resume and not args.out:
         argv += ["--out", str(run_dir)]  # every rank must agree on the run directory
+    if plan.may_restart:
+        argv += ["--auto-resume"]  # a restarted attempt continues from the checkpoint an earlier one saved
     if cfg.threads is None:  # ... and on the threads, counted once while the machine is not yet busy with them
         argv += ["--threads", str(default_threads(cfg.processes))]
-    return launch(argv, cfg.processes)
+    return launch(argv, plan)
 
 
 @contextlib.contextmanager

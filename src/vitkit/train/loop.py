@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from ..errors import TrainingError
 from ..io.atomic import ensure_dir
 from ..progress import Progress
 from ..runtime import pick_precision, resolve_device
 from .build import check_classes, check_run_dir, init_format, model_config, open_data, prepare_model, read_init
-from .checkpoint import RunLock, cleanup_temp, resume_point
+from .checkpoint import RunLock, checkpoint_step, cleanup_temp, find_checkpoint, resume_point
 from .config import RunConfig
-from .distributed import DistInfo, barrier, process_group
+from .distributed import DistInfo, all_gather_object, barrier, broadcast_object, process_group
 from .metrics import check_loggers
 from .trainer import Trainer, main_log
 
@@ -57,10 +59,13 @@ def train(
     say = main_log(log, dist)
     progress = progress if progress is not None and dist.is_main else Progress()
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
-    precision = pick_precision(cfg.precision, device)
-    with process_group(dist, device, alone=cfg.strategy == "fsdp"), _hold(run_dir, resume, dist):
+    pick_precision(cfg.precision, device)  # an error before the run directory is made
+    with (process_group(dist, device, alone=cfg.strategy == "fsdp"), _hold(run_dir, resume, dist),
+          contextlib.ExitStack() as scratch):
         t_start, cpu_start = time.perf_counter(), time.process_time()
-        resume_from, saved = resume_point(run_dir) if resume else (None, None)
+        cfg = main_config(cfg, dist, device)
+        precision = pick_precision(cfg.precision, device)
+        resume_from, saved = start_point(run_dir, resume, dist, scratch)
         if saved is not None and dist.is_main:
             cleanup_temp(run_dir)
         init = None  # foreign init_from weights, read once for the model's config and the model
@@ -107,6 +112,53 @@ def loaded_line(splits, loaded: dict, cache_dir) -> str:
     return f"data loaded in {loaded['data_seconds']:.1f} s" + (f" ({how})" if how else "") + f": {splits.summary()}"
 
 
+def main_config(cfg: RunConfig, dist: DistInfo, device: torch.device) -> RunConfig:
+    """Rank 0's config on every rank, with this process's own CPU threads. A rank on another machine
+    may lack the resumed run's config.json (only rank 0 writes the run directory): it starts with the
+    command line's values alone, and takes the run's here. The device it joined the group with must be
+    of the run's type."""
+    if not dist.enabled:
+        return cfg
+    run = dataclasses.replace(broadcast_object(cfg, dist), threads=cfg.threads)
+    if (kind := resolve_device(run.device, local_rank=dist.local_rank).type) != device.type:
+        raise TrainingError(f"device: rank {dist.rank} started on {device.type}, but the run trains on {kind}; "
+                            f"give every machine the same --device")
+    return run
+
+
+def start_point(run_dir: Path, resume: bool, dist: DistInfo,
+                scratch: contextlib.ExitStack) -> tuple[Path | None, dict | None]:
+    """The checkpoint a run continues from and its trainer state ((None, None): a new run): rank 0's, on
+    every rank, as rank 0 decides. Only rank 0 writes the run directory, so on several machines the
+    others see its checkpoint only where the machines share it. A rank that does not (none there, or
+    one of another step) gets its files from rank 0 over the process group, into a temporary folder
+    that ``scratch`` removes when the run ends; when every rank sees it, nothing is sent."""
+    resume = broadcast_object(resume, dist)
+    if not resume:
+        return None, None
+    if dist.is_main:
+        resume_from, saved = resume_point(run_dir)  # an error here is the run's: the others are stopped
+    mine = find_checkpoint(run_dir, "last")
+    steps = all_gather_object(None if mine is None else checkpoint_step(mine), dist)
+    if any(step != steps[0] for step in steps):
+        files = broadcast_object(_checkpoint_files(resume_from) if dist.is_main else None, dist)
+        if steps[dist.rank] != steps[0]:
+            run_dir = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="vitkit-resume-")))
+            _write_checkpoint_files(files, run_dir / "last")
+    return (resume_from, saved) if dist.is_main else resume_point(run_dir)
+
+
+def _checkpoint_files(ckpt_dir: Path) -> dict[str, bytes]:
+    """The files of a checkpoint folder, by name, to send to the ranks that do not see them."""
+    return {p.name: p.read_bytes() for p in sorted(Path(ckpt_dir).iterdir()) if p.is_file()}
+
+
+def _write_checkpoint_files(files: dict[str, bytes], ckpt_dir: Path) -> None:
+    ckpt_dir.mkdir(parents=True)
+    for name, data in files.items():
+        (ckpt_dir / Path(name).name).write_bytes(data)
+
+
 def ran_with(cfg: RunConfig, dist: DistInfo) -> RunConfig:
     """``cfg`` as this run executes it, to record in its config.json: the CPU threads (``cfg.threads``, set
     here; else torch's current number) and the processes. The same values replay the run exactly."""
@@ -130,4 +182,4 @@ def _hold(run_dir: Path, resume: bool, dist: DistInfo):
         lock.release()
 
 
-__all__ = ["train", "ran_with"]
+__all__ = ["train", "main_config", "start_point", "ran_with"]
