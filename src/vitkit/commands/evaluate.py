@@ -6,7 +6,7 @@ validation carve included), a checkpoint on the built-in demo set. The first lin
 
 from __future__ import annotations
 
-from . import add_progress_flags, max_pixels, pixels
+from . import add_precision_flag, add_progress_flags, max_pixels, pixels
 
 
 def register(p):
@@ -27,6 +27,7 @@ def register(p):
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto: a GPU if there is one)")
     p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",
                    help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
+    add_precision_flag(p)
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
     add_progress_flags(p)
 
@@ -40,7 +41,7 @@ def run(args) -> int:
 
     res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
                    batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst,
-                   strict=args.strict, max_pixels=max_pixels(args),
+                   strict=args.strict, max_pixels=max_pixels(args), precision=args.precision,
                    progress=cli_progress(args.quiet, args.progress_every))
     for item in res["skipped"]:
         print(f"vitkit: warning: skipped {show_path(item['path'])}: {show_path(item['reason'])}", file=sys.stderr)
@@ -49,6 +50,7 @@ def run(args) -> int:
         return 0
     print(f"{res['data']} ({res['format']}), {res['scored']}"
           + (f" ({res['skipped_files']} unreadable file(s) skipped)" if res["skipped_files"] else ""))
+    print(f"ran {res['path']}")
     print(f"loss {res['loss']:.4f}   top-1 {100 * res['top1']:.2f}%   top-{res['top5_k']} {100 * res['top5']:.2f}%   "
           f"macro F1 {res['macro_f1']:.4f}")
     w = max(len(c["name"]) for c in res["per_class"])

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ..fastpath import vit_flops
 from ..io.atomic import ensure_dir
 from ..progress import Progress
 from ..runtime import pick_precision, resolve_device
@@ -54,7 +55,6 @@ def train(
     say = main_log(log, dist)
     progress = progress if progress is not None and dist.is_main else Progress()
     device = resolve_device(cfg.device, local_rank=dist.local_rank)
-    precision = pick_precision(cfg.precision, device)
     with process_group(dist, device), _hold(run_dir, resume, dist):
         t_start, cpu_start = time.perf_counter(), time.process_time()
         resume_from, saved = resume_point(run_dir) if resume else (None, None)
@@ -64,6 +64,7 @@ def train(
         if cfg.init_from and resume_from is None and (fmt := init_format(cfg)) != "vitkit":
             init = read_init(cfg, fmt)
         mcfg = model_config(cfg, init, resume_from)
+        precision = pick_precision(cfg.precision, device, vit_flops(mcfg))  # 'auto' weighs the model's size
         if splits is None:
             splits = open_data(cfg, mcfg, say, progress)
         classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
