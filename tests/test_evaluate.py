@@ -213,3 +213,9 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path, data, capsys):
     assert res["num_images"] == 18 and res["skipped_files"] == 1
     assert main(["eval", str(vitkit.save(_model(), tmp_path / "ck")), "--data", str(data)]) == 0
     assert "test part: all 18 images (1 unreadable file(s) skipped)" in capsys.readouterr().out
+
+
+def test_the_path_taken_is_in_the_result_and_int8_scores_like_fp32(data):
+    fp32, int8 = (evaluate(_model(), data, precision=p) for p in ("auto", "int8"))
+    assert fp32["path"].startswith("fp32, eager") and int8["path"].startswith("int8, eager")
+    assert int8["num_images"] == fp32["num_images"] and abs(int8["top1"] - fp32["top1"]) <= 1 / fp32["num_images"]

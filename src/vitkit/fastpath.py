@@ -12,7 +12,7 @@ never a timing race at run time (which would make a run's numerics depend on the
 - bf16 autocast pays only where the hardware multiplies bf16 matrices fast (CUDA, AMX or AVX512-BF16
   CPUs) and the matrices are large enough for that to outweigh the casts around them. On a CPU with
   AVX512-BF16 but no AMX, a training step of the demo's 0.014-GFLOP model ran at 0.59x fp32's speed, a
-  6-block ViT-Ti at 32 px (0.37 GFLOPs) at 1.08x and ViT-Ti/16 (2.5 GFLOPs) at 1.41x
+  6-block ViT-Ti at 32 px (0.37 GFLOPs) at 1.18x and ViT-Ti/16 (2.5 GFLOPs) at 1.41x
   (benchmarks/results/bench_demo_precision.json, bench_tiny_precision.json, fastpath_rules.json); on
   an H200 the demo trained in 70.6 s in bf16 against 15.2 s in fp32. Hence ``BF16_MIN_FLOPS``. AMX
   CPUs are taken to pay at every size (their bf16 tile multiply is many times fp32's).
