@@ -20,43 +20,21 @@ import copy
 import json
 import statistics
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import vitkit
 from vitkit.fastpath import Hardware, vit_flops
 from vitkit.quantize import quantize_int8
+
+from model_vs_timm import step_fn  # the same steps as the comparison with timm (benchmarks/ is on sys.path)
 
 MODELS = [  # (name, overrides, batch)
     ("vit_hybrid_mini_patch4_28", {}, 64),
     ("vit_tiny_patch4_32", {"depth": 6}, 128),
     ("vit_tiny_patch16_224", {}, 16),
 ]
-
-
-def step_fn(model, mode: str, x: torch.Tensor, amp=nullcontext, fused: bool = False):
-    """One inference forward, or forward + cross-entropy + backward + AdamW step."""
-    if mode == "infer":
-        model.eval()
-
-        def infer():
-            with torch.inference_mode(), amp():
-                model(x)
-        return infer
-    model.train()
-    y = torch.zeros(x.shape[0], dtype=torch.long)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if fused else {"foreach": True}))
-
-    def train():
-        with amp():
-            loss = F.cross_entropy(model(x).float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return train
 
 
 def race(a, b, batch: int, repeats: int, iters: int) -> dict:
@@ -77,10 +55,6 @@ def race(a, b, batch: int, repeats: int, iters: int) -> dict:
     ratios = sorted(y / x for x, y in zip(ta, tb))
     return dict(ratio=statistics.median(ratios), ratio_min=ratios[0], ratio_max=ratios[-1],
                 a_img_s=batch / statistics.median(ta), b_img_s=batch / statistics.median(tb))
-
-
-def bf16() -> torch.autocast:
-    return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
 def main() -> None:
@@ -104,7 +78,7 @@ def main() -> None:
         flops = vit_flops(model.cfg)
         iters = 1 if flops * batch > 2e10 else 3
         for mode in ("infer", "train"):
-            a = step_fn(copy.deepcopy(model), mode, x, bf16)
+            a = step_fn(copy.deepcopy(model), mode, x, "bf16")
             b = step_fn(copy.deepcopy(model), mode, x)
             record("bf16/fp32", name, mode, batch, flops, race(a, b, batch, args.repeats, iters))
         if name == MODELS[0][0]:  # the conv stem

@@ -65,8 +65,9 @@ def models(name: str, device: torch.device):
     return ours.to(device), ref.to(device)
 
 
-def step_fn(model, mode: str, x: torch.Tensor, precision: str = "fp32"):
-    """One inference forward, or one training step (forward, cross-entropy, backward, AdamW)."""
+def step_fn(model, mode: str, x: torch.Tensor, precision: str = "fp32", fused: bool = False):
+    """One inference forward, or one training step (forward, cross-entropy, backward, AdamW: foreach, or
+    ``fused``)."""
     amp = (lambda: autocast(x.device, precision)) if precision != "fp32" else nullcontext
     if mode == "infer":
         model.eval()
@@ -77,7 +78,7 @@ def step_fn(model, mode: str, x: torch.Tensor, precision: str = "fp32"):
         return infer
     model.train()
     y = torch.randint(0, 10, (x.shape[0],), generator=torch.Generator().manual_seed(0)).to(x.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if fused else {"foreach": True}))
 
     def train():
         with amp():

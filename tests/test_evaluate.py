@@ -217,5 +217,5 @@ def test_unreadable_files_are_skipped_and_counted(tmp_path, data, capsys):
 
 def test_the_path_taken_is_in_the_result_and_int8_scores_like_fp32(data):
     fp32, int8 = (evaluate(_model(), data, precision=p) for p in ("auto", "int8"))
-    assert fp32["path"].startswith("fp32, eager") and int8["path"].startswith("int8, eager")
+    assert fp32["fast_path"].startswith("fp32, eager") and int8["fast_path"].startswith("int8, eager")
     assert int8["num_images"] == fp32["num_images"] and abs(int8["top1"] - fp32["top1"]) <= 1 / fp32["num_images"]

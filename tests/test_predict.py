@@ -109,5 +109,5 @@ def test_the_path_taken_is_said_and_int8_is_opt_in(ckpt, images, capsys):
     assert "vitkit: ran fp32, eager (fp32: " in capsys.readouterr().err  # a tiny model: bf16 would not pay
     fp32 = predict(ckpt, [images], precision="fp32")
     int8 = predict(ckpt, [images], precision="int8")
-    assert int8["path"].startswith("int8, eager (int8 weights")
+    assert int8["fast_path"].startswith("int8, eager (int8 weights")
     assert [p["top"][0]["index"] for p in int8["predictions"]] == [p["top"][0]["index"] for p in fp32["predictions"]]

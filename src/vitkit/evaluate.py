@@ -113,7 +113,7 @@ def evaluate(
     split='val' from data without one. Unreadable images are skipped and listed in ``skipped`` as
     {"path", "reason"}; with ``strict`` the first one is an error. ``progress``: where reading the data
     and scoring it are counted (default: nowhere). ``precision``: 'auto' (the path
-    ``runtime.inference_path`` picks), 'fp32', 'bf16' or 'int8' (opt-in, CPU); the dict's "path" says
+    ``runtime.inference_path`` picks), 'fp32', 'bf16' or 'int8' (opt-in, CPU); the dict's "fast_path" says
     which was taken. Returns a dict (see the module docstring).
     """
     if split is not None and split not in CHOICES:
@@ -142,7 +142,7 @@ def evaluate(
         format=splits.format,
         split=split,
         scored=f"{scored}: {'all' if tally.n == len(ds) else f'{tally.n} of'} {len(ds)} images",
-        path=path.describe(),
+        fast_path=path.describe(),
         num_images=tally.n,
         skipped_files=len(skipped),
         skipped=skipped,
@@ -253,8 +253,8 @@ class _Tally:
 
 def _score(model, path: FastPath, ds, remap, batch_size: int, strict: bool, skipped: list[dict],
            task: Task) -> _Tally:
-    """Run the model, as ``path`` says, over ``ds`` batch by batch through its own preprocessing, counting in a _Tally (and
-    the images on the progress ``task``).
+    """Run the model, as ``path`` says, over ``ds`` batch by batch through its own preprocessing, counting
+    in a _Tally (and the images on the progress ``task``).
 
     Streamed files are decoded in 4 threads; one that fails to decode is skipped and listed in ``skipped``
     (with ``strict`` it raises).

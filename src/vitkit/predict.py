@@ -52,8 +52,8 @@ def predict(
     ``runtime.inference_path`` picks for this model and device), 'fp32', 'bf16' or 'int8' (opt-in, CPU).
 
     Returns {"predictions": [{"path", "top": [{"index", "label", "prob"}]}], "errors": [{"path",
-    "error"}], "top_k", "num_images", "path": the path taken, in words}. Inputs that match nothing and unreadable files go to "errors"
-    (or raise DataError with ``strict``).
+    "error"}], "top_k", "num_images", "fast_path": the path taken, in words}. Inputs that match nothing and
+    unreadable files go to "errors" (or raise DataError with ``strict``).
     """
     if top_k < 1:
         raise ConfigError(f"--top-k: must be >= 1, got {top_k}")
@@ -81,7 +81,7 @@ def predict(
                 with autocast(device, path.precision):
                     preds += _top_k(net, good, k, names, device)
             task.update(min(start + batch_size, len(files)))
-    return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors, path=path.describe())
+    return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors, fast_path=path.describe())
 
 
 def _image_files(inputs: list, strict: bool, errors: list[dict]) -> list[Path]:

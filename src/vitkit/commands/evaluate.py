@@ -50,7 +50,7 @@ def run(args) -> int:
         return 0
     print(f"{res['data']} ({res['format']}), {res['scored']}"
           + (f" ({res['skipped_files']} unreadable file(s) skipped)" if res["skipped_files"] else ""))
-    print(f"ran {res['path']}")
+    print(f"ran {res['fast_path']}")
     print(f"loss {res['loss']:.4f}   top-1 {100 * res['top1']:.2f}%   top-{res['top5_k']} {100 * res['top5']:.2f}%   "
           f"macro F1 {res['macro_f1']:.4f}")
     w = max(len(c["name"]) for c in res["per_class"])

@@ -33,7 +33,7 @@ def run(args) -> int:
                   max_pixels=max_pixels(args), device=args.device, precision=args.precision,
                   progress=cli_progress(args.quiet, args.progress_every))
     if not (args.json or args.csv):
-        print(f"vitkit: ran {res['path']}", file=sys.stderr)
+        print(f"vitkit: ran {res['fast_path']}", file=sys.stderr)
     failed = bool(res["errors"]) and not res["predictions"]  # nothing classified: the failure is the result
     if not (failed and len(res["errors"]) == 1):
         for e in res["errors"]:
