@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.fastpath import Hardware, vit_flops
+from vitkit.fastpath import vit_flops
 from vitkit.quantize import quantize_int8
+from vitkit.runtime import detect_hardware
 
 from model_vs_timm import step_fn  # the same steps as the comparison with timm (benchmarks/ is on sys.path)
 
@@ -106,7 +107,7 @@ def main() -> None:
                 record("compile/eager", name, mode, batch, flops, dict(res, compile_s=compile_s))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    hw = Hardware.detect(torch.device("cpu"))
+    hw = detect_hardware(torch.device("cpu"))
     out.write_text(json.dumps(dict(torch=torch.__version__, threads=args.threads, hardware=hw.__dict__,
                                    repeats=args.repeats, rows=rows), indent=2) + "\n")
     print(f"wrote {out}")
