@@ -32,8 +32,6 @@ def run(args) -> int:
     res = predict(args.checkpoint, args.paths, top_k=args.top_k, batch_size=args.batch_size, strict=args.strict,
                   max_pixels=max_pixels(args), device=args.device, precision=args.precision,
                   progress=cli_progress(args.quiet, args.progress_every))
-    if not (args.json or args.csv):
-        print(f"vitkit: ran {res['fast_path']}", file=sys.stderr)
     failed = bool(res["errors"]) and not res["predictions"]  # nothing classified: the failure is the result
     if not (failed and len(res["errors"]) == 1):
         for e in res["errors"]:
@@ -63,5 +61,6 @@ def run(args) -> int:
         for p, c in zip(rows, cells):
             print("  ".join([f"{p['path']:<{width}}"] + [f"{x:<{cw[i]}}" for i, x in enumerate(c)]).rstrip())
         n_err = len(res["errors"])
+        print(f"ran {res['fast_path']}")
         print(f"{len(rows)} image(s) classified" + (f", {n_err} skipped (see above)" if n_err else ""))
     return 0
