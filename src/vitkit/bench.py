@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from .errors import ConfigError
 from .fastpath import vit_flops
 from .quantize import int8_available, quantize_int8
-from .runtime import autocast, count_params, load_model, resolve_device
+from .runtime import autocast, count_params, load_model, pick_precision, resolve_device
 from .strict import to_hw
 
 DTYPES = ("fp32", "bf16", "int8")
@@ -174,8 +174,8 @@ def _resolve_model(model_or_name, img_size, device):
 
 def _check_options(dtypes, modes, batch_sizes, repeats: int, warmup: int) -> None:
     for d in dtypes:
-        if d not in DTYPES:
-            raise ConfigError(f"--dtype: {d!r} is not one of {', '.join(DTYPES)}")
+        if d not in DTYPES + ("auto",):
+            raise ConfigError(f"--dtype: {d!r} is not one of {', '.join(DTYPES + ('auto',))}")
     for m in modes:
         if m not in MODES:
             raise ConfigError(f"--mode: {m!r} is not one of {', '.join(MODES)}")
@@ -198,9 +198,10 @@ def bench(
     device: str = "cpu",
     peak: bool = True,
 ) -> dict:
-    """Benchmark a model; returns {"model", "device", "flops_per_image", "peak_flops", "rows": [...]}.
+    """Benchmark a model; returns {"model", "device", "flops_per_image", "peak_flops", "auto_dtype", "rows": [...]}.
 
-    Each row: mode, dtype, batch, images_per_s, p50_ms, p95_ms, min_ms, max_ms, iqr_ms,
+    ``dtypes`` may name 'auto': the precision the tools and training pick for this model on this device
+    (``vitkit.fastpath``), measured under its own name and given as "auto_dtype". Each row: mode, dtype, batch, images_per_s, p50_ms, p95_ms, min_ms, max_ms, iqr_ms,
     images_per_s_min / _max (from the slowest / fastest step), peak_mem_mib, tflops, mfu, note.
     """
     _check_options(dtypes, modes, batch_sizes, repeats, warmup)
@@ -216,6 +217,8 @@ def bench(
     if size[0] % cfg.patch_size or size[1] % cfg.patch_size:
         raise ConfigError(f"--img-size: {size[0]}x{size[1]} is not a multiple of the patch size {cfg.patch_size}")
     flops = count_flops(model, size)
+    auto = pick_precision("auto", dev, vit_flops(cfg, size))  # what the tools and training pick (vitkit.fastpath)
+    dtypes = list(dict.fromkeys(auto if d == "auto" else d for d in dtypes))
     peaks: dict[str, float] = {}
     rows = []
     for mode in modes:
@@ -242,6 +245,7 @@ def bench(
         repeats=repeats,
         warmup=warmup,
         compile=compile,
+        auto_dtype=auto,
         rows=rows,
     )
 
@@ -283,7 +287,7 @@ def _step_fn(m, mode: str, dtype: str, x: torch.Tensor, g: torch.Generator, comp
     """One step on the batch ``x``: a forward pass under inference mode, or (train) forward +
     cross-entropy against labels drawn from ``g`` + backward + AdamW step. bf16 runs under autocast."""
     dev = x.device
-    amp = autocast(dev, "bf16") if dtype == "bf16" else nullcontext()
+    amp = autocast(dev, dtype) if dtype in ("bf16", "fp16") else nullcontext()  # fp16: 'auto' on old GPUs
     run_m = torch.compile(m) if compile else m
     if mode != "train":
 
