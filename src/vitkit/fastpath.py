@@ -14,8 +14,9 @@ never a timing race at run time (which would make a run's numerics depend on the
   AVX512-BF16 but no AMX, a training step of the demo's 0.014-GFLOP model ran at 0.59x fp32's speed, a
   6-block ViT-Ti at 32 px (0.37 GFLOPs) at 1.18x and ViT-Ti/16 (2.5 GFLOPs) at 1.41x
   (benchmarks/results/bench_demo_precision.json, bench_tiny_precision.json, fastpath_rules.json); on
-  an H200 the demo trained in 70.6 s in bf16 against 15.2 s in fp32. Hence ``BF16_MIN_FLOPS``. AMX
-  CPUs are taken to pay at every size (their bf16 tile multiply is many times fp32's).
+  an H200 the demo trained in 70.6 s in bf16 against 15.2 s in fp32. Hence ``BF16_MIN_FLOPS``, for
+  every device with fast bf16 (AMX CPUs included: their faster multiply leaves the casts around it,
+  which is what costs at small sizes).
 - torch.compile costs a minute or two of compilation on a CPU; it pays when the time it saves on the
   whole run (its total FLOPs at the measured eager speed, times the measured gain) exceeds that
   (``compile_pays``, ``COMPILE_MEASURED``). On this project's CPUs the gain measured about 1.0x, so a CPU
@@ -56,7 +57,6 @@ class Hardware:
 
     device_type: str  # 'cpu', 'cuda' or 'mps'
     cpu_bf16: bool = False  # a CPU with bf16 matrix instructions (AMX or AVX512-BF16)
-    amx: bool = False  # a CPU with AMX tiles (bf16 matrices many times faster than fp32)
     cuda_bf16: bool = False  # a CUDA GPU with bf16
     threads: int = 1  # CPU threads this process computes on
 
@@ -92,20 +92,17 @@ class FastPath:
 
 def auto_precision(hw: Hardware, flops_per_image: float | None = None) -> tuple[str, str]:
     """The precision 'auto' means on ``hw`` for a model of ``flops_per_image`` (None: size unknown, the
-    hardware alone decides), and why."""
-    small = flops_per_image is not None and flops_per_image < BF16_MIN_FLOPS
-    size = f"{flops_per_image / 1e9:.3g} GFLOPs/image" if flops_per_image is not None else ""
-    if hw.device_type == "cuda":
-        if small:
-            return "fp32", f"bf16 does not pay at {size} (< {BF16_MIN_FLOPS / 1e9:g})"
-        return ("bf16", "the GPU has bf16") if hw.cuda_bf16 else ("fp16", "the GPU has no bf16")
-    if hw.device_type != "cpu" or not hw.cpu_bf16:
+    hardware alone decides), and why: bf16 (fp16 on a GPU without bf16) where the device has fast bf16
+    and the model reaches ``BF16_MIN_FLOPS``, else fp32."""
+    fast = {"cuda": "the GPU has bf16" if hw.cuda_bf16 else "the GPU has fp16",
+            "cpu": "the CPU has AMX or AVX512-BF16" if hw.cpu_bf16 else None}.get(hw.device_type)
+    if fast is None:
         return "fp32", "no fast bf16 on this device"
-    if hw.amx:
-        return "bf16", "the CPU has AMX"
-    if small:
-        return "fp32", f"bf16 does not pay at {size} (< {BF16_MIN_FLOPS / 1e9:g}) without AMX"
-    return "bf16", "the CPU has AVX512-BF16" + (f" and {size} pays" if size else "")
+    if flops_per_image is not None and flops_per_image < BF16_MIN_FLOPS:
+        return "fp32", f"bf16 does not pay at {flops_per_image / 1e9:.3g} GFLOPs/image (< {BF16_MIN_FLOPS / 1e9:g})"
+    size = f" and {flops_per_image / 1e9:.3g} GFLOPs/image pays" if flops_per_image is not None else ""
+    low = "fp16" if hw.device_type == "cuda" and not hw.cuda_bf16 else "bf16"
+    return low, fast + size
 
 
 def compile_pays(hw: Hardware, work: Work) -> tuple[bool, str]:

@@ -68,8 +68,7 @@ def cpu_has_fast_bf16() -> bool:
 def detect_hardware(device: torch.device) -> Hardware:
     """What ``device`` can do, as ``vitkit.fastpath``'s rules read it."""
     if device.type == "cpu":
-        return Hardware("cpu", cpu_bf16=cpu_has_fast_bf16(), amx=_cpu_probe("_is_amx_tile_supported"),
-                        threads=torch.get_num_threads())
+        return Hardware("cpu", cpu_bf16=cpu_has_fast_bf16(), threads=torch.get_num_threads())
     if device.type == "cuda":
         return Hardware("cuda", cuda_bf16=torch.cuda.is_bf16_supported())
     return Hardware(device.type)
