@@ -17,8 +17,8 @@ its range:
 - vitkit int8 (inference, ``--int8``): ``vitkit.quantize``, with its top-1 agreement with vitkit fp32
   on 500 demo test digits (the benchmark's random weights, with a random head);
 - timm compiled (``--compile``): torch.compile(timm) (its compile time is left out of the timing).
-With ``--memory``, the peak RSS of a fresh process that runs 3 training steps of the case, vitkit's
-default path against timm eager, on the CPU.
+With ``--memory``, the peak RSS of a fresh process that runs 3 training steps of the case (vitkit
+eager, vitkit's default path, timm eager), on the CPU.
 
 JSON goes to benchmarks/results/model_vs_timm.json.
 """
@@ -140,32 +140,51 @@ def top1_agreement(ours, device: torch.device, n: int = 500) -> float:
     return agree / len(x)
 
 
-def peak_rss_mib(lib: str, name: str, batch: int, threads: int) -> float:
+def peak_rss_mib(way: str, name: str, batch: int, threads: int) -> float:
     """Peak RSS of a fresh process that builds the case's model and runs 3 training steps."""
-    out = subprocess.run([sys.executable, __file__, "--_memory", f"{lib}:{name}:{batch}", "--threads", str(threads)],
+    out = subprocess.run([sys.executable, __file__, "--_memory", f"{way}:{name}:{batch}", "--threads", str(threads)],
                          capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def memory_child(spec: str, threads: int) -> None:
-    lib, name, batch = spec.split(":")
+    way, name, batch = spec.split(":")
     torch.set_num_threads(threads)
     device = torch.device("cpu")
     ours, ref = models(name, device)
     x = torch.randn(int(batch), ours.cfg.in_chans, *ours.cfg.img_size)
-    if lib == "vitkit":
+    if way == "vitkit default":
         del ref
         step, _ = default_way(ours, "train", x, device)
+    elif way == "vitkit eager":
+        del ref
+        step = step_fn(ours, "train", x)
     else:
         del ours
         step = step_fn(ref, "train", x)
     for _ in range(3):
         step()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    # VmHWM: this process's own peak (ru_maxrss would carry the parent's peak over the fork and exec)
+    status = Path("/proc/self/status")
+    if status.exists():
+        line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM:"))
+        print(int(line.split()[1]) / 1024)
+    else:  # not Linux
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+
+
+def write(args, rows: list[dict]) -> None:
+    import timm
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
+    out.write_text(json.dumps(dict(torch=torch.__version__, timm=timm.__version__, threads=args.threads,
+                                   device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                                   command=" ".join(sys.argv), repeats=args.repeats, rows=rows), indent=2) + "\n")
 
 
 def main() -> None:
-    import timm
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated mode:model:batch")
@@ -208,15 +227,12 @@ def main() -> None:
         if "vitkit int8" in ways:
             row["int8 top-1 agreement (demo digits)"] = top1_agreement(ours, device)
         if args.memory and mode == "train" and device.type == "cpu":
-            row["peak_rss_mib"] = {lib: peak_rss_mib(lib, name, batch, args.threads) for lib in ("vitkit", "timm")}
+            row["peak_rss_mib"] = {way: peak_rss_mib(way, name, batch, args.threads)
+                                   for way in ("vitkit eager", "vitkit default", "timm eager")}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(torch=torch.__version__, timm=timm.__version__, threads=args.threads,
-                                   device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                                   command=" ".join(sys.argv), repeats=args.repeats, rows=rows), indent=2) + "\n")
-    print(f"wrote {out}")
+        write(args, rows)  # after every case: a run cut short keeps what it measured
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
