@@ -1,96 +1,238 @@
-"""Forward (inference) and training-step speed of vitkit against timm, side by side, as ratios.
+"""vitkit against timm on the same model and weights, side by side, as ratios of images per second.
 
-Run in an environment with timm (see benchmarks/parity.sh for one):
-    .venv-ref/bin/python benchmarks/model_vs_timm.py [--models vit_tiny_patch16_224,vit_small_patch16_224]
-    python benchmarks/model_vs_timm.py --device cuda --dtypes bf16 --models vit_base_patch16_224 --batch-size 64
+Run in an environment with timm (see benchmarks/parity.sh for one), from the repository root:
+    PYTHONPATH=src /work/refvenv/bin/python benchmarks/model_vs_timm.py            # the README's table
+    python benchmarks/model_vs_timm.py --cases infer:vit_tiny_patch16_224:1,infer:vit_base_patch16_224:16
+    python benchmarks/model_vs_timm.py --device cuda --cases train:vit_base_patch16_224:64
 
-Both models get the same weights (identity key map). The two are timed in alternation, repeat after
-repeat, so that load on a shared machine hits both alike; the table gives medians and the ratio
-vitkit/timm of images per second (> 1: vitkit faster). JSON goes to benchmarks/results/model_vs_timm.json.
+A case is mode:model:batch; the model is a named vitkit model (timm builds the same architecture; the
+weights are vitkit's, loaded into timm by the identity key map). A training step is forward +
+cross-entropy + backward + AdamW (foreach) step. For each case the ways below are timed in alternation,
+repeat after repeat (the order rotating), so that load on a shared machine hits all alike; each ratio is
+the median over the repeats of timm eager's time / the way's time (> 1: faster than timm eager), with
+its range:
+- vitkit eager: fp32, no compile (the same computation as timm's);
+- vitkit default: the path vitkit's tools take (``vitkit.runtime.inference_path`` for inference,
+  ``pick_precision('auto', ...)`` for training), named in the table;
+- vitkit int8 (inference, ``--int8``): ``vitkit.quantize``, with its top-1 agreement with vitkit fp32
+  on 500 demo test digits (the benchmark's random weights, with a random head);
+- timm compiled (``--compile``): torch.compile(timm) (its compile time is left out of the timing).
+With ``--memory``, the peak RSS of a fresh process that runs 3 training steps of the case (vitkit
+eager, vitkit's default path, timm eager), on the CPU.
+
+JSON goes to benchmarks/results/model_vs_timm.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
+import subprocess
+import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 import vitkit
+from vitkit.fastpath import vit_flops
+from vitkit.runtime import apply_path, autocast, inference_path, pick_precision
+
+TRAIN_MODEL = ("vit_tiny_patch4_32", {"depth": 6})  # patch 4, width 192, depth 6, 32 px
+DEFAULT_CASES = "infer:vit_small_patch16_224:16,train:vit_tiny_patch4_32:128"
 
 
-def timed(fn, n: int, device: torch.device) -> float:
+def models(name: str, device: torch.device):
+    """The vitkit model and timm's, with the same weights."""
+    import timm
+    from timm.models.vision_transformer import VisionTransformer
+
+    over = TRAIN_MODEL[1] if name == TRAIN_MODEL[0] else {}
+    ours = vitkit.create_model(name, seed=0, **over)
+    torch.nn.init.normal_(ours.head.weight, std=0.02)  # a head that separates classes, for top-1 checks
+    c = ours.cfg
+    if name in timm.list_models():
+        ref = timm.create_model(name, pretrained=False)
+    else:
+        ref = VisionTransformer(img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans,
+                                num_classes=c.num_classes, embed_dim=c.embed_dim, depth=c.depth,
+                                num_heads=c.num_heads, mlp_ratio=c.mlp_hidden / c.embed_dim)
+    ref.load_state_dict(ours.state_dict())
+    return ours.to(device), ref.to(device)
+
+
+def step_fn(model, mode: str, x: torch.Tensor, precision: str = "fp32", fused: bool = False):
+    """One inference forward, or one training step (forward, cross-entropy, backward, AdamW: foreach, or
+    ``fused``)."""
+    amp = (lambda: autocast(x.device, precision)) if precision != "fp32" else nullcontext
+    if mode == "infer":
+        model.eval()
+
+        def infer():
+            with torch.inference_mode(), amp():
+                return model(x)
+        return infer
+    model.train()
+    y = torch.randint(0, 10, (x.shape[0],), generator=torch.Generator().manual_seed(0)).to(x.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if fused else {"foreach": True}))
+
+    def train():
+        with amp():
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return train
+
+
+def default_way(ours, mode: str, x: torch.Tensor, device: torch.device):
+    """vitkit's default path for this case: (its step, its description)."""
+    if mode == "infer":
+        path = inference_path(ours, device, "auto", x.shape[0])
+        return step_fn(apply_path(ours, path), mode, x, path.precision), path.describe()
+    precision = pick_precision("auto", device, vit_flops(ours.cfg))
+    return step_fn(ours, mode, x, precision), f"{precision}, eager (training: precision='auto')"
+
+
+def race(ways: dict, repeats: int, iters: int, device: torch.device) -> dict:
+    """Median seconds per step of each way over ``repeats`` rounds, the order rotating; and every round's
+    times."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(n):
+    for fn in ways.values():  # warm-up (and compilation)
         fn()
-    sync()
-    return (time.perf_counter() - t0) / n
+    names = list(ways)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                ways[n]()
+            sync()
+            times[n].append((time.perf_counter() - t0) / iters)
+    return times
+
+
+def ratio(times: dict, way: str, base: str = "timm eager") -> tuple[float, float, float]:
+    r = sorted(b / a for a, b in zip(times[way], times[base]))
+    return statistics.median(r), r[0], r[-1]
+
+
+def top1_agreement(ours, device: torch.device, n: int = 500) -> float:
+    """Share of the first ``n`` demo test digits (at the model's size and channels, through its own
+    preprocessing) on which vitkit int8 and fp32 predict the same class."""
+    from vitkit.data import eval_batch, open_dataset
+    from vitkit.quantize import quantize_int8
+
+    c = ours.cfg
+    test = open_dataset(None, channels=c.in_chans, img_size=c.img_size).test
+    imgs, _ = test.get_batch(torch.arange(min(n, len(test))))
+    x = eval_batch(imgs, c.img_size, ours.preprocess)
+    q, fp32 = quantize_int8(ours), ours.eval()
+    agree = 0
+    with torch.inference_mode():
+        for i in range(0, len(x), 50):
+            agree += (fp32(x[i:i + 50]).argmax(-1) == q(x[i:i + 50]).argmax(-1)).sum().item()
+    return agree / len(x)
+
+
+def peak_rss_mib(way: str, name: str, batch: int, threads: int) -> float:
+    """Peak RSS of a fresh process that builds the case's model and runs 3 training steps."""
+    out = subprocess.run([sys.executable, __file__, "--_memory", f"{way}:{name}:{batch}", "--threads", str(threads)],
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def memory_child(spec: str, threads: int) -> None:
+    way, name, batch = spec.split(":")
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    ours, ref = models(name, device)
+    x = torch.randn(int(batch), ours.cfg.in_chans, *ours.cfg.img_size)
+    if way == "vitkit default":
+        del ref
+        step, _ = default_way(ours, "train", x, device)
+    elif way == "vitkit eager":
+        del ref
+        step = step_fn(ours, "train", x)
+    else:
+        del ours
+        step = step_fn(ref, "train", x)
+    for _ in range(3):
+        step()
+    # VmHWM: this process's own peak (ru_maxrss would carry the parent's peak over the fork and exec)
+    status = Path("/proc/self/status")
+    if status.exists():
+        line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM:"))
+        print(int(line.split()[1]) / 1024)
+    else:  # not Linux
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+
+
+def write(args, rows: list[dict]) -> None:
+    import timm
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
+    out.write_text(json.dumps(dict(torch=torch.__version__, timm=timm.__version__, threads=args.threads,
+                                   device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                                   command=" ".join(sys.argv), repeats=args.repeats, rows=rows), indent=2) + "\n")
 
 
 def main() -> None:
-    import timm
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="vit_tiny_patch16_224,vit_small_patch16_224")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated mode:model:batch")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated of fp32, bf16 (autocast)")
+    ap.add_argument("--int8", action="store_true", help="also time vitkit int8 inference (CPU)")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile(timm)")
+    ap.add_argument("--memory", action="store_true", help="peak RSS of training, fresh processes (CPU)")
     ap.add_argument("--out", default="benchmarks/results/model_vs_timm.json")
+    ap.add_argument("--_memory", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args._memory:
+        return memory_child(args._memory, args.threads)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     rows = []
-    for name in args.models.split(","):
-        ours = vitkit.create_model(name, seed=0)
-        ref = timm.create_model(name, pretrained=False)
-        ref.load_state_dict(ours.state_dict())
-        ours, ref = ours.to(device), ref.to(device)
-        x = torch.randn(args.batch_size, 3, *ours.cfg.img_size, device=device)
-        for dtype in args.dtypes.split(","):
-            for mode in ("infer", "train"):
-                def step(m, mode=mode, dtype=dtype):
-                    ctx = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
-                    if mode == "infer":
-                        m.eval()
-                        with torch.inference_mode(), ctx:
-                            m(x)
-                    else:
-                        m.train()
-                        with ctx:
-                            loss = m(x).float().logsumexp(-1).mean()
-                        loss.backward()
-                        m.zero_grad(set_to_none=True)
+    for case in args.cases.split(","):
+        mode, name, batch = case.split(":")
+        batch = int(batch)
+        ours, ref = models(name, device)
+        x = torch.randn(batch, ours.cfg.in_chans, *ours.cfg.img_size, device=device)
+        default, how = default_way(models(name, device)[0], mode, x, device)
+        ways = {"timm eager": step_fn(ref, mode, x), "vitkit eager": step_fn(ours, mode, x), "vitkit default": default}
+        if args.compile:
+            ways["timm compiled"] = step_fn(torch.compile(models(name, device)[1]), mode, x)
+        if args.int8 and mode == "infer":
+            from vitkit.quantize import quantize_int8
 
-                for m in (ours, ref):  # warm-up
-                    step(m)
-                t_ours, t_ref = [], []
-                for _ in range(args.repeats):
-                    t_ours.append(timed(lambda: step(ours), args.iters, device))
-                    t_ref.append(timed(lambda: step(ref), args.iters, device))
-                a, b = statistics.median(t_ours), statistics.median(t_ref)
-                ratios = sorted(r / o for o, r in zip(t_ours, t_ref))
-                rows.append(dict(model=name, dtype=dtype, mode=mode, batch=args.batch_size,
-                                 vitkit_img_s=args.batch_size / a, timm_img_s=args.batch_size / b,
-                                 ratio=b / a, ratio_min=ratios[0], ratio_max=ratios[-1]))
-                r = rows[-1]
-                print(f"{name:24s} {dtype:4s} {mode:5s}  vitkit {r['vitkit_img_s']:8.1f} img/s  timm "
-                      f"{r['timm_img_s']:8.1f} img/s  ratio {r['ratio']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]",
-                      flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(torch=torch.__version__, timm=timm.__version__, threads=args.threads,
-                                   device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                                   rows=rows),
-                              indent=2) + "\n")
-    print(f"wrote {out}")
+            ways["vitkit int8"] = step_fn(quantize_int8(ours), mode, x)
+        times = race(ways, args.repeats, args.iters, device)
+        row = dict(case=case, mode=mode, model=name, batch=batch, default_path=how,
+                   img_s={n: batch / statistics.median(t) for n, t in times.items()})
+        for way in ways:
+            if way != "timm eager":
+                row[f"{way} / timm eager"] = ratio(times, way)
+        if "timm compiled" in ways:
+            row["vitkit default / timm compiled"] = ratio(times, "vitkit default", "timm compiled")
+        if "vitkit int8" in ways:
+            row["int8 top-1 agreement (demo digits)"] = top1_agreement(ours, device)
+        if args.memory and mode == "train" and device.type == "cpu":
+            row["peak_rss_mib"] = {way: peak_rss_mib(way, name, batch, args.threads)
+                                   for way in ("vitkit eager", "vitkit default", "timm eager")}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        write(args, rows)  # after every case: a run cut short keeps what it measured
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

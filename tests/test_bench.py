@@ -57,6 +57,16 @@ def test_bench_rows_for_each_mode_dtype_and_batch():
     assert "int8 = dynamic quantization" in format_table(res)
 
 
+def test_auto_is_the_precision_the_tools_pick(monkeypatch):
+    from vitkit import runtime
+    from vitkit.fastpath import Hardware
+
+    monkeypatch.setattr(runtime, "detect_hardware", lambda dev: Hardware("cpu", cpu_bf16=True))  # AVX512-BF16
+    res = bench("vit_test", batch_sizes=(1,), dtypes=("auto", "fp32"), repeats=1, warmup=0, peak=False)
+    assert res["auto_dtype"] == "fp32"  # a tiny model: bf16 would not pay without AMX
+    assert [r["dtype"] for r in res["rows"]] == ["fp32"]  # measured once
+
+
 def test_bench_does_not_change_the_model_weights():
     m = vitkit.create_model("vit_test", seed=0)
     before = {k: v.clone() for k, v in m.state_dict().items()}

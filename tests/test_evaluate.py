@@ -260,3 +260,9 @@ def test_a_run_is_scored_with_its_own_tta_unless_told(tmp_path, data, capsys):
     assert ", flip TTA" not in capsys.readouterr().out.splitlines()[0]
     assert main(["eval", str(run), "--tta"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith(", flip TTA")
+
+
+def test_the_path_taken_is_in_the_result_and_int8_scores_like_fp32(data):
+    fp32, int8 = (evaluate(_model(), data, precision=p) for p in ("auto", "int8"))
+    assert fp32["fast_path"].startswith("fp32, eager") and int8["fast_path"].startswith("int8, eager")
+    assert int8["num_images"] == fp32["num_images"] and abs(int8["top1"] - fp32["top1"]) <= 1 / fp32["num_images"]

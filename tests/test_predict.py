@@ -102,3 +102,12 @@ def test_cli_table_json_csv_and_errors(ckpt, images, capsys):
     with pytest.raises(SystemExit) as e:
         main(["predict", str(ckpt), str(images), "--json", "--csv"])
     assert e.value.code == 2
+
+
+def test_the_path_taken_is_said_and_int8_is_opt_in(ckpt, images, capsys):
+    assert main(["predict", str(ckpt), str(images / "wide.png")]) == 0
+    assert capsys.readouterr().out.splitlines()[-2].startswith("ran fp32, eager (fp32: ")  # tiny: bf16 won't pay
+    fp32 = predict(ckpt, [images], precision="fp32")
+    int8 = predict(ckpt, [images], precision="int8")
+    assert int8["fast_path"].startswith("int8, eager (int8 weights")
+    assert [p["top"][0]["index"] for p in int8["predictions"]] == [p["top"][0]["index"] for p in fp32["predictions"]]

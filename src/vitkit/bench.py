@@ -7,8 +7,8 @@
 For every (mode, dtype, batch size): ``warmup`` untimed steps, then ``repeats`` timed steps; latency
 p50 / p95 / min / max / IQR are over the timed steps and throughput is batch / p50. A training step is
 forward + cross-entropy + backward + AdamW step. bf16 runs under autocast; int8 is dynamic
-quantization of the Linear layers (torch.ao, weights int8, activations quantized on the fly; CPU,
-inference only).
+quantization of the Linear layers (``vitkit.quantize``: int8 per-channel weights, activations quantized
+on the fly; CPU, inference only).
 
 FLOPs are counted with torch's FlopCounterMode on the model's manual attention path: the counter
 does not see F.scaled_dot_product_attention on CPU in every torch version, and would miss the two
@@ -24,14 +24,15 @@ from __future__ import annotations
 import copy
 import math
 import time
-import warnings
 from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
 from .errors import ConfigError
-from .runtime import autocast, count_params, load_model, resolve_device
+from .fastpath import vit_flops
+from .quantize import int8_available, quantize_int8
+from .runtime import autocast, count_params, load_model, pick_precision, resolve_device
 from .strict import to_hw
 
 DTYPES = ("fp32", "bf16", "int8")
@@ -39,29 +40,6 @@ MODES = ("infer", "train")
 
 
 # ------------------------------------------------------------------------------------------- FLOPs
-def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
-    """Forward FLOPs of one image through a standard ViT (patch stem, pre-LN blocks, linear head).
-
-    Counts matmuls only (2 FLOPs per multiply-add): patch embedding, per block qkv + attention
-    (QK^T and AV: 2 * 2 * T^2 * D) + projection + MLP, the optional pre-logits layer and the head.
-    Norms, softmax, GELU and additions are left out, as FlopCounterMode does.
-    """
-    H, W = img_size or cfg.img_size
-    P, C, D = cfg.patch_size, cfg.in_chans, cfg.embed_dim
-    N = (H // P) * (W // P)
-    T = N + cfg.num_prefix_tokens
-    hid = cfg.mlp_hidden
-    stem = 2 * N * D * C * P * P
-    per_block = 2 * T * D * 3 * D + 2 * 2 * T * T * D + 2 * T * D * D + 2 * 2 * T * D * hid
-    feat = D
-    pre = 0
-    if cfg.representation_size:
-        pre = 2 * D * cfg.representation_size
-        feat = cfg.representation_size
-    head = 2 * feat * cfg.num_classes
-    return stem + cfg.depth * per_block + pre + head
-
-
 def count_flops(model, img_size: tuple[int, int] | None = None) -> int:
     """Forward FLOPs of one image, counted by FlopCounterMode on the manual attention path."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -175,16 +153,6 @@ class _PeakMemory:
         return r / 2**20 if sys.platform == "darwin" else r / 1024  # bytes on macOS, kB on Linux
 
 
-def _quantize_int8(model):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
-        try:
-            from torch.ao.quantization import quantize_dynamic
-        except ImportError:
-            return None
-        return quantize_dynamic(copy.deepcopy(model).float().eval(), {torch.nn.Linear}, dtype=torch.qint8)
-
-
 # ------------------------------------------------------------------------------------------- bench
 _INT8_NOTE = "int8: dynamic quantization of Linear layers (weights int8), inference only"
 
@@ -206,8 +174,8 @@ def _resolve_model(model_or_name, img_size, device):
 
 def _check_options(dtypes, modes, batch_sizes, repeats: int, warmup: int) -> None:
     for d in dtypes:
-        if d not in DTYPES:
-            raise ConfigError(f"--dtype: {d!r} is not one of {', '.join(DTYPES)}")
+        if d not in DTYPES + ("auto",):
+            raise ConfigError(f"--dtype: {d!r} is not one of {', '.join(DTYPES + ('auto',))}")
     for m in modes:
         if m not in MODES:
             raise ConfigError(f"--mode: {m!r} is not one of {', '.join(MODES)}")
@@ -230,9 +198,10 @@ def bench(
     device: str = "cpu",
     peak: bool = True,
 ) -> dict:
-    """Benchmark a model; returns {"model", "device", "flops_per_image", "peak_flops", "rows": [...]}.
+    """Benchmark a model; returns {"model", "device", "flops_per_image", "peak_flops", "auto_dtype", "rows": [...]}.
 
-    Each row: mode, dtype, batch, images_per_s, p50_ms, p95_ms, min_ms, max_ms, iqr_ms,
+    ``dtypes`` may name 'auto': the precision the tools and training pick for this model on this device
+    (``vitkit.fastpath``), measured under its own name and given as "auto_dtype". Each row: mode, dtype, batch, images_per_s, p50_ms, p95_ms, min_ms, max_ms, iqr_ms,
     images_per_s_min / _max (from the slowest / fastest step), peak_mem_mib, tflops, mfu, note.
     """
     _check_options(dtypes, modes, batch_sizes, repeats, warmup)
@@ -248,6 +217,8 @@ def bench(
     if size[0] % cfg.patch_size or size[1] % cfg.patch_size:
         raise ConfigError(f"--img-size: {size[0]}x{size[1]} is not a multiple of the patch size {cfg.patch_size}")
     flops = count_flops(model, size)
+    auto = pick_precision("auto", dev, vit_flops(cfg, size))  # what the tools and training pick (vitkit.fastpath)
+    dtypes = list(dict.fromkeys(auto if d == "auto" else d for d in dtypes))
     peaks: dict[str, float] = {}
     rows = []
     for mode in modes:
@@ -274,6 +245,7 @@ def bench(
         repeats=repeats,
         warmup=warmup,
         compile=compile,
+        auto_dtype=auto,
         rows=rows,
     )
 
@@ -283,9 +255,9 @@ def _bench_one(model, mode, dtype, batch, size, repeats, warmup, compile, dev, f
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(batch, model.cfg.in_chans, *size, generator=g).to(dev)
     if dtype == "int8":
-        m = _quantize_int8(model)
-        if m is None:
-            return dict(mode=mode, dtype=dtype, batch=batch, skipped="torch.ao dynamic quantization not available")
+        if not int8_available():
+            return dict(mode=mode, dtype=dtype, batch=batch, skipped="this torch build has no int8 kernels")
+        m = quantize_int8(model)
     else:
         m = copy.deepcopy(model).train() if mode == "train" else model  # training leaves the model as it was
     step = _step_fn(m, mode, dtype, x, g, compile)
@@ -315,7 +287,7 @@ def _step_fn(m, mode: str, dtype: str, x: torch.Tensor, g: torch.Generator, comp
     """One step on the batch ``x``: a forward pass under inference mode, or (train) forward +
     cross-entropy against labels drawn from ``g`` + backward + AdamW step. bf16 runs under autocast."""
     dev = x.device
-    amp = autocast(dev, "bf16") if dtype == "bf16" else nullcontext()
+    amp = autocast(dev, dtype) if dtype in ("bf16", "fp16") else nullcontext()  # fp16: 'auto' on old GPUs
     run_m = torch.compile(m) if compile else m
     if mode != "train":
 
@@ -380,7 +352,7 @@ def format_table(res: dict) -> str:
             f"{r['mode']:<6} {r['dtype']:<5} {r['batch']:>5} {r['images_per_s']:>9.1f} {rng:>17} {r['p50_ms']:>9.2f} "
             f"{r['p95_ms']:>9.2f} {r['iqr_ms']:>8.2f} {r['peak_mem_mib']:>9.0f} {r['tflops']:>8.4f} {mfu:>6}")
     if any(r.get("dtype") == "int8" and "skipped" not in r for r in res["rows"]):
-        lines.append("int8 = dynamic quantization of Linear layers (torch.ao), inference only; MFU is n/a for int8")
+        lines.append("int8 = dynamic quantization of Linear layers (vitkit.quantize), inference only; MFU is n/a for int8")
     return "\n".join(lines)
 
 

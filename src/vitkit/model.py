@@ -180,29 +180,37 @@ class VisionTransformer(nn.Module):
 
     # ----------------------------------------------------------------------------------- checks
     def check_input(self, x: torch.Tensor) -> tuple[int, int]:
-        """Raise ShapeError unless ``x`` is a float (B, C, H, W) batch the model can take; return the grid."""
+        """Raise ShapeError unless ``x`` is a float (B, C, H, W) batch the model can take; return the grid.
+
+        Runs on every forward, so it only compares; the messages are built when a check fails.
+        """
         cfg = self.cfg
-        expect = f"a float tensor (B, {cfg.in_chans}, {cfg.img_size[0]}, {cfg.img_size[1]})"
         if not isinstance(x, torch.Tensor):
-            raise ShapeError(f"input: expected {expect}, got {type(x).__name__}")
-        got = f"shape {tuple(x.shape)} dtype {str(x.dtype).replace('torch.', '')}"
+            raise ShapeError(f"input: expected {self._expected_input()}, got {type(x).__name__}")
         if x.ndim != 4:
-            raise ShapeError(f"input: expected {expect}, got {got} (rank {x.ndim})")
+            raise ShapeError(f"input: expected {self._expected_input()}, got {_describe(x)} (rank {x.ndim})")
         if not x.is_floating_point():
-            raise ShapeError(f"input: expected {expect}, got {got}; convert images with .float() / 255")
+            raise ShapeError(f"input: expected {self._expected_input()}, got {_describe(x)}; "
+                             "convert images with .float() / 255")
         B, C, H, W = x.shape
         if C != cfg.in_chans:
-            raise ShapeError(f"input: expected {expect}, got {got} ({C} channels, model takes {cfg.in_chans})")
+            raise ShapeError(f"input: expected {self._expected_input()}, got {_describe(x)} "
+                             f"({C} channels, model takes {cfg.in_chans})")
         P = cfg.patch_size
         if cfg.dynamic_img_size:
             if H % P or W % P or H < P or W < P:
-                raise ShapeError(f"input: height and width must be multiples of patch size {P}, got {got}")
+                raise ShapeError(f"input: height and width must be multiples of patch size {P}, got {_describe(x)}")
         elif (H, W) != cfg.img_size:
             raise ShapeError(
-                f"input: expected {expect}, got {got}; build with dynamic_img_size=True or call "
-                f"resample_to(({H}, {W})) to run at another size"
+                f"input: expected {self._expected_input()}, got {_describe(x)}; build with dynamic_img_size=True "
+                f"or call resample_to(({H}, {W})) to run at another size"
             )
         return H // P, W // P
+
+    def _expected_input(self) -> str:
+        """What ``check_input`` accepts, in words (for its error messages)."""
+        cfg = self.cfg
+        return f"a float tensor (B, {cfg.in_chans}, {cfg.img_size[0]}, {cfg.img_size[1]})"
 
     # ---------------------------------------------------------------------------------- forward
     @property
@@ -421,6 +429,11 @@ class VisionTransformer(nn.Module):
     def extra_repr(self) -> str:
         c = self.cfg
         return f"img_size={c.img_size}, patch_size={c.patch_size}, embed_dim={c.embed_dim}, depth={c.depth}"
+
+
+def _describe(x: torch.Tensor) -> str:
+    """A tensor's shape and dtype, as the input errors name them."""
+    return f"shape {tuple(x.shape)} dtype {str(x.dtype).replace('torch.', '')}"
 
 
 def _tracing() -> bool:

@@ -21,7 +21,7 @@ import torch
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
 from .progress import Progress
-from .runtime import label_names, load_model
+from .runtime import apply_path, autocast, inference_path, label_names, load_model
 
 
 def _read(path: Path, channels: int, img_size, pre, max_pixels):
@@ -43,15 +43,17 @@ def predict(
     num_workers: int = 4,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     progress: Progress | None = None,
+    precision: str = "auto",
 ) -> dict:
     """Top-k classes with probabilities for every image in ``inputs`` (files, folders, globs).
 
     Images over ``max_pixels`` are refused as decompression bombs (None: no limit). ``progress``: where
-    the images are counted as they are classified (default: nowhere).
+    the images are counted as they are classified (default: nowhere). ``precision``: 'auto' (the path
+    ``runtime.inference_path`` picks for this model and device), 'fp32', 'bf16' or 'int8' (opt-in, CPU).
 
     Returns {"predictions": [{"path", "top": [{"index", "label", "prob"}]}], "errors": [{"path",
-    "error"}], "top_k", "num_images"}. Inputs that match nothing and unreadable files go to "errors"
-    (or raise DataError with ``strict``).
+    "error"}], "top_k", "num_images", "fast_path": the path taken, in words}. Inputs that match nothing and
+    unreadable files go to "errors" (or raise DataError with ``strict``).
     """
     if top_k < 1:
         raise ConfigError(f"--top-k: must be >= 1, got {top_k}")
@@ -68,15 +70,18 @@ def predict(
         raise DataError("inputs: give at least one image file, folder or glob")
     errors: list[dict] = []
     files = _image_files(inputs, strict, errors)
+    path = inference_path(model, device, precision, len(files))
+    net = apply_path(model, path)
     preds: list[dict] = []
     task = (progress or Progress()).task("predicting", len(files), unit="images")
     with task, ThreadPoolExecutor(max(1, num_workers)) as pool:
         for start in range(0, len(files), batch_size):
             good = _decode_batch(pool, model, files[start : start + batch_size], strict, max_pixels, errors)
             if good:
-                preds += _top_k(model, good, k, names, device)
+                with autocast(device, path.precision):
+                    preds += _top_k(net, good, k, names, device)
             task.update(min(start + batch_size, len(files)))
-    return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors)
+    return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors, fast_path=path.describe())
 
 
 def _image_files(inputs: list, strict: bool, errors: list[dict]) -> list[Path]:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
+from .fastpath import FastPath, Hardware, Work, auto_precision, choose_path, vit_flops
 
 
 def _mps_available() -> bool:
@@ -50,38 +51,68 @@ def resolve_device(name: str | torch.device = "auto", *, local_rank: int = 0, wh
     return dev
 
 
+def _cpu_probe(name: str) -> bool:
+    """One of torch.cpu's feature probes ('_is_amx_tile_supported', ...); missing or failing means no."""
+    fn = getattr(getattr(torch, "cpu", None), name, None)
+    try:
+        return bool(fn is not None and fn())
+    except Exception:  # noqa: BLE001 - a probe that fails means "no"
+        return False
+
+
 def cpu_has_fast_bf16() -> bool:
-    """True on CPUs with bf16 matrix instructions (AMX or AVX512-BF16), where bf16 beats fp32."""
-    cpu = getattr(torch, "cpu", None)
-    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
-        fn = getattr(cpu, probe, None)
-        try:
-            if fn is not None and fn():
-                return True
-        except Exception:  # noqa: BLE001 - a probe that fails means "no"
-            pass
-    return False
+    """True on CPUs with bf16 matrix instructions (AMX or AVX512-BF16), where bf16 can beat fp32."""
+    return any(_cpu_probe(p) for p in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
 
 
-def pick_precision(name: str, device: torch.device) -> str:
-    """'auto' -> bf16 on CUDA GPUs that have it (else fp16) and on CPUs with fast bf16, fp32 otherwise."""
+def detect_hardware(device: torch.device) -> Hardware:
+    """What ``device`` can do, as ``vitkit.fastpath``'s rules read it."""
+    if device.type == "cpu":
+        return Hardware("cpu", cpu_bf16=cpu_has_fast_bf16(), threads=torch.get_num_threads())
+    if device.type == "cuda":
+        return Hardware("cuda", cuda_bf16=torch.cuda.is_bf16_supported())
+    return Hardware(device.type)
+
+
+def pick_precision(name: str, device: torch.device, flops_per_image: float | None = None) -> str:
+    """'auto' -> what ``fastpath.auto_precision`` picks for ``device`` and a model of ``flops_per_image``
+    forward FLOPs (None: by the hardware alone): bf16 (fp16 on a GPU without it) where the hardware does
+    bf16 fast and the model is large enough for it to pay, fp32 otherwise. A name is checked and kept."""
     if name == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        if device.type == "cpu":
-            return "bf16" if cpu_has_fast_bf16() else "fp32"
-        return "fp32"
+        return auto_precision(detect_hardware(device), flops_per_image)[0]
     if name == "fp16" and device.type != "cuda":
         raise ConfigError(f"precision: 'fp16' needs a CUDA device (with a gradient scaler); on {device.type} use bf16 or fp32")
     return name
 
 
 def autocast(device: torch.device, precision: str):
-    """The autocast context for ``precision`` ('fp32' is no autocast at all)."""
-    if precision == "fp32":
+    """The autocast context for ``precision`` ('fp32' is no autocast at all, nor 'int8': its weights are)."""
+    if precision in ("fp32", "int8"):
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def inference_path(model: nn.Module, device: torch.device, precision: str = "auto", images: int = 0) -> FastPath:
+    """The path a tool runs ``model`` on ``device`` for ``images`` images (``fastpath.choose_path``):
+    ``precision`` 'auto', 'fp32', 'bf16' or 'int8' (opt-in: CPU only)."""
+    if precision not in ("auto", "fp32", "bf16", "int8"):
+        raise ConfigError(f"--precision: {precision!r} is not one of auto, fp32, bf16, int8")
+    cfg = model.cfg
+    work = Work("infer", vit_flops(cfg), images, conv_stem=cfg.stem == "conv")
+    return choose_path(detect_hardware(device), work, precision)
+
+
+def apply_path(model: nn.Module, path: FastPath) -> nn.Module:
+    """``model`` as ``path`` runs it: an int8 copy (``vitkit.quantize``), conv weights channels-last (in
+    place), compiled. Autocast for bf16 is the caller's (``autocast``)."""
+    if path.precision == "int8":
+        from .quantize import quantize_int8  # the quantized kernels only when asked for
+
+        model = quantize_int8(model)
+    if path.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return torch.compile(model) if path.compile else model
 
 
 def usable_cpus() -> int:
@@ -123,5 +154,5 @@ def label_names(model: nn.Module) -> list[str]:
     return list(model.labels) if model.labels is not None else [str(i) for i in range(n)]
 
 
-__all__ = ["resolve_device", "cpu_has_fast_bf16", "pick_precision", "autocast", "usable_cpus", "count_params", "model_logits",
-           "load_model", "label_names"]
+__all__ = ["resolve_device", "cpu_has_fast_bf16", "detect_hardware", "pick_precision", "inference_path", "apply_path",
+           "autocast", "usable_cpus", "count_params", "model_logits", "load_model", "label_names"]

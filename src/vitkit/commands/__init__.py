@@ -67,6 +67,13 @@ def seconds(text: str) -> float:
     return value
 
 
+def add_precision_flag(p) -> None:
+    """--precision of the inference tools (predict, eval): how the model runs (vitkit.fastpath)."""
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
+                   help="auto (default: bf16 where the hardware and the model's size make it pay, else fp32), "
+                        "fp32, bf16, or int8 (dynamic quantization of the Linear layers; CPU only, opt-in)")
+
+
 def add_progress_flags(p) -> None:
     """--progress-every and --quiet, for the commands that work through many images."""
     p.add_argument("--progress-every", type=seconds, default=30.0, metavar="SECONDS",

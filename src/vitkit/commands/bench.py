@@ -20,7 +20,9 @@ def register(p):
     p.add_argument("model", help="a model name (see `vitkit list`; random weights), a checkpoint or a run directory")
     p.add_argument("--batch-sizes", type=_csv(int), default=[1, 32], help="comma-separated (default 1,32)")
     p.add_argument("--img-size", type=image_size, default=None, help="N or HxW (default: the model's own)")
-    p.add_argument("--dtype", type=_csv(str), default=["fp32"], help="comma-separated of fp32, bf16, int8 (default fp32)")
+    p.add_argument("--dtype", type=_csv(str), default=["fp32"],
+                   help="comma-separated of fp32, bf16, int8, auto (the precision the tools and training pick "
+                        "for this model here) (default fp32)")
     p.add_argument("--mode", type=_csv(str), default=["infer"], help="comma-separated of infer, train (default infer)")
     p.add_argument("--repeats", type=int, default=10, help="timed steps per configuration (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")

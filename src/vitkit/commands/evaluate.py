@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_progress_flags, max_pixels, pixels
+from . import add_precision_flag, add_progress_flags, max_pixels, pixels
 
 
 def register(p):
@@ -32,6 +32,7 @@ def register(p):
     p.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None, help="test-time flip augmentation: "
                    "score the mean of the logits of each image and its left-right mirror (two forward passes; "
                    "default: as the run scored, for a run directory or a checkpoint in one; else off)")
+    add_precision_flag(p)
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
     add_progress_flags(p)
 
@@ -45,7 +46,7 @@ def run(args) -> int:
 
     res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
                    batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst,
-                   strict=args.strict, max_pixels=max_pixels(args), tta=args.tta,
+                   strict=args.strict, max_pixels=max_pixels(args), tta=args.tta, precision=args.precision,
                    progress=cli_progress(args.quiet, args.progress_every))
     for item in res["skipped"]:
         print(f"vitkit: warning: skipped {show_path(item['path'])}: {show_path(item['reason'])}", file=sys.stderr)
@@ -54,6 +55,7 @@ def run(args) -> int:
         return 0
     print(f"{res['data']} ({res['format']}), {res['scored']}" + (", flip TTA" if res["tta"] else "")
           + (f" ({res['skipped_files']} unreadable file(s) skipped)" if res["skipped_files"] else ""))
+    print(f"ran {res['fast_path']}")
     print(f"loss {res['loss']:.4f}   top-1 {100 * res['top1']:.2f}%   top-{res['top5_k']} {100 * res['top5']:.2f}%   "
           f"macro F1 {res['macro_f1']:.4f}")
     w = max(len(c["name"]) for c in res["per_class"])

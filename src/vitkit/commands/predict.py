@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import add_progress_flags, max_pixels, pixels
+from . import add_precision_flag, add_progress_flags, max_pixels, pixels
 
 
 def register(p):
@@ -14,6 +14,7 @@ def register(p):
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto: a GPU if there is one)")
     p.add_argument("--max-pixels", type=pixels, default=None, metavar="N",
                    help="refuse images larger than N pixels as decompression bombs (0: no limit; default: Pillow's 89,478,485)")
+    add_precision_flag(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print a JSON object as the last line")
     out.add_argument("--csv", action="store_true", help="print CSV: path,rank,index,label,prob")
@@ -29,7 +30,7 @@ def run(args) -> int:
     from . import cli_progress, json_line
 
     res = predict(args.checkpoint, args.paths, top_k=args.top_k, batch_size=args.batch_size, strict=args.strict,
-                  max_pixels=max_pixels(args), device=args.device,
+                  max_pixels=max_pixels(args), device=args.device, precision=args.precision,
                   progress=cli_progress(args.quiet, args.progress_every))
     failed = bool(res["errors"]) and not res["predictions"]  # nothing classified: the failure is the result
     if not (failed and len(res["errors"]) == 1):
@@ -60,5 +61,6 @@ def run(args) -> int:
         for p, c in zip(rows, cells):
             print("  ".join([f"{p['path']:<{width}}"] + [f"{x:<{cw[i]}}" for i, x in enumerate(c)]).rstrip())
         n_err = len(res["errors"])
+        print(f"ran {res['fast_path']}")
         print(f"{len(rows)} image(s) classified" + (f", {n_err} skipped (see above)" if n_err else ""))
     return 0

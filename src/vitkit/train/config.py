@@ -118,7 +118,8 @@ class RunConfig:
     threads: int | None = None  # CPU threads of each process; None = the cores not busy with other work, shared
     #   among this machine's processes. A run's config.json records the number it ran with
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # autocast dtype; auto: bf16 where the
-    #   hardware has fast bf16 (CUDA with bf16, CPUs with AMX/AVX512-BF16), else fp32; fp16 needs CUDA
+    #   hardware has fast bf16 (CUDA with bf16, CPUs with AMX/AVX512-BF16) and the model is large enough for it
+    #   to pay (vitkit.fastpath.auto_precision), else fp32; fp16 needs CUDA
     compile: bool = False  # torch.compile the model
     grad_checkpointing: bool = False  # recompute each block's activations in the backward pass instead of keeping
     #   them (VisionTransformer.set_grad_checkpointing): less memory for about one more forward pass per step

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from ..errors import TrainingError
+from ..fastpath import vit_flops
 from ..io.atomic import ensure_dir
 from ..progress import Progress
 from ..runtime import pick_precision, resolve_device
@@ -64,7 +65,6 @@ def train(
           contextlib.ExitStack() as scratch):
         t_start, cpu_start = time.perf_counter(), time.process_time()
         cfg = main_config(cfg, dist, device)
-        precision = pick_precision(cfg.precision, device)
         resume_from, saved = start_point(run_dir, resume, dist, scratch)
         if saved is not None and dist.is_main:
             cleanup_temp(run_dir)
@@ -72,6 +72,7 @@ def train(
         if cfg.init_from and resume_from is None and (fmt := init_format(cfg)) != "vitkit":
             init = read_init(cfg, fmt)
         mcfg = model_config(cfg, init, resume_from)
+        precision = pick_precision(cfg.precision, device, vit_flops(mcfg))  # 'auto' weighs the model's size
         loaded = None
         if splits is None:
             splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir)

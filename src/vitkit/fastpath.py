@@ -1,0 +1,175 @@
+"""Which way to run a model fastest: the rules, given the hardware and the size of the work.
+
+The tools (predict, eval, bench) and training ask ``choose_path`` once, with what the hardware can do
+(``Hardware``, detected by ``vitkit.runtime.detect_hardware``) and the work (``Work``: inference or
+training, forward FLOPs per image, how many images), and get a ``FastPath``: the precision, whether to
+torch.compile, whether to run a conv stem channels-last. Each tool says which path it took
+(``FastPath.describe``).
+
+The rules are thresholds measured on real hardware and kept with the benchmarks that measured them,
+never a timing race at run time (which would make a run's numerics depend on the machine's load):
+
+- bf16 autocast pays only where the hardware multiplies bf16 matrices fast (CUDA, AMX or AVX512-BF16
+  CPUs) and the matrices are large enough for that to outweigh the casts around them. On a CPU with
+  AVX512-BF16 but no AMX, a training step of the demo's 0.014-GFLOP model ran at 0.59x fp32's speed, a
+  6-block ViT-Ti at 32 px (0.37 GFLOPs) at 1.18x and ViT-Ti/16 (2.5 GFLOPs) at 1.41x
+  (benchmarks/results/bench_demo_precision.json, bench_tiny_precision.json, fastpath_rules.json); on
+  an H200 the demo trained in 70.6 s in bf16 against 15.2 s in fp32. Hence ``BF16_MIN_FLOPS``, for
+  every device with fast bf16 (AMX CPUs included: their faster multiply leaves the casts around it,
+  which is what costs at small sizes).
+- torch.compile costs a minute or two of compilation on a CPU; it pays when the time it saves on the
+  whole run (its total FLOPs at the measured eager speed, times the measured gain) exceeds that
+  (``compile_pays``, ``COMPILE_MEASURED``). On this project's CPUs the gain measured about 1.0x, so a CPU
+  never compiles on its own; a device without measurements compiles only when asked.
+- channels_last: for a conv stem (patch stems have one strided conv, which gains nothing), measured on
+  the CPU: the demo model's inference ran 1.5x and its training step 1.2x as fast (fastpath_rules.json).
+- int8 (``vitkit.quantize``) is never automatic: it changes the numbers. It is opt-in, for CPU
+  inference only.
+
+Nothing here imports torch: the rules are plain functions of plain data, tested one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import ConfigError
+
+Mode = Literal["infer", "train"]
+
+BF16_MIN_FLOPS = 3e8  # forward FLOPs per image from which bf16 beats fp32 on an AVX512-BF16 CPU, or on CUDA
+
+# (device, mode) -> (compile seconds, compiled / eager speed, eager FLOP/s per thread), measured on a shared
+# 2-core AVX512 CPU, torch 2.13: a 6-block ViT-Ti training step at 32 px (batch 128) compiled in 114 s and
+# ran at 0.99x eager; ViT-S/16 inference (batch 16) compiled in 75 s and ran at 1.05x, within the noise of
+# that machine, so taken as 1.0. Eager fp32 reaches ~20 GFLOP/s a thread (``vitkit bench``: ~30% of a
+# 133 GFLOP/s two-thread peak).
+COMPILE_MEASURED: dict[tuple[str, str], tuple[float, float, float]] = {
+    ("cpu", "train"): (114.0, 0.99, 2e10),
+    ("cpu", "infer"): (75.0, 1.0, 2e10),
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the device can do, as the rules need it (``vitkit.runtime.detect_hardware`` fills it in)."""
+
+    device_type: str  # 'cpu', 'cuda' or 'mps'
+    cpu_bf16: bool = False  # a CPU with bf16 matrix instructions (AMX or AVX512-BF16)
+    cuda_bf16: bool = False  # a CUDA GPU with bf16
+    threads: int = 1  # CPU threads this process computes on
+
+
+@dataclass(frozen=True)
+class Work:
+    """The work to run: inference or training, its forward FLOPs per image and how many images in all
+    (a training run: steps x global batch; 0 = unknown, taken as short)."""
+
+    mode: Mode
+    flops_per_image: float
+    images: int = 0
+    conv_stem: bool = False
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """How to run: ``precision`` ('fp32', 'bf16', 'fp16' autocast, or 'int8' weights), ``compile``,
+    ``channels_last``; ``why`` says why, one reason per choice that was made automatically."""
+
+    precision: str
+    compile: bool = False
+    channels_last: bool = False
+    why: tuple[str, ...] = field(default=(), compare=False)
+
+    def describe(self) -> str:
+        """One line for a tool's output, e.g. 'fp32, eager (bf16: 0.014 GFLOPs/image is too small ...)'."""
+        parts = [self.precision, "compiled" if self.compile else "eager"]
+        if self.channels_last:
+            parts.append("channels_last")
+        return ", ".join(parts) + (f" ({'; '.join(self.why)})" if self.why else "")
+
+
+def auto_precision(hw: Hardware, flops_per_image: float | None = None) -> tuple[str, str]:
+    """The precision 'auto' means on ``hw`` for a model of ``flops_per_image`` (None: size unknown, the
+    hardware alone decides), and why: bf16 (fp16 on a GPU without bf16) where the device has fast bf16
+    and the model reaches ``BF16_MIN_FLOPS``, else fp32."""
+    fast = {"cuda": "the GPU has bf16" if hw.cuda_bf16 else "the GPU has fp16",
+            "cpu": "the CPU has AMX or AVX512-BF16" if hw.cpu_bf16 else None}.get(hw.device_type)
+    if fast is None:
+        return "fp32", "no fast bf16 on this device"
+    if flops_per_image is not None and flops_per_image < BF16_MIN_FLOPS:
+        return "fp32", f"bf16 does not pay at {flops_per_image / 1e9:.3g} GFLOPs/image (< {BF16_MIN_FLOPS / 1e9:g})"
+    size = f" and {flops_per_image / 1e9:.3g} GFLOPs/image pays" if flops_per_image is not None else ""
+    low = "fp16" if hw.device_type == "cuda" and not hw.cuda_bf16 else "bf16"
+    return low, fast + size
+
+
+def compile_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
+    """Whether torch.compile repays its compile time on ``work``, and why: the time it saves (eager time
+    x (1 - 1 / speedup), the eager time estimated from the work's FLOPs) must exceed the compile time.
+    Devices without a measured speedup never compile on their own (``compile=True`` still does)."""
+    measured = COMPILE_MEASURED.get((hw.device_type, work.mode))
+    if measured is None:
+        return False, f"torch.compile: not measured for {work.mode} on {hw.device_type}, off unless asked for"
+    seconds, speedup, rate = measured
+    passes = 3 if work.mode == "train" else 1  # forward + backward ~ 3 forwards
+    eager_s = work.images * work.flops_per_image * passes / (rate * max(hw.threads, 1))
+    saved = eager_s * (1 - 1 / speedup) if speedup > 1 else 0.0
+    if saved > seconds:
+        return True, f"compiled: saves ~{saved:.0f} s of ~{eager_s:.0f} s for ~{seconds:.0f} s of compiling"
+    if speedup <= 1:
+        return False, f"eager: compiling measured {speedup:.2f}x eager for {work.mode} on {hw.device_type}"
+    return False, f"eager: ~{eager_s:.0f} s of work does not repay ~{seconds:.0f} s of compiling"
+
+
+def channels_last_pays(hw: Hardware, work: Work) -> bool:
+    """Channels-last layout for a conv stem: measured to pay on the CPU (not measured elsewhere)."""
+    return work.conv_stem and hw.device_type == "cpu"
+
+
+def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool | None = None) -> FastPath:
+    """The path to run ``work`` on ``hw``: ``precision`` 'auto' or a name ('int8': opt-in, CPU inference
+    only, a ConfigError elsewhere), ``compile`` None (auto) or forced."""
+    why = []
+    if precision == "int8":
+        if work.mode != "infer" or hw.device_type != "cpu":
+            raise ConfigError(f"precision: int8 dynamic quantization is for inference on a CPU, not "
+                              f"{'training' if work.mode != 'infer' else 'on ' + hw.device_type}")
+        return FastPath("int8", channels_last=channels_last_pays(hw, work),
+                        why=("int8 weights, dynamically quantized activations: asked for",))
+    if precision == "auto":
+        precision, reason = auto_precision(hw, work.flops_per_image)
+        why.append(f"{precision}: {reason}")
+    if compile is None:
+        compile, reason = compile_pays(hw, work)
+        why.append(reason)
+    return FastPath(precision, bool(compile), channels_last_pays(hw, work), tuple(why))
+
+
+def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
+    """Forward FLOPs of one image through a standard ViT (patch stem, pre-LN blocks, linear head).
+
+    Counts matmuls only (2 FLOPs per multiply-add): patch embedding, per block qkv + attention
+    (QK^T and AV: 2 * 2 * T^2 * D) + projection + MLP, the optional pre-logits layer and the head.
+    Norms, softmax, GELU and additions are left out, as FlopCounterMode does. For a conv stem the stem
+    is counted as the patch projection it replaces (an estimate, good enough for the rules above).
+    """
+    H, W = img_size or cfg.img_size
+    P, C, D = cfg.patch_size, cfg.in_chans, cfg.embed_dim
+    N = (H // P) * (W // P)
+    T = N + cfg.num_prefix_tokens
+    hid = cfg.mlp_hidden
+    stem = 2 * N * D * C * P * P
+    per_block = 2 * T * D * 3 * D + 2 * 2 * T * T * D + 2 * T * D * D + 2 * 2 * T * D * hid
+    feat = D
+    pre = 0
+    if cfg.representation_size:
+        pre = 2 * D * cfg.representation_size
+        feat = cfg.representation_size
+    head = 2 * feat * cfg.num_classes
+    return stem + cfg.depth * per_block + pre + head
+
+
+__all__ = ["Hardware", "Work", "FastPath", "choose_path", "auto_precision", "compile_pays", "channels_last_pays",
+           "vit_flops", "BF16_MIN_FLOPS"]
