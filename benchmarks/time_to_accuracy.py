@@ -2,7 +2,7 @@
 recipe, for the same training budget, on the same validation carve, one after the other in one run.
 
     python benchmarks/time_to_accuracy.py DATA [--minutes 5] [--seed 0] [--threads N]
-                                         [--timm-python /work/refvenv/bin/python]
+                                         [--timm-python .venv-ref/bin/python]
 
 vitkit: `vitkit train --data DATA --max-minutes M --seed S --set data.val_fraction=0.1`, i.e. whatever
 recipe vitkit picks for DATA by itself (the line it opens with is recorded).
@@ -44,7 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=5.0, help="training budget of each run (default 5)")
     p.add_argument("--seed", type=int, default=0, help="the validation carve's and the runs' seed (default 0)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of each run (default: all usable)")
-    p.add_argument("--timm-python", default="/work/refvenv/bin/python", help="a Python with timm")
+    p.add_argument("--timm-python", default=str(ROOT / ".venv-ref" / "bin" / "python"),
+                   help="a Python with timm (default: .venv-ref, which benchmarks/parity.sh makes)")
     p.add_argument("--out", default=None, help="folder for the vitkit run (default: a temporary one)")
     p.add_argument("--branch", choices=("both", "vitkit", "timm"), default="both", help=argparse.SUPPRESS)
     return p.parse_args(argv)
