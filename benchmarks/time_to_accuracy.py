@@ -2,7 +2,7 @@
 recipe, for the same training budget, on the same validation carve, one after the other in one run.
 
     python benchmarks/time_to_accuracy.py DATA [--minutes 5] [--seed 0] [--threads N]
-                                         [--timm-python .venv-ref/bin/python]
+                                         [--timm-python .venv-ref/bin/python] [--branch vitkit]
 
 vitkit: `vitkit train --data DATA --max-minutes M --seed S --set data.val_fraction=0.1`, i.e. whatever
 recipe vitkit picks for DATA by itself (the line it opens with is recorded).
@@ -47,7 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timm-python", default=str(ROOT / ".venv-ref" / "bin" / "python"),
                    help="a Python with timm (default: .venv-ref, which benchmarks/parity.sh makes)")
     p.add_argument("--out", default=None, help="folder for the vitkit run (default: a temporary one)")
-    p.add_argument("--branch", choices=("both", "vitkit", "timm"), default="both", help=argparse.SUPPRESS)
+    p.add_argument("--branch", choices=("both", "vitkit", "timm"), default="both",
+                   help="both (default), or one side alone: vitkit (no timm needed), timm (prints its record)")
     return p.parse_args(argv)
 
 
@@ -147,17 +148,23 @@ def main(argv=None) -> None:
     if args.branch == "timm":
         print(json.dumps(timm_branch(args)))
         return
+    with_timm = args.branch == "both"
+    if with_timm and not Path(args.timm_python).is_file():  # before the first run, not after it
+        sys.exit(f"--timm-python {args.timm_python}: no such interpreter (make one with benchmarks/parity.sh, "
+                 f"or run vitkit alone with --branch vitkit)")
     n = threads(args)
     vk = run_vitkit(args, n)
     print(f"vitkit ({vk['model']}): val accuracy {vk['val_acc'] * 100:.2f}% after {vk['train_seconds']:.0f} s "
           f"({vk['epochs']:.2f} epochs)", flush=True)
-    tm = run_timm(args, n)
-    print(f"timm ViT (patch 4, width 192, depth 6): val accuracy {tm['val_acc'] * 100:.2f}% after "
-          f"{tm['train_seconds']:.0f} s ({tm['epochs']:.2f} epochs)")
-    diff = vk["val_acc"] - tm["val_acc"]
-    print(f"difference (vitkit - timm): {diff * 100:+.2f} points, {args.minutes:g} min each, {n} thread(s)")
+    tm, diff = None, None
+    if with_timm:
+        tm = run_timm(args, n)
+        print(f"timm ViT (patch 4, width 192, depth 6): val accuracy {tm['val_acc'] * 100:.2f}% after "
+              f"{tm['train_seconds']:.0f} s ({tm['epochs']:.2f} epochs)")
+        diff = round(vk["val_acc"] - tm["val_acc"], 5)
+        print(f"difference (vitkit - timm): {diff * 100:+.2f} points, {args.minutes:g} min each, {n} thread(s)")
     rec = {"data": args.data, "minutes": args.minutes, "seed": args.seed, "threads": n,
-           "val_fraction": VAL_FRACTION, "vitkit": vk, "timm": tm, "difference": round(diff, 5),
+           "val_fraction": VAL_FRACTION, "vitkit": vk, "timm": tm, "difference": diff,
            "command": shlex.join(["python", "benchmarks/time_to_accuracy.py", *(argv or sys.argv[1:])])}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with open(RESULTS, "a", encoding="utf-8") as f:
