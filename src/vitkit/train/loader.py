@@ -59,7 +59,7 @@ class BatchLoader:
                 f"training set: {n} images is fewer than one batch of {batch_size}; lower --batch-size"
             )
         self.steps_per_epoch = n // batch_size
-        self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, permutation) of the last batch_indices
+        self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, permutation): the last one drawn
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -77,10 +77,14 @@ class BatchLoader:
 
     def batch_indices(self, epoch: int, step_in_epoch: int) -> torch.Tensor:
         """The dataset indices of this process's share of batch ``step_in_epoch`` of epoch ``epoch`` (the
-        images ``epoch`` yields there); the epoch's permutation is drawn once."""
+        images ``epoch`` yields there)."""
+        return self.rank_indices(self.epoch_permutation(epoch), step_in_epoch)
+
+    def epoch_permutation(self, epoch: int) -> torch.Tensor:
+        """``permutation(epoch)``, drawn once per epoch for ``epoch`` and ``batch_indices`` both."""
         if self._perm is None or self._perm[0] != epoch:
             self._perm = (epoch, self.permutation(epoch))
-        return self.rank_indices(self._perm[1], step_in_epoch)
+        return self._perm[1]
 
     def _fetch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ds = self.ds
@@ -91,7 +95,7 @@ class BatchLoader:
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield (step_in_epoch, uint8 images, int64 labels) of this process's share of each global
         batch, from batch ``start`` to the end of epoch ``epoch``."""
-        perm = self.permutation(epoch)
+        perm = self.epoch_permutation(epoch)
         steps = range(start, self.steps_per_epoch)
         if not getattr(self.ds, "in_memory", True) and self.workers > 0:
             yield from self._streamed(perm, steps)
