@@ -1,7 +1,7 @@
 """The numbers of each fast path against fp32 eager, on a trained model and real test images.
 
     PYTHONPATH=src python benchmarks/path_agreement.py runs/demo                  # the demo's test digits
-    PYTHONPATH=src python benchmarks/path_agreement.py RUN --data DIR --split val  # e.g. a CIFAR-10 carve
+    PYTHONPATH=src python benchmarks/path_agreement.py RUN --data DIR --split val --seed S  # e.g. a CIFAR-10 carve
 
 For every test image: the top-1 class of fp32 eager against bf16 autocast and int8 (``vitkit.quantize``)
 (the share that agree), and the largest logit difference of the fp32 paths (channels-last, for a conv
@@ -34,18 +34,20 @@ def main() -> None:
     ap.add_argument("--data", default=None, help="dataset folder (default: the built-in demo set)")
     ap.add_argument("--split", default="test", choices=("test", "val"))
     ap.add_argument("--limit", type=int, default=None, help="score the first N images only")
+    ap.add_argument("--seed", type=int, default=0, help="the seed of the validation carve (as the run's --seed)")
+    ap.add_argument("--about", default=None, help="what the model is (e.g. its run command and accuracy), recorded")
     ap.add_argument("--out", default="benchmarks/results/path_agreement.jsonl")
     args = ap.parse_args()
     model = load_model(args.model)
     c = model.cfg
-    splits = open_dataset(args.data, channels=c.in_chans, img_size=c.img_size)
+    splits = open_dataset(args.data, channels=c.in_chans, img_size=c.img_size, seed=args.seed)
     ds = getattr(splits, args.split)
     n = len(ds) if args.limit is None else min(args.limit, len(ds))
     imgs, _ = ds.get_batch(torch.arange(n))
     x = eval_batch(imgs, c.img_size, model.preprocess)
     ref = logits_of(model, x)
     top = ref.argmax(-1)
-    res = dict(command=" ".join(sys.argv), model=str(args.model), data=args.data or "demo", split=args.split,
+    res = dict(command=" ".join(sys.argv), model=str(args.model) + (f": {args.about}" if args.about else ""), data=args.data or "demo", split=args.split,
                images=n, torch=torch.__version__)
     for precision in ("bf16", "int8"):
         got = logits_of(apply_path(model, FastPath(precision)), x, precision)

@@ -123,7 +123,12 @@ def test_int8_agrees_with_fp32_on_top1_and_leaves_the_model_alone():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = random_images(model.cfg, n=200, seed=3)
     q = quantize_int8(model)
-    assert isinstance(q.blocks[0].attn.qkv, Int8Linear) and isinstance(q.head, Int8Linear)
+    assert type(q.blocks[0].attn.qkv) is torch.nn.Linear and type(q.blocks[0].mlp.fc2) is torch.nn.Linear
+    assert isinstance(q.blocks[1].attn.qkv, Int8Linear) and isinstance(q.head, Int8Linear)
+    every = quantize_int8(model, float_blocks=0)
+    assert isinstance(every.blocks[0].attn.qkv, Int8Linear)
+    with pytest.raises(ConfigError, match="^float_blocks: must be >= 0, got -1$"):
+        quantize_int8(model, float_blocks=-1)
     with torch.no_grad():
         ref, got = model(x), q(x)
     assert (ref.argmax(-1) == got.argmax(-1)).float().mean() >= 0.97

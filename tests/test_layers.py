@@ -277,6 +277,21 @@ def test_the_whitening_layer_is_frozen_and_keeps_every_direction():
     assert "weight" in layer.state_dict()
 
 
+def test_the_whitening_conv_runs_in_float32_under_bf16_autocast():
+    """Its output is float32 and equals the float32 one: bf16 would round away the whitened small directions."""
+    layer = PatchWhitening(3, 2)
+    x = _correlated_images(4)
+    layer.set_filters(x)
+    ref = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, atol=0, rtol=0)
+    half = layer(x.bfloat16())  # bf16 in, bf16 out (computed in float32, rounded once)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), layer(x.bfloat16().float()), atol=0.02, rtol=0.01)
+
+
 def test_a_whitening_conv_stem_builds_from_the_config_and_is_set_from_data():
     import vitkit
     from vitkit.errors import ConfigError
