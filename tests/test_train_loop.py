@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -136,6 +137,17 @@ def test_plots_are_refreshed_at_each_evaluation_and_written_on_a_stop(tmp_path):
     out = tmp_path / "stopped"  # stopped before any validation: the stop writes them
     s = train(cfg(plots=True), out, splits=tiny_splits(), stop=lambda: True, log=lambda m: None)
     assert s["status"] == "interrupted" and all((out / p).is_file() for p in plots)
+
+
+def test_plots_of_a_run_with_no_logged_step_draw_without_warnings(tmp_path):
+    pytest.importorskip("matplotlib")
+    from vitkit.train.metrics import write_plots
+
+    (tmp_path / "metrics.jsonl").write_text('{"type": "final", "status": "completed"}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. matplotlib's "No artists with labels found to put in legend"
+        assert write_plots(tmp_path) is None
+    assert all((tmp_path / p).is_file() for p in ("loss.png", "accuracy.png", "lr.png"))
 
 
 def test_stop_request_saves_and_resumes_exactly(tmp_path):

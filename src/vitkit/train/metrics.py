@@ -290,13 +290,12 @@ def write_plots(run_dir: Path) -> str | None:
         fig = Figure(figsize=(6, 4), dpi=100)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
-        for label, xs, ys in series:
-            if xs:
-                ax.plot(xs, ys, label=label, marker="o" if len(xs) < 30 else None)
+        drawn = [ax.plot(xs, ys, label=label, marker="o" if len(xs) < 30 else None) for label, xs, ys in series if xs]
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend()
+        if drawn:  # a run stopped before its first logged step has nothing to name
+            ax.legend()
         fig.tight_layout()
         with atomic_path(run_dir / name) as tmp:
             fig.savefig(tmp, format="png")
