@@ -16,6 +16,9 @@ its range:
   ``pick_precision('auto', ...)`` for training), named in the table;
 - vitkit int8 (inference, ``--int8``): ``vitkit.quantize``, with its top-1 agreement with vitkit fp32
   on 500 demo test digits (the benchmark's random weights, with a random head);
+- vitkit ORT (inference, ``--ort``): fp32 on ONNX Runtime (``vitkit.onnxrt.OrtModel``, the engine of
+  ``--engine onnxruntime``; its export and session time is left out of the timing, and given); n/a
+  where onnxruntime is not installed;
 - timm compiled (``--compile``): torch.compile(timm) (its compile time is left out of the timing).
 With ``--memory``, the peak RSS of a fresh process that runs 3 training steps of the case (vitkit
 eager, vitkit's default path, timm eager), on the CPU.
@@ -96,6 +99,20 @@ def default_way(ours, mode: str, x: torch.Tensor, device: torch.device):
         return step_fn(apply_path(ours, path), mode, x, path.precision), path.describe()
     precision = pick_precision("auto", device, vit_flops(ours.cfg))
     return step_fn(ours, mode, x, precision), f"{precision}, eager (training: precision='auto')"
+
+
+def ort_way(ours, x: torch.Tensor, device: torch.device, ways: dict) -> str:
+    """Add the "vitkit ORT" way (fp32 on ONNX Runtime) to ``ways`` where it can run; what it cost to set up,
+    or why it is n/a."""
+    from vitkit.onnxrt import OrtModel, onnxruntime_available
+
+    if device.type != "cpu" or not onnxruntime_available():
+        return f"n/a: {'onnxruntime is not installed' if device.type == 'cpu' else 'CPU only'}"
+    t0 = time.perf_counter()
+    net = OrtModel(ours, strict=True)  # a failed check is an error here, not a quiet fall back to torch
+    setup = time.perf_counter() - t0
+    ways["vitkit ORT"] = step_fn(net, "infer", x)
+    return f"fp32 on onnxruntime, export + session {setup:.1f} s (left out of the timing)"
 
 
 def race(ways: dict, repeats: int, iters: int, device: torch.device) -> dict:
@@ -194,6 +211,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--int8", action="store_true", help="also time vitkit int8 inference (CPU)")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(timm)")
+    ap.add_argument("--ort", action="store_true", help="also time vitkit fp32 on ONNX Runtime (CPU inference)")
     ap.add_argument("--memory", action="store_true", help="peak RSS of training, fresh processes (CPU)")
     ap.add_argument("--out", default="benchmarks/results/model_vs_timm.json")
     ap.add_argument("--_memory", default=None, help=argparse.SUPPRESS)
@@ -216,6 +234,9 @@ def main() -> None:
             from vitkit.quantize import quantize_int8
 
             ways["vitkit int8"] = step_fn(quantize_int8(ours), mode, x)
+        ort_note = None
+        if args.ort and mode == "infer":
+            ort_note = ort_way(ours, x, device, ways)
         times = race(ways, args.repeats, args.iters, device)
         row = dict(case=case, mode=mode, model=name, batch=batch, default_path=how,
                    img_s={n: batch / statistics.median(t) for n, t in times.items()})
@@ -226,6 +247,9 @@ def main() -> None:
             row["vitkit default / timm compiled"] = ratio(times, "vitkit default", "timm compiled")
         if "vitkit int8" in ways:
             row["int8 top-1 agreement (demo digits)"] = top1_agreement(ours, device)
+        if ort_note is not None:
+            row["vitkit ORT"] = ort_note
+            row.setdefault("vitkit ORT / timm eager", "n/a")
         if args.memory and mode == "train" and device.type == "cpu":
             row["peak_rss_mib"] = {way: peak_rss_mib(way, name, batch, args.threads)
                                    for way in ("vitkit eager", "vitkit default", "timm eager")}

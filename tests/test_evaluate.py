@@ -266,3 +266,17 @@ def test_the_path_taken_is_in_the_result_and_int8_scores_like_fp32(data):
     fp32, int8 = (evaluate(_model(), data, precision=p) for p in ("auto", "int8"))
     assert fp32["fast_path"].startswith("fp32, eager") and int8["fast_path"].startswith("int8, eager")
     assert int8["num_images"] == fp32["num_images"] and abs(int8["top1"] - fp32["top1"]) <= 1 / fp32["num_images"]
+
+
+@pytest.mark.parametrize("tta", [False, True])
+def test_onnxruntime_scores_like_torch_flipped_pass_included(data, tta, capsys):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    torch_res, ort_res = (evaluate(_model(), data, batch_size=4, tta=tta, engine=e) for e in ("torch", "onnxruntime"))
+    assert ort_res["fast_path"] == "fp32, onnxruntime (fp32: onnxruntime runs fp32; onnxruntime: asked for)"
+    assert ort_res["top1"] == torch_res["top1"] and ort_res["confusion"] == torch_res["confusion"]
+    assert ort_res["loss"] == pytest.approx(torch_res["loss"], abs=1e-4)
+    if not tta:  # the command line says it too
+        ckpt = vitkit.save(_model(), data.parent / "ckpt")
+        assert main(["eval", str(ckpt), "--data", str(data), "--engine", "onnxruntime"]) == 0
+        assert capsys.readouterr().out.splitlines()[1] == f"ran {ort_res['fast_path']}"

@@ -111,3 +111,31 @@ def test_the_path_taken_is_said_and_int8_is_opt_in(ckpt, images, capsys):
     int8 = predict(ckpt, [images], precision="int8")
     assert int8["fast_path"].startswith("int8, eager (int8 weights")
     assert [p["top"][0]["index"] for p in int8["predictions"]] == [p["top"][0]["index"] for p in fp32["predictions"]]
+
+
+def test_onnxruntime_gives_the_same_top1_and_says_so(ckpt, images, capsys):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    torch_res = predict(ckpt, [images], batch_size=2, engine="torch")
+    ort_res = predict(ckpt, [images], batch_size=2, engine="onnxruntime")
+    assert ort_res["fast_path"] == "fp32, onnxruntime (fp32: onnxruntime runs fp32; onnxruntime: asked for)"
+    assert torch_res["fast_path"].startswith("fp32, eager (")
+    top1 = [[(p["path"], p["top"][0]["index"]) for p in r["predictions"]] for r in (torch_res, ort_res)]
+    assert top1[0] == top1[1] and len(top1[0]) == 4
+    assert main(["predict", str(ckpt), str(images / "wide.png"), "--engine", "onnxruntime"]) == 0
+    assert capsys.readouterr().out.splitlines()[-2] == ("ran fp32, onnxruntime (fp32: onnxruntime runs fp32; "
+                                                        "onnxruntime: asked for)")
+
+
+def test_engine_errors_are_one_line(ckpt, images, capsys, monkeypatch):
+    from vitkit import runtime
+
+    assert main(["predict", str(ckpt), str(images), "--engine", "onnxruntime", "--precision", "int8"]) == 1
+    err = capsys.readouterr().err
+    assert err == "vitkit: error: engine: onnxruntime runs fp32, not int8 (use precision auto or fp32 with it)\n"
+    monkeypatch.setattr(runtime, "onnxruntime_available", lambda: False)
+    assert main(["predict", str(ckpt), str(images), "--engine", "onnxruntime"]) == 1
+    want = "vitkit: error: engine: onnxruntime is not installed: pip install 'vitkit[onnx]'\n"
+    assert capsys.readouterr().err == want
+    with pytest.raises(SystemExit):
+        main(["predict", str(ckpt), str(images), "--engine", "tvm"])

@@ -12,8 +12,9 @@ import difflib
 import importlib
 import importlib.util
 import sys
+import warnings
 
-from .errors import VitkitError
+from .errors import VitkitError, VitkitWarning
 
 # name -> (module under vitkit.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -107,6 +108,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    """vitkit's own warnings as one line, ``vitkit: warning: ...``; any other warning as Python shows it."""
+    if issubclass(category, VitkitWarning):
+        print(f"vitkit: warning: {message}", file=sys.stderr)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Only the chosen subcommand's arguments are registered: importing every command module costs time.
@@ -121,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(_load(COMMANDS[args.command][0]).run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(_load(COMMANDS[args.command][0]).run(args) or 0)
     except VitkitError as e:
         print(f"vitkit: error: {e}", file=sys.stderr)
         return 1

@@ -27,3 +27,12 @@ class DataError(VitkitError, ValueError):
 
 class TrainingError(VitkitError, RuntimeError):
     """Training cannot go on (a non-finite loss, a run directory in use, ...)."""
+
+
+class ExportError(VitkitError, RuntimeError):
+    """An export failed, or the exported model (or ONNX Runtime running it) does not match the eager one."""
+
+
+class VitkitWarning(UserWarning):
+    """Something the user should know that did not stop the work (e.g. a fall back to a slower path); one
+    line, which the command line prints as ``vitkit: warning: <message>``."""

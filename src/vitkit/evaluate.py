@@ -38,7 +38,7 @@ from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
 from .fastpath import FastPath
 from .progress import Progress, Task
-from .runtime import apply_path, autocast, inference_path, label_names, load_model, model_logits
+from .runtime import apply_path, autocast, inference_path, label_names, load_model, model_logits, path_taken
 
 SPLITS = ("test", "val", "train")  # the parts a dataset may have
 CHOICES = SPLITS + ("all",)  # what ``split`` takes: a part, or every part
@@ -106,6 +106,7 @@ def evaluate(
     progress: Progress | None = None,
     tta: bool | None = None,
     precision: str = "auto",
+    engine: str = "auto",
 ) -> dict:
     """Evaluate on ``split`` of ``data`` (a dataset folder; None = a run directory's own data, else the
     built-in demo set); which images that is, the module docstring says. ``tta``: score the mean of the
@@ -116,8 +117,10 @@ def evaluate(
     split='val' from data without one. Unreadable images are skipped and listed in ``skipped`` as
     {"path", "reason"}; with ``strict`` the first one is an error. ``progress``: where reading the data
     and scoring it are counted (default: nowhere). ``precision``: 'auto' (the path
-    ``runtime.inference_path`` picks), 'fp32', 'bf16' or 'int8' (opt-in, CPU); the dict's "fast_path" says
-    which was taken. Returns a dict (see the module docstring).
+    ``runtime.inference_path`` picks), 'fp32', 'bf16' or 'int8' (opt-in, CPU); ``engine``: 'auto' (ONNX
+    Runtime where ``fastpath.ort_pays``, else torch), 'torch' or 'onnxruntime' (fp32 on a CPU; the flipped
+    pass of TTA runs on it too); the dict's "fast_path" says which path was taken. Returns a dict (see the
+    module docstring).
     """
     if split is not None and split not in CHOICES:
         raise ConfigError(f"--split: {split!r} is not one of {', '.join(CHOICES)}")
@@ -134,9 +137,10 @@ def evaluate(
     split, ds, scored = _choose(splits, split, where, own, val_fraction, seed)
     remap = match_classes(model, splits.classes, where)
     skipped = [dict(path=str(p), reason=r) for p, r in splits.skipped]
-    path = inference_path(model, next(model.parameters()).device, precision, len(ds))
+    path = inference_path(model, next(model.parameters()).device, precision, len(ds), engine, batch_size)
+    net = apply_path(model, path)
     with progress.task(f"evaluating {where} ({split})", len(ds), unit="images") as task:
-        tally = _score(model, path, ds, remap, batch_size, strict, skipped, task, tta)
+        tally = _score(model, net, path, ds, remap, batch_size, strict, skipped, task, tta)
     if tally.n == 0:
         raise DataError(f"{where}: no image of the {split!r} split could be read ({len(skipped)} skipped)")
     names = label_names(model)
@@ -147,7 +151,7 @@ def evaluate(
         split=split,
         tta=tta,
         scored=f"{scored}: {'all' if tally.n == len(ds) else f'{tally.n} of'} {len(ds)} images",
-        fast_path=path.describe(),
+        fast_path=path_taken(path, net),
         num_images=tally.n,
         skipped_files=len(skipped),
         skipped=skipped,
@@ -265,10 +269,11 @@ class _Tally:
         self.n += len(y)
 
 
-def _score(model, path: FastPath, ds, remap, batch_size: int, strict: bool, skipped: list[dict],
+def _score(model, net, path: FastPath, ds, remap, batch_size: int, strict: bool, skipped: list[dict],
            task: Task, tta: bool = False) -> _Tally:
-    """Run the model, as ``path`` says, over ``ds`` batch by batch through its own preprocessing, counting
-    in a _Tally (and the images on the progress ``task``); ``tta``: flip averaging (``runtime.model_logits``).
+    """Run ``net`` (``model`` as ``path`` runs it) over ``ds`` batch by batch through the model's own
+    preprocessing, counting in a _Tally (and the images on the progress ``task``); ``tta``: flip averaging
+    (``runtime.model_logits``).
 
     Streamed files are decoded in 4 threads; one that fails to decode is skipped and listed in ``skipped``
     (with ``strict`` it raises).
@@ -277,7 +282,6 @@ def _score(model, path: FastPath, ds, remap, batch_size: int, strict: bool, skip
 
     cfg = model.cfg
     dev = next(model.parameters()).device
-    net = apply_path(model, path)
     tally = _Tally(cfg.num_classes)
     # an executor starts its threads on first use: in-memory data never starts any
     with ThreadPoolExecutor(4) as pool, torch.no_grad():

@@ -9,8 +9,8 @@ back (onnxruntime for ONNX, torch.jit.load, torch.export.load) and compared with
 at least two batch sizes (and two image sizes with ``dynamic_size``): the largest absolute difference
 of the logits must be at most ``atol`` (1e-4 in float32).
 
-ONNX uses torch's TorchScript-based exporter (``dynamo=False``): the dynamo exporter needs the
-``onnxscript`` package, which vitkit does not depend on.
+ONNX is written by ``vitkit.onnxrt.write_onnx`` (torch's TorchScript-based exporter) and checked with
+``vitkit.onnxrt.ort_session``, the exporter and the session that ONNX Runtime as an engine uses too.
 
 Dynamic image size needs a model built with ``dynamic_img_size=True``: under an exporter such a model
 records the position-embedding resampling in the graph, so one file takes any multiple of the patch
@@ -27,15 +27,12 @@ from pathlib import Path
 
 import torch
 
-from .errors import VitkitError
+from .errors import ExportError
+from .onnxrt import first_line, ort_session, session_runner, write_onnx
 from .runtime import load_model
 
 FORMATS = ("onnx", "torchscript", "exported-program")
 SUFFIX = {"onnx": ".onnx", "torchscript": ".pt", "exported-program": ".pt2"}
-
-
-class ExportError(VitkitError, RuntimeError):
-    """An export failed, or the exported model does not match the eager one."""
 
 
 def _check_sizes(model, dynamic_size: bool) -> list[tuple[int, int]]:
@@ -56,29 +53,6 @@ def _inputs(model, batch_sizes, sizes, seed=0):
 
 
 # --------------------------------------------------------------------------------------- writers
-def _export_onnx(model, example, file: Path, opset: int, dynamic_size: bool) -> None:
-    try:
-        import onnx  # noqa: F401  (the exporter needs it)
-    except ImportError:
-        raise ExportError("ONNX export needs the 'onnx' package: pip install 'vitkit[onnx]'") from None
-    axes = {0: "batch"}
-    if dynamic_size:
-        axes.update({2: "height", 3: "width"})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TracerWarnings about shape checks that are constant per trace
-        torch.onnx.export(
-            model,
-            (example,),
-            str(file),
-            dynamo=False,
-            input_names=["images"],
-            output_names=["logits"],
-            dynamic_axes={"images": axes, "logits": {0: "batch"}},
-            opset_version=opset,
-            do_constant_folding=True,
-        )
-
-
 def _export_torchscript(model, example, file: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -104,17 +78,9 @@ def _runner(fmt: str, file: Path):
     """A function images -> logits that runs the exported file as a user would."""
     if fmt == "onnx":
         try:
-            import onnxruntime as ort
-        except ImportError:
-            raise ExportError(
-                "checking an ONNX export needs 'onnxruntime': pip install 'vitkit[onnx]' (or pass check=False)"
-            ) from None
-        ort.set_default_logger_severity(4)  # failures come back as exceptions; no log lines on stderr
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 4
-        sess = ort.InferenceSession(str(file), opts, providers=["CPUExecutionProvider"])
-        name = sess.get_inputs()[0].name
-        return lambda x: torch.from_numpy(sess.run(None, {name: x.numpy()})[0])
+            return session_runner(ort_session(file))
+        except ExportError as e:
+            raise ExportError(f"checking an ONNX export: {e} (or pass check=False)") from None
     if fmt == "torchscript":
         m = torch.jit.load(str(file), map_location="cpu").eval()
     else:
@@ -140,7 +106,7 @@ def check_export(model, fmt: str, file: str | os.PathLike, batch_sizes=(1, 3), d
         try:
             got = run(x).float()
         except Exception as e:  # noqa: BLE001 - a runtime's own error is the finding
-            rows.append(dict(shape=shape, max_abs_diff=None, error=_first_line(e, 200)))
+            rows.append(dict(shape=shape, max_abs_diff=None, error=first_line(e, 200)))
             continue
         if tuple(got.shape) != tuple(ref.shape):
             rows.append(dict(shape=shape, max_abs_diff=None, error=f"output {tuple(got.shape)} != {tuple(ref.shape)}"))
@@ -224,7 +190,7 @@ def _write(model, fmt: str, file: Path, opset: int, dynamic_size: bool) -> None:
     example = torch.randn(2, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
     try:
         if fmt == "onnx":
-            _export_onnx(model, example, file, opset, dynamic_size)
+            write_onnx(model, example, file, opset, dynamic_size)
         elif fmt == "torchscript":
             _export_torchscript(model, example, file)
         else:
@@ -233,7 +199,7 @@ def _write(model, fmt: str, file: Path, opset: int, dynamic_size: bool) -> None:
         raise
     except Exception as e:  # noqa: BLE001 - exporter failures become one line
         hint = _dynamic_hint(cfg) if dynamic_size else ""
-        raise ExportError(f"{fmt} export failed: {type(e).__name__}: {_first_line(e, 300)}{hint}") from None
+        raise ExportError(f"{fmt} export failed: {type(e).__name__}: {first_line(e, 300)}{hint}") from None
 
 
 def _verify(model, fmt: str, file: Path, batch_sizes, dynamic_size: bool, atol: float) -> dict:
@@ -247,17 +213,6 @@ def _verify(model, fmt: str, file: Path, batch_sizes, dynamic_size: bool, atol: 
         hint = _dynamic_hint(cfg) if dynamic_size and first["shape"][2:] != list(cfg.img_size) else ""
         raise ExportError(f"{fmt} export does not match the eager model on input {shape}: {what}{hint}")
     return res
-
-
-def _first_line(e: BaseException, limit: int) -> str:
-    text = str(e).strip()
-    if not text:
-        return type(e).__name__
-    line = text.splitlines()[0]
-    if "Status Message:" in line:  # onnxruntime: keep the message, drop the source location
-        line = line.split("Status Message:", 1)[1].strip()
-        line = line.split(" was false. ", 1)[-1] if " was false. " in line else line
-    return line[:limit]
 
 
 def _dynamic_hint(cfg) -> str:

@@ -2,8 +2,9 @@
 
 The tools (predict, eval, bench) and training ask ``choose_path`` once, with what the hardware can do
 (``Hardware``, detected by ``vitkit.runtime.detect_hardware``) and the work (``Work``: inference or
-training, forward FLOPs per image, how many images), and get a ``FastPath``: the precision, whether to
-torch.compile, whether to run a conv stem channels-last. Each tool says which path it took
+training, forward FLOPs per image, how many images and how many a batch), and get a ``FastPath``: the
+precision, whether to torch.compile, whether to run a conv stem channels-last, the engine (torch or
+ONNX Runtime). Each tool says which path it took
 (``FastPath.describe``).
 
 The rules are thresholds measured on real hardware and kept with the benchmarks that measured them,
@@ -25,18 +26,26 @@ never a timing race at run time (which would make a run's numerics depend on the
   the CPU: the demo model's inference ran 1.5x and its training step 1.2x as fast (fastpath_rules.json).
 - int8 (``vitkit.quantize``) is never automatic: it changes the numbers. It is opt-in, for CPU
   inference only.
+- The engine: torch, or ONNX Runtime (``vitkit.onnxrt``: the model exported in memory and run by an
+  InferenceSession) for fp32 inference on a CPU where onnxruntime is installed. Like compile, it pays
+  when the time it saves on the work (its eager time, estimated as for compile, times the measured
+  gain at the model's size and batch) exceeds what exporting and building the session costs
+  (``ort_pays``, ``ORT_MEASURED``, from benchmarks/ort_vs_torch.py); where it measured no faster than
+  torch it is never chosen.
 
 Nothing here imports torch: the rules are plain functions of plain data, tested one by one.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ConfigError
 
 Mode = Literal["infer", "train"]
+ENGINES = ("auto", "torch", "onnxruntime")
 
 BF16_MIN_FLOPS = 3e8  # forward FLOPs per image from which bf16 beats fp32 on an AVX512-BF16 CPU, or on CUDA
 
@@ -45,10 +54,27 @@ BF16_MIN_FLOPS = 3e8  # forward FLOPs per image from which bf16 beats fp32 on an
 # ran at 0.99x eager; ViT-S/16 inference (batch 16) compiled in 75 s and ran at 1.05x, within the noise of
 # that machine, so taken as 1.0. Eager fp32 reaches ~20 GFLOP/s a thread (``vitkit bench``: ~30% of a
 # 133 GFLOP/s two-thread peak).
+CPU_EAGER_RATE = 2e10  # eager fp32 FLOP/s a thread on that CPU
 COMPILE_MEASURED: dict[tuple[str, str], tuple[float, float, float]] = {
-    ("cpu", "train"): (114.0, 0.99, 2e10),
-    ("cpu", "infer"): (75.0, 1.0, 2e10),
+    ("cpu", "train"): (114.0, 0.99, CPU_EAGER_RATE),
+    ("cpu", "infer"): (75.0, 1.0, CPU_EAGER_RATE),
 }
+
+# ONNX Runtime against torch eager, fp32 inference on the CPU, the same 2 threads, measured on a 2-core
+# AVX512 CPU under heavy load from other work (load average 3-5; onnxruntime 1.32, torch 2.13;
+# benchmarks/ort_vs_torch.py): model -> (forward FLOPs per image, onnxruntime / torch eager speed at
+# batch 1 and at batch 16, seconds to export the model, build the session and make the first call).
+# Two full runs moved a lot (ViT-S/16 at batch 16: 1.66x, then 1.05x; ViT-B/16: 1.04x, then 1.16x), so
+# each gain is the lesser of the two runs' medians and each setup the longer (the second run is
+# benchmarks/results/ort_vs_torch.json, the first is in its history). Under that load torch's threads
+# lost more than onnxruntime's (which do not spin), so the small models' gains are likely inflated.
+ORT_MEASURED: dict[str, tuple[float, float, float, float]] = {
+    "vit_hybrid_mini_patch4_28": (7_753_472, 7.49, 5.24, 0.90),  # the demo model
+    "vit_tiny_patch16_224": (2_507_366_400, 4.53, 2.98, 3.25),
+    "vit_small_patch16_224": (9_197_764_608, 2.57, 1.05, 5.61),
+    "vit_base_patch16_224": (35_127_656_448, 1.27, 1.04, 9.35),
+}
+ORT_MIN_GAIN = 1.10  # a measured gain below this is within that machine's noise: onnxruntime is not chosen
 
 
 @dataclass(frozen=True)
@@ -59,32 +85,40 @@ class Hardware:
     cpu_bf16: bool = False  # a CPU with bf16 matrix instructions (AMX or AVX512-BF16)
     cuda_bf16: bool = False  # a CUDA GPU with bf16
     threads: int = 1  # CPU threads this process computes on
+    onnxruntime: bool = False  # onnxruntime (and onnx, which exports to it) installed
 
 
 @dataclass(frozen=True)
 class Work:
-    """The work to run: inference or training, its forward FLOPs per image and how many images in all
-    (a training run: steps x global batch; 0 = unknown, taken as short)."""
+    """The work to run: inference or training, its forward FLOPs per image, how many images in all
+    (a training run: steps x global batch; 0 = unknown, taken as short) and per batch (0 = unknown)."""
 
     mode: Mode
     flops_per_image: float
     images: int = 0
     conv_stem: bool = False
+    batch: int = 0
 
 
 @dataclass(frozen=True)
 class FastPath:
     """How to run: ``precision`` ('fp32', 'bf16', 'fp16' autocast, or 'int8' weights), ``compile``,
-    ``channels_last``; ``why`` says why, one reason per choice that was made automatically."""
+    ``channels_last``, the ``engine`` ('torch' or 'onnxruntime'; ``engine_asked``: it was forced, so a
+    failure of onnxruntime is an error rather than a fall back to torch); ``why`` says why, one reason per
+    choice that was made automatically."""
 
     precision: str
     compile: bool = False
     channels_last: bool = False
+    engine: str = "torch"
+    engine_asked: bool = False
     why: tuple[str, ...] = field(default=(), compare=False)
 
     def describe(self) -> str:
-        """One line for a tool's output, e.g. 'fp32, eager (bf16: 0.014 GFLOPs/image is too small ...)'."""
-        parts = [self.precision, "compiled" if self.compile else "eager"]
+        """One line for a tool's output, e.g. 'fp32, eager (bf16: 0.014 GFLOPs/image is too small ...)';
+        'fp32, onnxruntime (...)' on ONNX Runtime."""
+        parts = [self.precision, "onnxruntime" if self.engine == "onnxruntime" else
+                 "compiled" if self.compile else "eager"]
         if self.channels_last:
             parts.append("channels_last")
         return ", ".join(parts) + (f" ({'; '.join(self.why)})" if self.why else "")
@@ -105,6 +139,13 @@ def auto_precision(hw: Hardware, flops_per_image: float | None = None) -> tuple[
     return low, fast + size
 
 
+def eager_seconds(hw: Hardware, work: Work, rate: float) -> float:
+    """The eager time of ``work`` estimated from its FLOPs at ``rate`` FLOP/s a thread (a training step is
+    ~3 forwards: forward + backward)."""
+    passes = 3 if work.mode == "train" else 1
+    return work.images * work.flops_per_image * passes / (rate * max(hw.threads, 1))
+
+
 def compile_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
     """Whether torch.compile repays its compile time on ``work``, and why: the time it saves (eager time
     x (1 - 1 / speedup), the eager time estimated from the work's FLOPs) must exceed the compile time.
@@ -113,8 +154,7 @@ def compile_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
     if measured is None:
         return False, f"torch.compile: not measured for {work.mode} on {hw.device_type}, off unless asked for"
     seconds, speedup, rate = measured
-    passes = 3 if work.mode == "train" else 1  # forward + backward ~ 3 forwards
-    eager_s = work.images * work.flops_per_image * passes / (rate * max(hw.threads, 1))
+    eager_s = eager_seconds(hw, work, rate)
     saved = eager_s * (1 - 1 / speedup) if speedup > 1 else 0.0
     if saved > seconds:
         return True, f"compiled: saves ~{saved:.0f} s of ~{eager_s:.0f} s for ~{seconds:.0f} s of compiling"
@@ -123,14 +163,63 @@ def compile_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
     return False, f"eager: ~{eager_s:.0f} s of work does not repay ~{seconds:.0f} s of compiling"
 
 
+def ort_measurement(flops_per_image: float) -> tuple[str, tuple[float, float, float, float]]:
+    """The ``ORT_MEASURED`` model nearest in size (in log FLOPs) to a model of ``flops_per_image``."""
+    size = math.log(max(flops_per_image, 1.0))
+    return min(ORT_MEASURED.items(), key=lambda item: abs(math.log(item[1][0]) - size))
+
+
+def ort_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
+    """Whether ONNX Runtime runs fp32 inference ``work`` faster than torch by more than it costs to set up,
+    and why: its gain measured at the nearest model size (at batch 16 for batches of 16 or more, else the
+    lesser of batch 1's and 16's) must reach ``ORT_MIN_GAIN``, and the time it saves (the eager time as
+    ``compile_pays`` estimates it x (1 - 1 / gain)) must exceed the export and session time."""
+    if hw.device_type != "cpu" or work.mode != "infer":
+        return False, f"torch: onnxruntime is for inference on a CPU, not {work.mode} on {hw.device_type}"
+    if not hw.onnxruntime:
+        return False, "torch: onnxruntime is not installed"
+    name, (_, at1, at16, setup_s) = ort_measurement(work.flops_per_image)
+    gain = at16 if work.batch >= 16 else min(at1, at16)
+    if gain < ORT_MIN_GAIN:
+        return False, f"torch: onnxruntime measured {gain:.2f}x torch at this size ({name})"
+    eager_s = eager_seconds(hw, work, CPU_EAGER_RATE)
+    saved = eager_s * (1 - 1 / gain)
+    if saved > setup_s:
+        return True, (f"onnxruntime: measured {gain:.2f}x torch ({name}), saves ~{saved:.1f} s of ~{eager_s:.1f} s "
+                      f"for ~{setup_s:.1f} s of export and session")
+    return False, f"torch: ~{eager_s:.1f} s of work does not repay ~{setup_s:.1f} s of exporting to onnxruntime"
+
+
+def forced_ort(hw: Hardware, work: Work, precision: str, compile: bool | None) -> FastPath:
+    """The path of ``engine='onnxruntime'``: fp32 inference on a CPU with onnxruntime installed; any other
+    combination is a one-line ConfigError."""
+    if work.mode != "infer" or hw.device_type != "cpu":
+        where = "training" if work.mode != "infer" else f"on {hw.device_type}"
+        raise ConfigError(f"engine: onnxruntime runs inference on a CPU, not {where}")
+    if precision not in ("auto", "fp32"):
+        raise ConfigError(f"engine: onnxruntime runs fp32, not {precision} (use precision auto or fp32 with it)")
+    if compile:
+        raise ConfigError("engine: onnxruntime runs its own graph; torch.compile does not apply to it")
+    if not hw.onnxruntime:
+        raise ConfigError("engine: onnxruntime is not installed: pip install 'vitkit[onnx]'")
+    why = ("fp32: onnxruntime runs fp32",) if precision == "auto" else ()
+    return FastPath("fp32", engine="onnxruntime", engine_asked=True, why=why + ("onnxruntime: asked for",))
+
+
 def channels_last_pays(hw: Hardware, work: Work) -> bool:
     """Channels-last layout for a conv stem: measured to pay on the CPU (not measured elsewhere)."""
     return work.conv_stem and hw.device_type == "cpu"
 
 
-def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool | None = None) -> FastPath:
+def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool | None = None,
+                engine: str = "auto") -> FastPath:
     """The path to run ``work`` on ``hw``: ``precision`` 'auto' or a name ('int8': opt-in, CPU inference
-    only, a ConfigError elsewhere), ``compile`` None (auto) or forced."""
+    only, a ConfigError elsewhere), ``compile`` None (auto) or forced, ``engine`` 'auto' (onnxruntime
+    where ``ort_pays``), 'torch' or 'onnxruntime' (fp32 CPU inference only, a ConfigError elsewhere)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine: {engine!r} is not one of {', '.join(ENGINES)}")
+    if engine == "onnxruntime":
+        return forced_ort(hw, work, precision, compile)
     why = []
     if precision == "int8":
         if work.mode != "infer" or hw.device_type != "cpu":
@@ -141,10 +230,17 @@ def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool
     if precision == "auto":
         precision, reason = auto_precision(hw, work.flops_per_image)
         why.append(f"{precision}: {reason}")
+    ort_reason = None
+    if engine == "auto" and precision == "fp32" and not compile and hw.device_type == "cpu" and work.mode == "infer":
+        ort, ort_reason = ort_pays(hw, work)
+        if ort:
+            return FastPath("fp32", engine="onnxruntime", why=tuple(why) + (ort_reason,))
     if compile is None:
         compile, reason = compile_pays(hw, work)
         why.append(reason)
-    return FastPath(precision, bool(compile), channels_last_pays(hw, work), tuple(why))
+    if ort_reason is not None:
+        why.append(ort_reason)
+    return FastPath(precision, bool(compile), channels_last_pays(hw, work), why=tuple(why))
 
 
 def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
@@ -172,4 +268,5 @@ def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
 
 
 __all__ = ["Hardware", "Work", "FastPath", "choose_path", "auto_precision", "compile_pays", "channels_last_pays",
-           "vit_flops", "BF16_MIN_FLOPS"]
+           "ort_pays", "ort_measurement", "forced_ort", "eager_seconds", "vit_flops", "BF16_MIN_FLOPS", "ENGINES",
+           "ORT_MEASURED", "ORT_MIN_GAIN"]

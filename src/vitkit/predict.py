@@ -21,7 +21,7 @@ import torch
 from .data.images import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, DataError
 from .progress import Progress
-from .runtime import apply_path, autocast, inference_path, label_names, load_model
+from .runtime import apply_path, autocast, inference_path, label_names, load_model, path_taken
 
 
 def _read(path: Path, channels: int, img_size, pre, max_pixels):
@@ -44,12 +44,15 @@ def predict(
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     progress: Progress | None = None,
     precision: str = "auto",
+    engine: str = "auto",
 ) -> dict:
     """Top-k classes with probabilities for every image in ``inputs`` (files, folders, globs).
 
     Images over ``max_pixels`` are refused as decompression bombs (None: no limit). ``progress``: where
     the images are counted as they are classified (default: nowhere). ``precision``: 'auto' (the path
     ``runtime.inference_path`` picks for this model and device), 'fp32', 'bf16' or 'int8' (opt-in, CPU).
+    ``engine``: 'auto' (ONNX Runtime where ``fastpath.ort_pays``, else torch), 'torch' or 'onnxruntime'
+    (fp32 on a CPU; see ``vitkit.onnxrt.OrtModel`` for its check against eager).
 
     Returns {"predictions": [{"path", "top": [{"index", "label", "prob"}]}], "errors": [{"path",
     "error"}], "top_k", "num_images", "fast_path": the path taken, in words}. Inputs that match nothing and
@@ -70,7 +73,7 @@ def predict(
         raise DataError("inputs: give at least one image file, folder or glob")
     errors: list[dict] = []
     files = _image_files(inputs, strict, errors)
-    path = inference_path(model, device, precision, len(files))
+    path = inference_path(model, device, precision, len(files), engine, batch_size)
     net = apply_path(model, path)
     preds: list[dict] = []
     task = (progress or Progress()).task("predicting", len(files), unit="images")
@@ -81,7 +84,7 @@ def predict(
                 with autocast(device, path.precision):
                     preds += _top_k(net, good, k, names, device)
             task.update(min(start + batch_size, len(files)))
-    return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors, fast_path=path.describe())
+    return dict(num_images=len(preds), top_k=k, predictions=preds, errors=errors, fast_path=path_taken(path, net))
 
 
 def _image_files(inputs: list, strict: bool, errors: list[dict]) -> list[Path]:

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
-from .fastpath import FastPath, Hardware, Work, auto_precision, choose_path, vit_flops
+from .fastpath import ENGINES, FastPath, Hardware, Work, auto_precision, choose_path, vit_flops
+from .onnxrt import OrtModel, onnxruntime_available
 
 
 def _mps_available() -> bool:
@@ -68,7 +69,8 @@ def cpu_has_fast_bf16() -> bool:
 def detect_hardware(device: torch.device) -> Hardware:
     """What ``device`` can do, as ``vitkit.fastpath``'s rules read it."""
     if device.type == "cpu":
-        return Hardware("cpu", cpu_bf16=cpu_has_fast_bf16(), threads=torch.get_num_threads())
+        return Hardware("cpu", cpu_bf16=cpu_has_fast_bf16(), threads=torch.get_num_threads(),
+                        onnxruntime=onnxruntime_available())
     if device.type == "cuda":
         return Hardware("cuda", cuda_bf16=torch.cuda.is_bf16_supported())
     return Hardware(device.type)
@@ -93,19 +95,26 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def inference_path(model: nn.Module, device: torch.device, precision: str = "auto", images: int = 0) -> FastPath:
-    """The path a tool runs ``model`` on ``device`` for ``images`` images (``fastpath.choose_path``):
-    ``precision`` 'auto', 'fp32', 'bf16' or 'int8' (opt-in: CPU only)."""
+def inference_path(model: nn.Module, device: torch.device, precision: str = "auto", images: int = 0,
+                   engine: str = "auto", batch: int = 0) -> FastPath:
+    """The path a tool runs ``model`` on ``device`` for ``images`` images in batches of ``batch``
+    (``fastpath.choose_path``): ``precision`` 'auto', 'fp32', 'bf16' or 'int8' (opt-in: CPU only);
+    ``engine`` 'auto', 'torch' or 'onnxruntime' (fp32 on a CPU)."""
     if precision not in ("auto", "fp32", "bf16", "int8"):
         raise ConfigError(f"--precision: {precision!r} is not one of auto, fp32, bf16, int8")
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine: {engine!r} is not one of {', '.join(ENGINES)}")
     cfg = model.cfg
-    work = Work("infer", vit_flops(cfg), images, conv_stem=cfg.stem == "conv")
-    return choose_path(detect_hardware(device), work, precision)
+    work = Work("infer", vit_flops(cfg), images, conv_stem=cfg.stem == "conv", batch=batch)
+    return choose_path(detect_hardware(device), work, precision, engine=engine)
 
 
 def apply_path(model: nn.Module, path: FastPath) -> nn.Module:
-    """``model`` as ``path`` runs it: an int8 copy (``vitkit.quantize``), conv weights channels-last (in
-    place), compiled. Autocast for bf16 is the caller's (``autocast``)."""
+    """``model`` as ``path`` runs it: on ONNX Runtime (``vitkit.onnxrt.OrtModel``, exported in memory and
+    checked against eager on its first batch), an int8 copy (``vitkit.quantize``), conv weights
+    channels-last (in place), compiled. Autocast for bf16 is the caller's (``autocast``)."""
+    if path.engine == "onnxruntime":
+        return OrtModel(model, strict=path.engine_asked)
     if path.precision == "int8":
         from .quantize import quantize_int8  # the quantized kernels only when asked for
 
@@ -113,6 +122,15 @@ def apply_path(model: nn.Module, path: FastPath) -> nn.Module:
     if path.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return torch.compile(model) if path.compile else model
+
+
+def path_taken(path: FastPath, net: nn.Module) -> str:
+    """The path a tool ran, in words: ``path.describe()``, or, where ONNX Runtime fell back to torch
+    (``OrtModel.fallback``), the eager path and why."""
+    fallback = getattr(net, "fallback", None)
+    if fallback is None:
+        return path.describe()
+    return FastPath(path.precision, why=path.why + (f"onnxruntime: {fallback}",)).describe()
 
 
 def usable_cpus() -> int:
@@ -155,4 +173,4 @@ def label_names(model: nn.Module) -> list[str]:
 
 
 __all__ = ["resolve_device", "cpu_has_fast_bf16", "detect_hardware", "pick_precision", "inference_path", "apply_path",
-           "autocast", "usable_cpus", "count_params", "model_logits", "load_model", "label_names"]
+           "path_taken", "autocast", "usable_cpus", "count_params", "model_logits", "load_model", "label_names"]

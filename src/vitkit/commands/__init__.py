@@ -68,10 +68,13 @@ def seconds(text: str) -> float:
 
 
 def add_precision_flag(p) -> None:
-    """--precision of the inference tools (predict, eval): how the model runs (vitkit.fastpath)."""
+    """--precision and --engine of the inference tools (predict, eval): how the model runs (vitkit.fastpath)."""
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
                    help="auto (default: bf16 where the hardware and the model's size make it pay, else fp32), "
                         "fp32, bf16, or int8 (dynamic quantization of the Linear layers; CPU only, opt-in)")
+    p.add_argument("--engine", choices=("auto", "torch", "onnxruntime"), default="auto",
+                   help="auto (default: ONNX Runtime for fp32 on a CPU where its measured gain repays exporting "
+                        "the model, else torch), torch, or onnxruntime (fp32 on a CPU; needs vitkit[onnx])")
 
 
 def add_progress_flags(p) -> None:

@@ -47,7 +47,7 @@ def run(args) -> int:
     res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
                    batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst,
                    strict=args.strict, max_pixels=max_pixels(args), tta=args.tta, precision=args.precision,
-                   progress=cli_progress(args.quiet, args.progress_every))
+                   engine=args.engine, progress=cli_progress(args.quiet, args.progress_every))
     for item in res["skipped"]:
         print(f"vitkit: warning: skipped {show_path(item['path'])}: {show_path(item['reason'])}", file=sys.stderr)
     if args.json:

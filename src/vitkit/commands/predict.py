@@ -30,7 +30,7 @@ def run(args) -> int:
     from . import cli_progress, json_line
 
     res = predict(args.checkpoint, args.paths, top_k=args.top_k, batch_size=args.batch_size, strict=args.strict,
-                  max_pixels=max_pixels(args), device=args.device, precision=args.precision,
+                  max_pixels=max_pixels(args), device=args.device, precision=args.precision, engine=args.engine,
                   progress=cli_progress(args.quiet, args.progress_every))
     failed = bool(res["errors"]) and not res["predictions"]  # nothing classified: the failure is the result
     if not (failed and len(res["errors"]) == 1):
