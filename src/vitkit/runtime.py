@@ -103,6 +103,17 @@ def inference_path(model: nn.Module, device: torch.device, precision: str = "aut
     return choose_path(detect_hardware(device), work, precision)
 
 
+def training_path(cfg, device: torch.device, precision: str = "auto", compile: bool = False,
+                  channels_last: bool | None = None, images: int = 0, sharded: bool = False) -> FastPath:
+    """The path a training run of the model ``cfg`` (a ViTConfig) takes on ``device`` over ``images``
+    images (``fastpath.choose_path``): ``precision`` 'auto' or a name (checked by ``pick_precision``),
+    ``compile`` as asked, ``channels_last`` None (auto: where it pays) or forced; ``sharded``: FSDP."""
+    if precision != "auto":
+        pick_precision(precision, device)
+    work = Work("train", vit_flops(cfg), images, conv_stem=cfg.stem == "conv", sharded=sharded)
+    return choose_path(detect_hardware(device), work, precision, compile, channels_last)
+
+
 def apply_path(model: nn.Module, path: FastPath) -> nn.Module:
     """``model`` as ``path`` runs it: an int8 copy (``vitkit.quantize``), conv weights channels-last (in
     place), compiled. Autocast for bf16 is the caller's (``autocast``)."""
@@ -154,5 +165,5 @@ def label_names(model: nn.Module) -> list[str]:
     return list(model.labels) if model.labels is not None else [str(i) for i in range(n)]
 
 
-__all__ = ["resolve_device", "cpu_has_fast_bf16", "detect_hardware", "pick_precision", "inference_path", "apply_path",
-           "autocast", "usable_cpus", "count_params", "model_logits", "load_model", "label_names"]
+__all__ = ["resolve_device", "cpu_has_fast_bf16", "detect_hardware", "pick_precision", "inference_path", "training_path",
+           "apply_path", "autocast", "usable_cpus", "count_params", "model_logits", "load_model", "label_names"]
