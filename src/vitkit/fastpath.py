@@ -22,7 +22,12 @@ never a timing race at run time (which would make a run's numerics depend on the
   (``compile_pays``, ``COMPILE_MEASURED``). On this project's CPUs the gain measured about 1.0x, so a CPU
   never compiles on its own; a device without measurements compiles only when asked.
 - channels_last: for a conv stem (patch stems have one strided conv, which gains nothing), measured on
-  the CPU: the demo model's inference ran 1.5x and its training step 1.2x as fast (fastpath_rules.json).
+  the CPU (``CHANNELS_LAST_MEASURED``): the demo model's inference ran 1.5x as fast
+  (fastpath_rules.json); a training step, the batch made channels-last inside it as the trainer does,
+  1.09x for the demo model at batch 32 on one thread (each of the demo's two processes; 1.09-1.10 in
+  four runs) and 1.06-1.08x for the small-data recipe's whitening stem at batch 128 on one thread; on
+  two threads of a CPU that other work shared, 0.97-1.12 and 0.90-1.10, too noisy to tell from one
+  (benchmarks/results/fastpath_channels_last.json). Not under FSDP: it shards contiguous parameters only.
 - int8 (``vitkit.quantize``) is never automatic: it changes the numbers. It is opt-in, for CPU
   inference only.
 
@@ -51,11 +56,12 @@ COMPILE_MEASURED: dict[tuple[str, str], tuple[float, float, float]] = {
 }
 
 # (device, mode) -> channels-last / contiguous speed of a conv-stem model (its conv weights and input batches
-# channels-last), measured on a shared 2-core AVX512 CPU, torch 2.13, 2 threads (fastpath_rules.json): the
-# demo model's inference (batch 64) ran 1.53x; training: see the docstring.
+# channels-last), measured on a shared 2-core AVX512 CPU, torch 2.13: the demo model's inference (batch 64, 2
+# threads) ran 1.53x (fastpath_rules.json); its training step 1.09x (batch 32, one thread, as each of the
+# demo's processes runs it), the small-data recipe's model 1.06-1.08x (fastpath_channels_last.json; docstring)
 CHANNELS_LAST_MEASURED: dict[tuple[str, str], float] = {
     ("cpu", "infer"): 1.53,
-    ("cpu", "train"): 1.21,
+    ("cpu", "train"): 1.09,
 }
 
 

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from ..errors import TrainingError
+from ..fastpath import FastPath
 from ..io.atomic import ensure_dir
 from ..progress import Progress
 from ..runtime import pick_precision, resolve_device, training_path
@@ -80,9 +81,7 @@ def train(
         model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
         if loaded is not None and (loaded["data_cache"] != "off" or loaded["data_seconds"] >= 1):
             say(loaded_line(splits, loaded, cache_dir))  # when it took a while, or the cache was involved
-        # 'auto' weighs the model's size (precision) and its stem (channels-last)
-        path = training_path(mcfg, device, cfg.precision, cfg.compile, cfg.channels_last,
-                             cfg.epochs * len(splits.train), sharded=cfg.strategy == "fsdp")
+        path = run_path(cfg, mcfg, device, len(splits.train))
         trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
                           precision=path.precision, channels_last=path.channels_last, log=log, stop=stop,
                           progress=progress)
@@ -101,6 +100,13 @@ def train(
                 trainer.write_summary(summary)
         barrier(dist)  # all ranks end together: none tears its process group down while rank 0 still writes
         return summary
+
+
+def run_path(cfg: RunConfig, mcfg, device: torch.device, images: int) -> FastPath:
+    """The path a run of ``images`` training images takes (``runtime.training_path``): 'auto' weighs the
+    model's size (precision) and its stem (channels-last); FSDP trains contiguous."""
+    return training_path(mcfg, device, cfg.precision, cfg.compile, cfg.channels_last, cfg.epochs * images,
+                         sharded=cfg.strategy == "fsdp")
 
 
 def load_data(cfg: RunConfig, mcfg, say: Callable[[str], None], progress: Progress, cache_dir) -> tuple:
@@ -189,4 +195,4 @@ def _hold(run_dir: Path, resume: bool, dist: DistInfo):
         lock.release()
 
 
-__all__ = ["train", "main_config", "start_point", "ran_with"]
+__all__ = ["train", "run_path", "main_config", "start_point", "ran_with"]
