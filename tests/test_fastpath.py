@@ -15,10 +15,12 @@ from vitkit.fastpath import (
     BF16_MIN_FLOPS,
     ORT_MEASURED,
     ORT_MIN_GAIN,
+    CHANNELS_LAST_MEASURED,
     FastPath,
     Hardware,
     Work,
     auto_precision,
+    channels_last_pays,
     choose_path,
     compile_pays,
     ort_measurement,
@@ -76,6 +78,44 @@ def test_channels_last_is_for_conv_stems_on_the_cpu():
     assert choose_path(AVX512, Work("infer", DEMO_FLOPS, conv_stem=True)).channels_last is True
     assert choose_path(AVX512, Work("infer", DEMO_FLOPS)).channels_last is False
     assert choose_path(GPU, Work("infer", DEMO_FLOPS, conv_stem=True)).channels_last is False
+
+
+def test_a_training_run_says_why_it_trains_channels_last_or_not():
+    conv = Work("train", DEMO_FLOPS, conv_stem=True)
+    path = choose_path(AVX512, conv, "fp32", compile=False)
+    assert path.channels_last is True
+    assert path.describe() == ("fp32, eager, channels_last (channels_last: a conv stem measured "
+                               f"{CHANNELS_LAST_MEASURED[('cpu', 'train')]:.2f}x for train on cpu)")
+    sharded = choose_path(AVX512, Work("train", DEMO_FLOPS, conv_stem=True, sharded=True), "fp32", False)
+    assert sharded.channels_last is False and "FSDP shards contiguous parameters only" in sharded.describe()
+    gpu = choose_path(GPU, conv, "fp32", False)
+    assert gpu.channels_last is False and "not measured for train on cuda" in gpu.describe()
+    assert choose_path(AVX512, Work("train", DEMO_FLOPS), "fp32", False).describe() == "fp32, eager"  # patch stem
+    assert choose_path(AVX512, conv, "fp32", False, channels_last=False).describe() == "fp32, eager"  # as asked
+    assert choose_path(GPU, conv, "fp32", False, channels_last=True).channels_last is True
+
+
+def test_the_channels_last_rule_follows_its_measurements(monkeypatch):
+    import vitkit.fastpath as fp
+
+    conv = Work("train", DEMO_FLOPS, conv_stem=True)
+    monkeypatch.setitem(fp.CHANNELS_LAST_MEASURED, ("cpu", "train"), 0.9)
+    assert channels_last_pays(AVX512, conv) == (False, "contiguous: a conv stem measured 0.90x for train on cpu")
+    assert channels_last_pays(AVX512, Work("infer", DEMO_FLOPS, conv_stem=True))[0] is True  # by mode
+
+
+def test_the_training_path_of_a_model():
+    cpu = torch.device("cpu")
+    demo = tiny_model("vit_hybrid_mini_patch4_28").cfg
+    path = runtime.training_path(demo, cpu, "fp32")
+    assert (path.precision, path.compile, path.channels_last) == ("fp32", False, True)
+    assert runtime.training_path(demo, cpu, "fp32", sharded=True).channels_last is False
+    assert runtime.training_path(demo, cpu, "fp32", channels_last=False).channels_last is False
+    assert runtime.training_path(tiny_model().cfg, cpu, "fp32").channels_last is False  # a patch stem
+    assert runtime.training_path(demo, cpu, "fp32", compile=True).compile is True
+    assert runtime.training_path(demo, cpu).precision == "fp32"  # auto: too small for bf16 on every CPU
+    with pytest.raises(ConfigError, match="^precision: 'fp16' needs a CUDA device"):
+        runtime.training_path(demo, cpu, "fp16")
 
 
 def test_int8_is_opt_in_and_for_cpu_inference_only():

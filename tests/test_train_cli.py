@@ -275,14 +275,15 @@ def test_timm_style_flags_set_their_config_keys(tmp_path, capsys):
                    "give one of the two")
 
 
-def test_sync_bn_flags_set_the_key_and_its_absence_leaves_it_automatic():
+@pytest.mark.parametrize("flag, key", [("sync-bn", "sync_bn"), ("channels-last", "channels_last")])
+def test_on_off_flags_set_their_key_and_their_absence_leaves_it_automatic(flag, key):
     from vitkit.cli import parse_args
     from vitkit.commands.train import flags_from_args, overrides_from_args
     from vitkit.train.config import resolve_config
 
-    for flags, expected in (([], None), (["--sync-bn"], True), (["--no-sync-bn"], False)):
+    for flags, expected in (([], None), ([f"--{flag}"], True), ([f"--no-{flag}"], False)):
         args = parse_args(["train", *flags])
-        assert resolve_config(None, flags_from_args(args), overrides_from_args(args)).sync_bn is expected
+        assert getattr(resolve_config(None, flags_from_args(args), overrides_from_args(args)), key) is expected
 
 
 def test_grad_checkpointing_flag_reaches_the_run_and_keeps_its_losses(tmp_path, capsys):

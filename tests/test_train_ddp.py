@@ -4,9 +4,11 @@ ordinary ones."""
 
 import copy
 import itertools
+import json
 import os
 import socket
 import sys
+import warnings
 
 import pytest
 import torch
@@ -52,8 +54,12 @@ def _train(info, overrides: dict, out: str, how: dict | None = None) -> None:
     how = how or {}
     polls = itertools.count(1)
     stop = (lambda: next(polls) == how["stop_at"]) if "stop_at" in how else None
-    train(tiny_run_config(**PLAIN, **overrides), out, dist=info, splits=tiny_splits(), log=lambda m: None, stop=stop,
-          resume=how.get("resume", False))
+    with warnings.catch_warnings(record=True) as caught:  # DDP's gradient buckets take the weights' layout
+        warnings.simplefilter("always")
+        train(tiny_run_config(**PLAIN, **overrides), out, dist=info, splits=tiny_splits(), log=lambda m: None,
+              stop=stop, resume=how.get("resume", False))
+    strides = [str(w.message) for w in caught if "strides" in str(w.message)]
+    assert not strides, strides
 
 
 def train_two(monkeypatch, *runs: tuple) -> None:
@@ -111,6 +117,9 @@ def test_shared_batchnorm_statistics_make_two_processes_match_one(tmp_path, monk
     one, sync, own = (torch.tensor(step_losses(tmp_path / r), dtype=torch.float64) for r in ("one", "sync", "own"))
     assert len(one) == len(sync) == len(own) == 8
     assert (one - sync).abs().max() < 1e-5, (one, sync)
+    for run in ("one", "sync", "own"):  # a conv stem on the CPU: channels-last, in one process as in two
+        path = json.loads((tmp_path / run / "summary.json").read_text())["fast_path"]
+        assert path.startswith("fp32, eager, channels_last"), path
     sync_gap, own_gap = weight_gap(tmp_path / "one", tmp_path / "sync"), weight_gap(tmp_path / "one", tmp_path / "own")
     assert any("running_var" in k for k in sync_gap)  # the BatchNorm buffers are compared too
     # qkv.bias holds the key biases, which get no gradient in exact arithmetic (softmax ignores a shift
@@ -201,8 +210,11 @@ def test_batchnorm_sync_is_on_by_default_on_cuda_where_it_applies():
 
 # FSDP through what a run uses of it: EMA, validation and best/, gradient accumulation (micro-batches of 2
 # a process), clipping (optim.clip_grad, on by default), gradient checkpointing, and a conv stem whose
-# BatchNorm buffers (not sharded, unlike the parameters) share their statistics
-FSDP = dict(strategy="fsdp", ema=0.9, eval_every=1, accum_steps=2, grad_checkpointing=True, sync_bn=True, **CONV_STEM)
+# BatchNorm buffers (not sharded, unlike the parameters) share their statistics. FSDP shards contiguous
+# parameters only (channels_last: auto is off under it), and the runs without it that it is compared
+# with train contiguous too
+FSDP = dict(strategy="fsdp", ema=0.9, eval_every=1, accum_steps=2, grad_checkpointing=True, sync_bn=True,
+            channels_last=False, **CONV_STEM)
 
 
 @pytest.fixture(scope="module")

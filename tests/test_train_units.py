@@ -65,6 +65,15 @@ def test_strategy_is_checked():
         resolve_config(None, {"strategy": "fsdp", "precision": "fp16"})
 
 
+def test_channels_last_is_automatic_and_refused_under_fsdp():
+    assert resolve_config().channels_last is None  # auto: where it pays
+    assert resolve_config(None, None, ["channels_last=false"]).channels_last is False
+    assert resolve_config(None, {"strategy": "fsdp", "channels_last": False}).channels_last is False
+    with pytest.raises(ConfigError, match=r"^channels_last: 'fsdp' shards contiguous parameters only .*; use "
+                                          r"channels_last = false or null, or strategy ddp$"):
+        resolve_config(None, {"strategy": "fsdp", "channels_last": True})
+
+
 def test_shipped_recipes_parse():
     root = os.path.join(os.path.dirname(__file__), "..", "configs")
     names = sorted(n for n in os.listdir(root) if n.endswith(".toml"))

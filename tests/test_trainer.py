@@ -19,14 +19,15 @@ from vitkit.train.trainer import EpochEnd
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def make_trainer(where, log=None, **kw) -> Trainer:
+def make_trainer(where, log=None, channels_last=False, **kw) -> Trainer:
     """A trainer on the tiny data (32 training images, batch 8: 4 steps per epoch, 2 epochs), writing
     where/run."""
     c = cfg(**kw)
     splits = tiny_splits()
     model = prepare_model(c, model_config(c), splits.classes, splits.train)
     (where / "run").mkdir(parents=True, exist_ok=True)
-    return Trainer(c, model, splits.train, where / "run", val_set=splits.val, log=log or (lambda m: None))
+    return Trainer(c, model, splits.train, where / "run", val_set=splits.val, log=log or (lambda m: None),
+                   channels_last=channels_last)
 
 
 def first_batch(trainer):
@@ -88,6 +89,30 @@ def test_trainer_state_dict_restores_where_the_run_stood(tmp_path):
     sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
     assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where it was saved
+
+
+def test_a_channels_last_trainer_lays_out_what_it_restores_as_its_parameters(tmp_path):
+    """The conv weights train channels-last, and so do their moments and their EMA; trainer.pt holds them
+    contiguous, and a restore lays them out as the parameters are, whichever layout saved them."""
+    from vitkit.train.checkpoint import load_trainer_state
+
+    kw = dict(model_args=dict(stem="conv", stem_width=8), ema=0.9)
+    a = make_trainer(tmp_path / "a", channels_last=True, **kw)
+    conv = lambda t: t.model.patch_embed.stem[0].weight  # noqa: E731 - the first 3x3 conv's (8, 3, 3, 3) weight
+    channels_last = lambda x: x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()  # noqa: E731
+    i = list(a.model.state_dict()).index("patch_embed.stem.0.weight")  # its place in the EMA
+    assert channels_last(conv(a))
+    a.apply(a.train_step(first_batch(a)), 0)
+    assert channels_last(a.optimizer.state[conv(a)]["exp_avg"]) and channels_last(a.ema.shadow[i])
+    a.save("last")
+    saved = load_trainer_state(a.run_dir / "last")
+    for layout in (True, False):
+        b = make_trainer(tmp_path / str(layout), channels_last=layout, **kw)
+        b.restore(saved)
+        for t in (b.optimizer.state[conv(b)]["exp_avg"], b.ema.shadow[i]):
+            assert channels_last(t) is layout and t.stride() == conv(b).stride()
+        assert torch.equal(b.optimizer.state[conv(b)]["exp_avg"], a.optimizer.state[conv(a)]["exp_avg"])
+        assert all(torch.equal(x, y) for x, y in zip(a.ema.shadow, b.ema.shadow))
 
 
 # ------------------------------------------------------------------------------------------- one step

@@ -23,7 +23,12 @@ never a timing race at run time (which would make a run's numerics depend on the
   (``compile_pays``, ``COMPILE_MEASURED``). On this project's CPUs the gain measured about 1.0x, so a CPU
   never compiles on its own; a device without measurements compiles only when asked.
 - channels_last: for a conv stem (patch stems have one strided conv, which gains nothing), measured on
-  the CPU: the demo model's inference ran 1.5x and its training step 1.2x as fast (fastpath_rules.json).
+  the CPU (``CHANNELS_LAST_MEASURED``): the demo model's inference ran 1.5x as fast
+  (fastpath_rules.json); a training step, the batch made channels-last inside it as the trainer does,
+  1.09x for the demo model at batch 32 on one thread (each of the demo's two processes; 1.09-1.10 in
+  four runs) and 1.06-1.08x for the small-data recipe's whitening stem at batch 128 on one thread; on
+  two threads of a CPU that other work shared, 0.97-1.12 and 0.90-1.10, too noisy to tell from one
+  (benchmarks/results/fastpath_channels_last.json). Not under FSDP: it shards contiguous parameters only.
 - int8 (``vitkit.quantize``) is never automatic: it changes the numbers. It is opt-in, for CPU
   inference only.
 - The engine: torch, or ONNX Runtime (``vitkit.onnxrt``: the model exported in memory and run by an
@@ -76,6 +81,15 @@ ORT_MEASURED: dict[str, tuple[float, float, float, float]] = {
 }
 ORT_MIN_GAIN = 1.10  # a measured gain below this is within that machine's noise: onnxruntime is not chosen
 
+# (device, mode) -> channels-last / contiguous speed of a conv-stem model (its conv weights and input batches
+# channels-last), measured on a shared 2-core AVX512 CPU, torch 2.13: the demo model's inference (batch 64, 2
+# threads) ran 1.53x (fastpath_rules.json); its training step 1.09x (batch 32, one thread, as each of the
+# demo's processes runs it), the small-data recipe's model 1.06-1.08x (fastpath_channels_last.json; docstring)
+CHANNELS_LAST_MEASURED: dict[tuple[str, str], float] = {
+    ("cpu", "infer"): 1.53,
+    ("cpu", "train"): 1.09,
+}
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -98,6 +112,7 @@ class Work:
     images: int = 0
     conv_stem: bool = False
     batch: int = 0
+    sharded: bool = False  # training sharded over the processes (FSDP)
 
 
 @dataclass(frozen=True)
@@ -206,16 +221,28 @@ def forced_ort(hw: Hardware, work: Work, precision: str, compile: bool | None) -
     return FastPath("fp32", engine="onnxruntime", engine_asked=True, why=why + ("onnxruntime: asked for",))
 
 
-def channels_last_pays(hw: Hardware, work: Work) -> bool:
-    """Channels-last layout for a conv stem: measured to pay on the CPU (not measured elsewhere)."""
-    return work.conv_stem and hw.device_type == "cpu"
+def channels_last_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
+    """Whether to run a conv stem channels-last (its conv weights and the input batches), and why:
+    where ``CHANNELS_LAST_MEASURED`` has it faster than the contiguous layout. Never under FSDP, which
+    shards contiguous parameters only (torch's ``fully_shard`` refuses channels-last ones)."""
+    if not work.conv_stem:
+        return False, "channels_last: no conv stem"
+    if work.sharded:
+        return False, "contiguous: FSDP shards contiguous parameters only"
+    speedup = CHANNELS_LAST_MEASURED.get((hw.device_type, work.mode))
+    if speedup is None:
+        return False, f"contiguous: channels-last not measured for {work.mode} on {hw.device_type}"
+    layout = "channels_last" if speedup > 1 else "contiguous"
+    return speedup > 1, f"{layout}: a conv stem measured {speedup:.2f}x for {work.mode} on {hw.device_type}"
 
 
 def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool | None = None,
-                engine: str = "auto") -> FastPath:
+                channels_last: bool | None = None, engine: str = "auto") -> FastPath:
     """The path to run ``work`` on ``hw``: ``precision`` 'auto' or a name ('int8': opt-in, CPU inference
-    only, a ConfigError elsewhere), ``compile`` None (auto) or forced, ``engine`` 'auto' (onnxruntime
-    where ``ort_pays``), 'torch' or 'onnxruntime' (fp32 CPU inference only, a ConfigError elsewhere)."""
+    only, a ConfigError elsewhere), ``compile`` and ``channels_last`` None (auto) or forced, ``engine``
+    'auto' (onnxruntime where ``ort_pays``), 'torch' or 'onnxruntime' (fp32 CPU inference only, a
+    ConfigError elsewhere). A training path also says why it took its layout (an inference path names
+    the layout alone)."""
     if engine not in ENGINES:
         raise ConfigError(f"engine: {engine!r} is not one of {', '.join(ENGINES)}")
     if engine == "onnxruntime":
@@ -225,7 +252,8 @@ def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool
         if work.mode != "infer" or hw.device_type != "cpu":
             raise ConfigError(f"precision: int8 dynamic quantization is for inference on a CPU, not "
                               f"{'training' if work.mode != 'infer' else 'on ' + hw.device_type}")
-        return FastPath("int8", channels_last=channels_last_pays(hw, work),
+        layout = channels_last_pays(hw, work)[0] if channels_last is None else channels_last
+        return FastPath("int8", channels_last=layout,
                         why=("int8 weights, dynamically quantized activations: asked for",))
     if precision == "auto":
         precision, reason = auto_precision(hw, work.flops_per_image)
@@ -238,9 +266,13 @@ def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool
     if compile is None:
         compile, reason = compile_pays(hw, work)
         why.append(reason)
+    if channels_last is None:
+        channels_last, reason = channels_last_pays(hw, work)
+        if work.mode == "train" and work.conv_stem:
+            why.append(reason)
     if ort_reason is not None:
         why.append(ort_reason)
-    return FastPath(precision, bool(compile), channels_last_pays(hw, work), why=tuple(why))
+    return FastPath(precision, bool(compile), channels_last, why=tuple(why))
 
 
 def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
@@ -269,4 +301,4 @@ def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
 
 __all__ = ["Hardware", "Work", "FastPath", "choose_path", "auto_precision", "compile_pays", "channels_last_pays",
            "ort_pays", "ort_measurement", "forced_ort", "eager_seconds", "vit_flops", "BF16_MIN_FLOPS", "ENGINES",
-           "ORT_MEASURED", "ORT_MIN_GAIN"]
+           "ORT_MEASURED", "ORT_MIN_GAIN", "CHANNELS_LAST_MEASURED"]

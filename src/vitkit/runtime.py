@@ -109,6 +109,17 @@ def inference_path(model: nn.Module, device: torch.device, precision: str = "aut
     return choose_path(detect_hardware(device), work, precision, engine=engine)
 
 
+def training_path(cfg, device: torch.device, precision: str = "auto", compile: bool = False,
+                  channels_last: bool | None = None, images: int = 0, sharded: bool = False) -> FastPath:
+    """The path a training run of the model ``cfg`` (a ViTConfig) takes on ``device`` over ``images``
+    images (``fastpath.choose_path``): ``precision`` 'auto' or a name (checked by ``pick_precision``),
+    ``compile`` as asked, ``channels_last`` None (auto: where it pays) or forced; ``sharded``: FSDP."""
+    if precision != "auto":
+        pick_precision(precision, device)
+    work = Work("train", vit_flops(cfg), images, conv_stem=cfg.stem == "conv", sharded=sharded)
+    return choose_path(detect_hardware(device), work, precision, compile, channels_last)
+
+
 def apply_path(model: nn.Module, path: FastPath) -> nn.Module:
     """``model`` as ``path`` runs it: on ONNX Runtime (``vitkit.onnxrt.OrtModel``, exported in memory and
     checked against eager on its first batch), an int8 copy (``vitkit.quantize``), conv weights
@@ -172,5 +183,5 @@ def label_names(model: nn.Module) -> list[str]:
     return list(model.labels) if model.labels is not None else [str(i) for i in range(n)]
 
 
-__all__ = ["resolve_device", "cpu_has_fast_bf16", "detect_hardware", "pick_precision", "inference_path", "apply_path",
-           "path_taken", "autocast", "usable_cpus", "count_params", "model_logits", "load_model", "label_names"]
+__all__ = ["resolve_device", "cpu_has_fast_bf16", "detect_hardware", "pick_precision", "inference_path", "training_path",
+           "apply_path", "path_taken", "autocast", "usable_cpus", "count_params", "model_logits", "load_model", "label_names"]

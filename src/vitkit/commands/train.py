@@ -78,6 +78,8 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"],
                    help=_h("autocast precision; fp16 (with a gradient scaler) on CUDA only", "precision"))
     g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None, help="a conv stem's "
+                   "weights and the input batches channels-last (default: where it pays, a conv stem on the CPU)")
     g.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute each block's "
                    "activations in the backward pass instead of keeping them: less memory, slower steps")
     g.add_argument("--nproc", type=int, metavar="N", help="train with N data-parallel processes on this machine "
@@ -188,6 +190,7 @@ def flags_from_args(args) -> dict:
         "sync_bn": args.sync_bn,
         "precision": args.precision,
         "compile": args.compile,
+        "channels_last": args.channels_last,
         "grad_checkpointing": args.grad_checkpointing,
         "ckpt_every": args.ckpt_every,
         "eval_every": args.eval_every,

@@ -62,9 +62,21 @@ def _tuples(x):
 
 
 # ---------------------------------------------------------------------------------- save / load
+def _contiguous_tensors(obj):
+    """``obj`` (dicts, lists and tuples of tensors and plain values) with every tensor contiguous: trainer.pt
+    holds ordinary tensors whatever the layout a run trains in (channels-last moments, say)."""
+    if torch.is_tensor(obj):
+        return obj.contiguous()
+    if isinstance(obj, dict):
+        return {k: _contiguous_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_contiguous_tensors(v) for v in obj)
+    return obj
+
+
 def _write_trainer_state(state: dict, path: Path) -> None:
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        torch.save(_contiguous_tensors(state), tmp)
 
 
 def save_checkpoint(run_dir: Path, name: str, model, trainer_state: dict | None, extra: dict | None = None,

@@ -121,6 +121,9 @@ class RunConfig:
     #   hardware has fast bf16 (CUDA with bf16, CPUs with AMX/AVX512-BF16) and the model is large enough for it
     #   to pay (vitkit.fastpath.auto_precision), else fp32; fp16 needs CUDA
     compile: bool = False  # torch.compile the model
+    channels_last: bool | None = None  # the conv stem's weights and the input batches channels-last (NHWC); None =
+    #   auto: where it was measured to pay (vitkit.fastpath.channels_last_pays: a conv stem on the CPU), never under
+    #   FSDP. Numerics as contiguous within float rounding; checkpoints are contiguous either way
     grad_checkpointing: bool = False  # recompute each block's activations in the backward pass instead of keeping
     #   them (VisionTransformer.set_grad_checkpointing): less memory for about one more forward pass per step
     sync_bn: bool | None = None  # with several processes, normalise BatchNorm layers (the conv stem's) with the
@@ -164,6 +167,9 @@ class RunConfig:
         if self.strategy == "fsdp" and self.precision == "fp16":
             raise ConfigError("strategy: 'fsdp' trains in bf16 or fp32, not fp16 (its gradient scaler does not take "
                               "sharded gradients); use precision bf16")
+        if self.strategy == "fsdp" and self.channels_last:
+            raise ConfigError("channels_last: 'fsdp' shards contiguous parameters only (torch's fully_shard refuses "
+                              "channels-last ones); use channels_last = false or null, or strategy ddp")
         if self.max_minutes is not None and self.max_minutes < 0:
             raise ConfigError(f"max_minutes: must be >= 0 (0 = no limit), got {self.max_minutes!r}")
         if self.ema is not None and not 0 < self.ema < 1:

@@ -72,12 +72,12 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``full`` laid out as ``like``: sharded the same way when ``like`` is a DTensor (every process
-    holds the same ``full``), else moved to ``like``'s device."""
+    holds the same ``full``), else on ``like``'s device in its memory layout (e.g. channels-last)."""
     if isinstance(like, _dtensor()):
         from torch.distributed.tensor import distribute_tensor
 
         return distribute_tensor(full.to(like.device), like.device_mesh, like.placements)
-    return full.to(like.device)
+    return torch.empty_like(like, dtype=full.dtype).copy_(full)
 
 
 def _options(everywhere: bool):

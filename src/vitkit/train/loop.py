@@ -1,7 +1,8 @@
 """``train``: one run from a RunConfig, start to end.
 
     resume point (--resume) -> the model's config, resolved once (init_from weights read once; none when
-      resuming: the checkpoint has the model) -> data -> model -> Trainer
+      resuming: the checkpoint has the model) -> data -> model -> its path (runtime.training_path: precision,
+      channels-last) -> Trainer
       -> fit: epochs until they or the time budget are spent, or a stop is requested
       -> completed: last/, final validation (best/), test, summary | interrupted: last/, how to continue
 
@@ -21,10 +22,10 @@ from typing import Callable
 import torch
 
 from ..errors import TrainingError
-from ..fastpath import vit_flops
+from ..fastpath import FastPath
 from ..io.atomic import ensure_dir
 from ..progress import Progress
-from ..runtime import pick_precision, resolve_device
+from ..runtime import pick_precision, resolve_device, training_path
 from .build import check_classes, check_run_dir, init_format, model_config, open_data, prepare_model, read_init
 from .checkpoint import RunLock, checkpoint_step, cleanup_temp, find_checkpoint, resume_point
 from .config import RunConfig
@@ -51,8 +52,9 @@ def train(
     returns True the run saves last/ and returns with status 'interrupted'. ``resume``: continue from
     run_dir/last. ``progress``: where the main process shows the decoding of the data and the steps
     (default: nowhere). ``cache_dir``: where decoded image folders are cached (``data.cache``; None = no
-    cache). The summary records the seconds spent loading the data (``data_seconds``) and whether the
-    cache served them (``data_cache``). Errors are VitkitError subclasses with one-line messages.
+    cache). The summary records the seconds spent loading the data (``data_seconds``), whether the
+    cache served them (``data_cache``) and the path the run took (``fast_path``: precision, compile,
+    channels-last, and why; also its second line). Errors are VitkitError subclasses with one-line messages.
     """
     cfg = ran_with(cfg.validate(), dist)
     check_loggers(cfg.loggers)
@@ -72,7 +74,6 @@ def train(
         if cfg.init_from and resume_from is None and (fmt := init_format(cfg)) != "vitkit":
             init = read_init(cfg, fmt)
         mcfg = model_config(cfg, init, resume_from)
-        precision = pick_precision(cfg.precision, device, vit_flops(mcfg))  # 'auto' weighs the model's size
         loaded = None
         if splits is None:
             splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir)
@@ -80,21 +81,32 @@ def train(
         model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
         if loaded is not None and (loaded["data_cache"] != "off" or loaded["data_seconds"] >= 1):
             say(loaded_line(splits, loaded, cache_dir))  # when it took a while, or the cache was involved
+        path = run_path(cfg, mcfg, device, len(splits.train))
         trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
-                          precision=precision, log=log, stop=stop, progress=progress)
+                          precision=path.precision, channels_last=path.channels_last, log=log, stop=stop,
+                          progress=progress)
         with contextlib.closing(trainer):
             if saved is not None:
                 trainer.restore(saved)
             trainer.open_run(resumed=saved is not None)
+            noted = {**(loaded or {}), "fast_path": path.describe()}  # for the summary
+            say(f"path: {noted['fast_path']}")
             if trainer.fit() == "interrupted":
-                summary = {**trainer.interrupt(), **(loaded or {})}
+                summary = {**trainer.interrupt(), **noted}
             else:
-                summary = {**trainer.complete(splits.test), **(loaded or {})}
+                summary = {**trainer.complete(splits.test), **noted}
                 summary["total_seconds"] = round(time.perf_counter() - t_start, 2)
                 summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
                 trainer.write_summary(summary)
         barrier(dist)  # all ranks end together: none tears its process group down while rank 0 still writes
         return summary
+
+
+def run_path(cfg: RunConfig, mcfg, device: torch.device, images: int) -> FastPath:
+    """The path a run of ``images`` training images takes (``runtime.training_path``): 'auto' weighs the
+    model's size (precision) and its stem (channels-last); FSDP trains contiguous."""
+    return training_path(mcfg, device, cfg.precision, cfg.compile, cfg.channels_last, cfg.epochs * images,
+                         sharded=cfg.strategy == "fsdp")
 
 
 def load_data(cfg: RunConfig, mcfg, say: Callable[[str], None], progress: Progress, cache_dir) -> tuple:
@@ -183,4 +195,4 @@ def _hold(run_dir: Path, resume: bool, dist: DistInfo):
         lock.release()
 
 
-__all__ = ["train", "main_config", "start_point", "ran_with"]
+__all__ = ["train", "run_path", "main_config", "start_point", "ran_with"]

@@ -88,4 +88,18 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=True)
 
 
-__all__ = ["param_groups", "build_optimizer", "layer_id", "Lion"]
+@torch.no_grad()
+def follow_param_layout(optimizer: torch.optim.Optimizer) -> None:
+    """Lay each per-parameter state tensor (AdamW's moments, Lion's and SGD's momentum) out in memory as its
+    parameter is. A state created by a step follows its parameter's layout (channels-last conv weights give
+    channels-last moments), but one loaded from trainer.pt, which holds contiguous tensors, does not: laid
+    out again, a resumed run computes its steps exactly as the run it continues."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.shape == p.shape and value.stride() != p.stride():
+                    state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
+
+
+__all__ = ["param_groups", "build_optimizer", "layer_id", "Lion", "follow_param_layout"]

@@ -45,7 +45,7 @@ from .ema import EMA
 from .fsdp import full_optimizer_state, full_tensor, full_weights, load_optimizer_state, plain_copy, shard_model
 from .loader import BatchLoader, loader_workers, micro_batches
 from .metrics import MetricsLog, StepWindow, open_loggers, write_plots
-from .optim import build_optimizer
+from .optim import build_optimizer, follow_param_layout
 from .schedule import Schedule
 from .state import TrainerState
 from .sync_bn import sync_batchnorm, wants_sync_bn
@@ -126,24 +126,28 @@ class Trainer:
     """Trains ``model`` on ``train_set`` as ``cfg`` says, writing ``run_dir``.
 
     ``model`` is ready to train (its head, labels and preprocess set: ``build.prepare_model``); the
-    trainer moves it to ``device`` and builds the rest. ``log`` prints the main process's lines
+    trainer moves it to ``device`` (``channels_last``, as ``runtime.training_path`` chooses: with its conv
+    weights channels-last, and every batch made so) and builds the rest. ``log`` prints the main process's lines
     (default: print); ``stop`` is polled once per step; ``progress`` shows the steps (the main process's
     only). Constructing a trainer seeds this process's global RNGs; ``restore`` continues a saved run.
     """
 
     def __init__(self, cfg: RunConfig, model: nn.Module, train_set, run_dir: str | Path, *, val_set=None,
                  dist: DistInfo = DistInfo(), device: torch.device = torch.device("cpu"), precision: str = "fp32",
-                 log: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None,
-                 progress: Progress | None = None):
+                 channels_last: bool = False, log: Callable[[str], None] | None = None,
+                 stop: Callable[[], bool] | None = None, progress: Progress | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.dist = dist
         self.device = device
         self.precision = precision
+        self.channels_last = channels_last
         self.say = main_log(log, dist)
         self.stop_requested = stop or (lambda: False)
         self.progress = progress if progress is not None and dist.is_main else Progress()
         self.model = model.to(device).train()
+        if channels_last:  # before DDP builds its gradient buckets, the optimizer its state and the EMA its copy
+            model.to(memory_format=torch.channels_last)
         self.train_set = train_set
         self.val_set = val_set
         self.loader = BatchLoader(train_set, cfg.batch_size, cfg.seed, dist, cfg.accum_steps,
@@ -210,6 +214,7 @@ class Trainer:
             load_optimizer_state(self.model, self.optimizer, saved["optimizer"])
         else:
             self.optimizer.load_state_dict(saved["optimizer"])
+            follow_param_layout(self.optimizer)
         if saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         if self.ema is not None and saved.get("ema") is not None:
@@ -308,6 +313,8 @@ class Trainer:
         self.generator.manual_seed(aug_seed(cfg.seed, st.step, self.dist.rank))
         images, labels = move_batch(batch[0], self.device), batch[1].to(self.device, non_blocking=True)
         x, targets = self.augment(images, labels, self.generator, self.batch_flips())
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         parts = micro_batches(x, targets, cfg.accum_steps)
         loss = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device)
