@@ -2,6 +2,7 @@
 threads, 2 processes of 1 thread, ..., one after the other (alternating over --repeats), on the same data.
 
     python benchmarks/processes_threads.py DATA [--minutes 1.5] [--layouts 1x2,2x1] [--repeats 1] [--seed 0]
+                                           [--set KEY=VALUE ...]
 
 Each run is `vitkit train --data DATA --max-minutes M --seed S --nproc P --threads T
 --set data.val_fraction=0.1` (the recipe vitkit picks for DATA; `--batch-size` is the global batch, so
@@ -31,6 +32,8 @@ def run(args, procs: int, threads: int, work: Path) -> dict:
     cmd = [sys.executable, "-m", "vitkit", "train", "--data", args.data, "--max-minutes", str(args.minutes),
            "--seed", str(args.seed), "--nproc", str(procs), "--threads", str(threads),
            "--set", "data.val_fraction=0.1", "--out", str(out), "--json", "--quiet"]
+    for o in args.set:
+        cmd += ["--set", o]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     if p.returncode != 0:
         return {"layout": f"{procs}x{threads}", "error": f"exit code {p.returncode}", "command": shlex.join(cmd[1:])}
@@ -49,6 +52,8 @@ def main() -> None:
     ap.add_argument("--layouts", default="1x2,2x1", help="comma list of PROCESSESxTHREADS (default 1x2,2x1)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every run (e.g. the long budget's model at a short clock)")
     args = ap.parse_args()
     layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
     rows = []

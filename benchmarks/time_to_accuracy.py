@@ -12,7 +12,8 @@ crop with 4-px padding + horizontal flip, batch 128; it runs in a Python that ha
 `--timm-python` interpreter runs this script with `--branch timm`; only that branch imports timm).
 Both read DATA with vitkit's reader and carve the same 10% (stratified, seeded with --seed) as the
 validation split; both count only training time against the budget (not decoding, not the final
-evaluation) and use the same number of CPU threads. Prints both accuracies and their difference and
+evaluation) and use the same CPUs (timm one process of --threads threads; vitkit the processes and
+threads it chooses for itself, e.g. 2 processes of 1 thread on 2 cores, recorded). Prints both accuracies and their difference and
 appends the record (with the command) to benchmarks/results/time_to_accuracy.jsonl.
 
 Timings are only comparable within one run on an otherwise idle machine.
@@ -43,7 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("data", help="a class-folder dataset (or any layout vitkit reads)")
     p.add_argument("--minutes", type=float, default=5.0, help="training budget of each run (default 5)")
     p.add_argument("--seed", type=int, default=0, help="the validation carve's and the runs' seed (default 0)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads of each run (default: all usable)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of timm's run (default: all usable) and "
+                   "of each vitkit process (default: vitkit's own choice, as for a user)")
     p.add_argument("--timm-python", default=str(ROOT / ".venv-ref" / "bin" / "python"),
                    help="a Python with timm (default: .venv-ref, which benchmarks/parity.sh makes)")
     p.add_argument("--out", default=None, help="folder for the vitkit run (default: a temporary one)")
@@ -62,12 +64,12 @@ def threads(args) -> int:
 
 
 # ============================================================================================ vitkit
-def run_vitkit(args, n_threads: int) -> dict:
+def run_vitkit(args) -> dict:
     """vitkit's own choice for the data, as its command line makes it; the summary and the recipe line."""
     out = Path(args.out or tempfile.mkdtemp(prefix="tta_vitkit_")) / "run"
     cmd = [sys.executable, "-m", "vitkit", "train", "--data", args.data, "--max-minutes", str(args.minutes),
-           "--seed", str(args.seed), "--threads", str(n_threads), "--set", f"data.val_fraction={VAL_FRACTION}",
-           "--out", str(out), "--json", "--quiet"]
+           "--seed", str(args.seed), "--set", f"data.val_fraction={VAL_FRACTION}", "--out", str(out), "--json", "--quiet"]
+    cmd += ["--threads", str(args.threads)] if args.threads else []  # threads per process; else vitkit's choice
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     if p.returncode != 0:
@@ -75,7 +77,8 @@ def run_vitkit(args, n_threads: int) -> dict:
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     config = json.loads((out / "config.json").read_text())
     return {"val_acc": summary["val_acc"], "train_seconds": summary["train_seconds"], "epochs": summary["epochs"],
-            "model": config["model"], "command": shlex.join(cmd[1:])}
+            "model": config["model"], "processes": config.get("processes"), "threads": config.get("threads"),
+            "command": shlex.join(cmd[1:])}
 
 
 # ============================================================================================== timm
@@ -153,7 +156,7 @@ def main(argv=None) -> None:
         sys.exit(f"--timm-python {args.timm_python}: no such interpreter (make one with benchmarks/parity.sh, "
                  f"or run vitkit alone with --branch vitkit)")
     n = threads(args)
-    vk = run_vitkit(args, n)
+    vk = run_vitkit(args)
     print(f"vitkit ({vk['model']}): val accuracy {vk['val_acc'] * 100:.2f}% after {vk['train_seconds']:.0f} s "
           f"({vk['epochs']:.2f} epochs)", flush=True)
     tm, diff = None, None

@@ -54,6 +54,19 @@ def test_the_budget_sets_how_long_a_small_data_run_is():
     assert "max_minutes" not in SMALL_DATA  # the table itself is never changed
 
 
+def test_a_small_data_run_on_a_cpu_of_two_cores_or_more_trains_as_two_processes():
+    from vitkit.train.recipe import CPU_PROCESSES
+
+    r = choose_recipe(CIFAR, max_minutes=30, cpus=4)
+    assert r.base["processes"] == CPU_PROCESSES == 2 and r.reason.endswith("; 2 processes on the CPU")
+    assert choose_recipe(CIFAR, cpus=2).base["processes"] == 2  # the recipe's own clock
+    for cpus in (1, None):  # one core, or a GPU run (None): one process
+        assert "processes" not in choose_recipe(CIFAR, max_minutes=30, cpus=cpus).base
+    assert "processes" not in choose_recipe(CIFAR, epochs=3, cpus=4).base  # fixed epochs: one process
+    assert "processes" not in choose_recipe(CIFAR, max_minutes=0, cpus=4).base
+    assert choose_recipe(DataFacts("mnist", (28, 28), 1, 60_000, 10), cpus=4).base == {}  # digits: the defaults
+
+
 def test_the_small_data_config_file_is_the_recipe():
     """configs/small-data.toml holds the recipe's values (with --config it is run as written)."""
     from pathlib import Path
@@ -112,7 +125,8 @@ def test_train_on_data_names_the_recipe_and_explicit_values_win(tmp_path, capsys
     assert saved["optim"]["lr"] == 0.01 and saved["augment"]["label_smoothing"] == 0 and saved["tta"] is False
 
     # --max-minutes without --epochs: the schedule is fitted to the clock
-    run_lines(capsys, ["train", "--data", str(data), "--out", str(tmp_path / "r2"), "--max-minutes", "0.02", *FAST])
+    run_lines(capsys, ["train", "--data", str(data), "--out", str(tmp_path / "r2"), "--max-minutes", "0.02", *FAST,
+                       "--nproc", "1"])  # (one process here: on the clock the recipe takes 2 on a CPU of 2 cores)
     saved = json.loads((tmp_path / "r2" / "config.json").read_text())
     assert saved["max_minutes"] == 0.02 and saved["epochs"] == CLOCK_EPOCHS and saved["tta"] is True
 

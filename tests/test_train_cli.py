@@ -94,8 +94,8 @@ def test_data_errors_are_one_line(tmp_path, capsys):
         f.write_bytes(b"not an image")
     cases.append((bad, "cat"))
     for path, message in cases:
-        code = main(["train", "--data", str(path), "--out", str(tmp_path / f"r-{path.name}"), *FAST,
-                     "data.val_fraction=0.1"])
+        code = main(["train", "--data", str(path), "--out", str(tmp_path / f"r-{path.name}"), "--nproc", "1", *FAST,
+                     "data.val_fraction=0.1"])  # one process, so that its error reaches capsys
         err = capsys.readouterr().err.strip()
         assert code == 1 and len(err.splitlines()) == 1 and err.startswith("vitkit: error: "), (path, err)
         assert message in err.lower() or message in err, err

@@ -319,7 +319,20 @@ def data_recipe(args, flags: dict, overrides: list[str]):
     for text in overrides:
         key, value = parse_override(text)
         given[".".join(key)] = value
-    return recipe_for(args.data, args.data_format, _number(given.get("max_minutes")), _number(given.get("epochs")))
+    return recipe_for(args.data, args.data_format, _number(given.get("max_minutes")), _number(given.get("epochs")),
+                      cpus=cpu_run_cpus(given.get("device")))
+
+
+def cpu_run_cpus(device) -> int | None:
+    """The CPUs a run on ``device`` (a flag's value; None: auto) may use when it trains on the CPU; None
+    when it trains on a GPU."""
+    from ..runtime import resolve_device, usable_cpus
+
+    try:
+        on_cpu = resolve_device(device or "auto").type == "cpu"
+    except Exception:  # an unusable --device: the run reports it in its own words
+        return None
+    return usable_cpus() if on_cpu else None
 
 
 def _number(value):
