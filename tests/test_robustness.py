@@ -867,7 +867,7 @@ def test_bad_values_are_one_line_errors(case, ckpt, small_data, tmp_path, capsys
 
 # outputs that cannot be written: a regular file where a folder must be created
 OUTPUTS = {
-    "train-out": ["train", "--data", "{data}", "--out", "{file}/run", "--model", "vit_test", *FAST_TRAIN],
+    "train-out": ["train", "--data", "{data}", "--out", "{file}/run", "--model", "vit_test", "--epochs", "1", *FAST_TRAIN],
     "finetune-out": ["finetune", "{ckpt}", "--data", "{data}", "--out", "{file}/ft", *FAST_TRAIN],
     "eval-out": ["eval", "{ckpt}", "--data", "{data}", "--out", "{file}/eval"],
     "convert-vitkit": ["convert", "{timm}", "{file}/ckpt", "--from", "timm", "--set", "num_heads=2"],

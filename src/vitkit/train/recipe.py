@@ -40,8 +40,10 @@ CLOCK_EPOCHS = 1000  # the epochs of a run the clock ends: more than any budget 
 SHORT_MINUTES = 10.0  # a 'small-data' budget of at most this many minutes trains a smaller model (SHORT_RUN)
 # A short budget: a smaller, faster model that sees the data more often, and no EMA. Measured at 5 minutes
 # on CIFAR-10 (benchmarks/ablate_small_data.py, seed 0's carve, one change each against depth 2, width 128,
-# EMA 0.999: 70.94%): width 96 72.94% (6.45 epochs against 4.51), no EMA 72.24% (5.18 epochs: the
-# EMA's update costs steps, and over a few epochs it only lags). Depth 2 itself halves the MACs of depth 4.
+# EMA 0.999: 70.94%): width 96 72.94% (6.45 epochs against 4.51), no EMA 72.24% (5.18 epochs; the EMA's
+# update itself is 0.1% of a step, benchmarks/results/ema_cost.json, so those extra epochs were the
+# machine's speed varying between runs, and the gain is within one seed's noise: over a few epochs an
+# average only lags). Depth 2 itself halves the MACs of depth 4.
 SHORT_RUN: dict[str, Any] = {"model_args": {"depth": 2, "embed_dim": 96, "num_heads": 3}, "ema": None}
 SHORT_WHY = "depth 2, width 96, no EMA"
 # On a CPU of 2 or more cores, a 'small-data' run trains as 2 data-parallel processes of one thread each
