@@ -238,12 +238,10 @@ def demo_base() -> dict:
     """The demo's time budget, and its processes: 2 data-parallel processes of one thread on a CPU with 2 or
     more cores (this small model keeps two processes busier than one process with two threads); 1
     process where a GPU will be used."""
-    from ..runtime import usable_cpus
     from ..train.config import DEMO_BUDGET
-    from ..runtime import resolve_device
 
-    gpu = resolve_device("auto").type != "cpu"
-    return dict(DEMO_BUDGET, processes=1 if gpu else min(DEMO_BUDGET["processes"], usable_cpus()))
+    cpus = cpu_run_cpus(None)
+    return dict(DEMO_BUDGET, processes=1 if cpus is None else min(DEMO_BUDGET["processes"], cpus))
 
 
 def check_processes(n: int, device: str) -> None:
@@ -326,11 +324,12 @@ def data_recipe(args, flags: dict, overrides: list[str]):
 def cpu_run_cpus(device) -> int | None:
     """The CPUs a run on ``device`` (a flag's value; None: auto) may use when it trains on the CPU; None
     when it trains on a GPU."""
+    from ..errors import ConfigError
     from ..runtime import resolve_device, usable_cpus
 
     try:
         on_cpu = resolve_device(device or "auto").type == "cpu"
-    except Exception:  # an unusable --device: the run reports it in its own words
+    except ConfigError:  # an unusable --device: the run reports it in its own words
         return None
     return usable_cpus() if on_cpu else None
 
