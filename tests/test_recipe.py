@@ -65,6 +65,9 @@ def test_a_small_data_run_on_a_cpu_of_two_cores_or_more_trains_as_two_processes(
     assert "processes" not in choose_recipe(CIFAR, epochs=3, cpus=4).base  # fixed epochs: one process
     assert "processes" not in choose_recipe(CIFAR, max_minutes=0, cpus=4).base
     assert choose_recipe(DataFacts("mnist", (28, 28), 1, 60_000, 10), cpus=4).base == {}  # digits: the defaults
+    r = choose_recipe(CIFAR, max_minutes=30, cpus=4, processes=1)  # --nproc wins, and the line says so
+    assert "processes" not in r.base and r.reason.endswith("; 1 process (--nproc)")
+    assert choose_recipe(CIFAR, cpus=4, processes=3).reason.endswith("; 3 processes (--nproc)")
 
 
 def test_the_small_data_config_file_is_the_recipe():
@@ -125,8 +128,9 @@ def test_train_on_data_names_the_recipe_and_explicit_values_win(tmp_path, capsys
     assert saved["optim"]["lr"] == 0.01 and saved["augment"]["label_smoothing"] == 0 and saved["tta"] is False
 
     # --max-minutes without --epochs: the schedule is fitted to the clock
-    run_lines(capsys, ["train", "--data", str(data), "--out", str(tmp_path / "r2"), "--max-minutes", "0.02", *FAST,
-                       "--nproc", "1"])  # (one process here: on the clock the recipe takes 2 on a CPU of 2 cores)
+    lines = run_lines(capsys, ["train", "--data", str(data), "--out", str(tmp_path / "r2"), "--max-minutes", "0.02",
+                               *fast, "--nproc", "1"])  # (one process here: on the clock the recipe takes 2 on 2 cores)
+    assert lines[0].startswith("recipe small-data: ") and lines[0].endswith("; 1 process (--nproc)")  # as it trains
     saved = json.loads((tmp_path / "r2" / "config.json").read_text())
     assert saved["max_minutes"] == 0.02 and saved["epochs"] == CLOCK_EPOCHS and saved["tta"] is True
 

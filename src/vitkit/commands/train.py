@@ -318,7 +318,7 @@ def data_recipe(args, flags: dict, overrides: list[str]):
         key, value = parse_override(text)
         given[".".join(key)] = value
     return recipe_for(args.data, args.data_format, _number(given.get("max_minutes")), _number(given.get("epochs")),
-                      cpus=cpu_run_cpus(given.get("device")))
+                      cpus=cpu_run_cpus(given.get("device")), processes=_whole(given.get("processes")))
 
 
 def cpu_run_cpus(device) -> int | None:
@@ -332,6 +332,12 @@ def cpu_run_cpus(device) -> int | None:
     except ConfigError:  # an unusable --device: the run reports it in its own words
         return None
     return usable_cpus() if on_cpu else None
+
+
+def _whole(value) -> int | None:
+    """An override's value as a whole number, or None when it is none or not one (resolve_config judges it)."""
+    number = _number(value)
+    return int(number) if number is not None and float(number).is_integer() else None
 
 
 def _number(value):

@@ -107,10 +107,11 @@ class Recipe:
 
 
 def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: int | None = None,
-                  cpus: int | None = None) -> Recipe:
+                  cpus: int | None = None, processes: int | None = None) -> Recipe:
     """The recipe for data described by ``facts`` (the rules in the module docstring). ``max_minutes`` and
     ``epochs``: the run's own budget, if given (None: not given; they win over the recipe's). ``cpus``: the
-    CPUs a run on the CPU may use (None: the run trains on a GPU), for the processes (CPU_PROCESSES)."""
+    CPUs a run on the CPU may use (None: the run trains on a GPU), for the processes (CPU_PROCESSES).
+    ``processes``: the run's own process count (--nproc), if given; the recipe then chooses none."""
     small = max(facts.size) <= SMALL_SIDE
     if small and facts.channels == 1:
         return Recipe("digits", f"{facts.describe()}: grey images of at most {SMALL_SIDE} px take the demo's "
@@ -121,7 +122,9 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
         if 0 < base.get("max_minutes", 0) <= SHORT_MINUTES:
             base.update(copy.deepcopy(SHORT_RUN))
             clock += f"; at most {SHORT_MINUTES:g} min: {SHORT_WHY}"
-        if cpus is not None and cpus >= CPU_PROCESSES and base.get("max_minutes", 0) > 0:
+        if processes is not None:
+            clock += f"; {processes} process{'es' if processes != 1 else ''} (--nproc)"
+        elif cpus is not None and cpus >= CPU_PROCESSES and base.get("max_minutes", 0) > 0:
             base["processes"] = CPU_PROCESSES
             clock += f"; {CPU_PROCESSES} processes on the CPU"
         return Recipe("small-data", f"{facts.describe()}: CIFAR-size data (at most {SMALL_SIDE} px, "
@@ -144,14 +147,14 @@ def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_mi
 
 
 def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: float | None = None,
-               epochs: int | None = None, cpus: int | None = None) -> Recipe:
+               epochs: int | None = None, cpus: int | None = None, processes: int | None = None) -> Recipe:
     """The recipe for the data at ``path``: ``probe_data`` then ``choose_recipe``. Data that cannot be
     inspected gets 'default', and the run that opens it says what is wrong in its own words."""
     try:
         facts = probe_data(path, fmt)
     except DataError as e:
         return Recipe("default", f"the data could not be inspected ({e}); the defaults")
-    return choose_recipe(facts, max_minutes, epochs, cpus)
+    return choose_recipe(facts, max_minutes, epochs, cpus, processes)
 
 
 # ====================================================================================== the data
