@@ -110,8 +110,8 @@ def test_training_line_shows_its_notes_and_the_time_cap():
     task.close()
     assert out.getvalue().splitlines() == [
         "train: 400/2500 steps (16.0%), epoch 1/20, loss 0.8123, train acc 71.3%, 812 img/s, 30s elapsed, ETA 2m38s",
-        "train: 600/2500 steps (24.0%), epoch 1/20, loss 0.8123, train acc 71.3%, 812 img/s, 1m00s elapsed, "
-        "ETA 3m00s (time cap)"]
+        "train: 600 steps (25.0% of 4m00s), epoch 1/20, loss 0.8123, train acc 71.3%, 812 img/s, 1m00s elapsed, "
+        "ETA 3m00s (time cap)"]  # the clock is to end it first: the line counts the time, not the steps
 
 
 def test_bar_on_a_terminal_shows_the_notes_and_its_own_eta():
@@ -121,8 +121,11 @@ def test_bar_on_a_terminal_shows_the_notes_and_its_own_eta():
         task.info = ("loss 0.5000",)
         clock.now += 5
         task.update(10)  # 90 steps left at 2/s: 45 s; the cap: 15 s
-    text = out.getvalue()
-    assert "train:" in text and "10/100" in text and "loss 0.5000" in text and "ETA 15s (time cap)" in text
+        text = out.getvalue()
+        assert "train:" in text and "10/" in text and "loss 0.5000" in text and "ETA 15s (time cap)" in text
+        clock.now += 1
+        task.update(12)  # the bar's end moves to where the cap stops it: 12 steps + 2/s x 14 s = 40
+        assert p.bars[id(task)].total == 40
 
 
 def test_the_command_line_chooses_bar_lines_or_nothing():

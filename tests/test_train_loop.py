@@ -141,6 +141,23 @@ def test_plots_are_refreshed_at_each_evaluation_and_written_on_a_stop(tmp_path):
     assert s["status"] == "interrupted" and all((out / p).is_file() for p in plots)
 
 
+@pytest.mark.parametrize("spent_at, lines", [(4, ["epoch 1: val"]), (6, ["epoch 1: val", "epoch 1.50: val"])])
+def test_a_run_the_clock_ends_validates_once_and_says_how_far_it_got(tmp_path, monkeypatch, spent_at, lines):
+    # the clock runs out at an epoch's end (step 4, after that epoch's validation: not validated again)
+    # or half way through the second epoch (step 6): the end's line names the epochs trained
+    from vitkit.train.schedule import Schedule
+
+    monkeypatch.setattr(Schedule, "done", lambda self, step, seconds: step >= spent_at)
+    said = []
+    s = train(cfg(eval_every=1, epochs=3), tmp_path / "run", splits=tiny_splits(), log=said.append)
+    assert s["status"] == "completed" and s["step"] == spent_at
+    assert [m.split(" val loss")[0] for m in said if " val loss" in m] == [line[:-4] for line in lines]
+    recs = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if r["type"] == "eval"]
+    val = evals[-1]
+    assert len(evals) == len(lines) and s["val_acc"] == val["acc"] and s["val_loss"] == val["loss"] and val["step"] == spent_at
+
+
 def test_plots_of_a_run_with_no_logged_step_draw_without_warnings(tmp_path):
     pytest.importorskip("matplotlib")
     from vitkit.train.metrics import write_plots

@@ -107,8 +107,26 @@ class Task:
             parts.append(f"ETA {duration(eta)}" + (" (time cap)" if capped else ""))
         return ", ".join(parts)
 
+    def capped(self) -> bool:
+        """Whether the time budget, not the count, is to end the task, at the speed so far (False before
+        the task has a speed)."""
+        return self.deadline is not None and self.done > self.first and self.eta()[1]
+
+    def projected_total(self) -> int | None:
+        """The count the task will have reached when it ends: its total, or where the time cap stops it at
+        the speed so far (None: unknown)."""
+        if not self.capped():
+            return self.total
+        left = max(self.deadline - self.progress.clock(), 0.0)
+        return self.done + int(self.rate() * left)
+
     def line(self) -> str:
-        """A progress line: 'decoding photos/: 1024/5000 images (20.5%), 512 images/s, 2s elapsed, ETA 8s'."""
+        """A progress line: 'decoding photos/: 1024/5000 images (20.5%), 512 images/s, 2s elapsed, ETA 8s';
+        when the time cap is to end the task first: 'train: 600 steps (33.3% of 3m00s), ...'."""
+        if self.capped():
+            budget = self.deadline - self.start
+            return (f"{self.what}: {self.done} {self.unit} ({100 * self.elapsed() / budget:.1f}% of "
+                    f"{duration(budget)}), {self.status()}")
         count = f"{self.done}/{self.total}" if self.total else f"{self.done}"
         pct = f" ({100 * self.done / self.total:.1f}%)" if self.total else ""
         return f"{self.what}: {count} {self.unit}{pct}, {self.status()}"
@@ -213,6 +231,8 @@ class ProgressBar(Progress):
         now = self.clock()
         if now - self.refreshed[id(task)] >= self.REFRESH_S:
             self.refreshed[id(task)] = now
+            if task.done > task.first:  # a time cap ends the bar where the speed so far gets it
+                bar.total = task.projected_total()
             bar.set_postfix_str(task.status())  # and redraws
 
     def end(self, task: Task, completed: bool) -> None:

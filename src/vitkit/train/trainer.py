@@ -425,7 +425,8 @@ class Trainer:
         st = self.state
         rec, speed = self.window.close(st.step, st.epoch, self.lr, st.seconds, self.dist.world_size)
         self.metrics.append(rec)
-        self.task.info = (f"epoch {st.epoch + 1}/{self.cfg.epochs}", f"loss {rec['loss']:.4f}",
+        epoch = f"epoch {st.epoch + 1}" + ("" if self.task.capped() else f"/{self.cfg.epochs}")  # the clock ends it
+        self.task.info = (epoch, f"loss {rec['loss']:.4f}",
                           f"train acc {rec['train_acc'] * 100:.1f}%", f"lr {self.lr:.2e}", f"{speed:.0f} img/s")
 
     # --------------------------------------------------------------------- validation, checkpoints
@@ -448,11 +449,17 @@ class Trainer:
                "acc": round(r["acc"], 5), "seconds": round(st.seconds, 2)}
         st.history.append(rec)
         self.metrics.append(rec)
-        self.say(f"epoch {st.epoch}: val loss {r['loss']:.4f} acc {r['acc'] * 100:.2f}%"
+        self.say(f"epoch {self.epochs_done()}: val loss {r['loss']:.4f} acc {r['acc'] * 100:.2f}%"
                  + (" (best)" if improved else f" (best {st.best_acc * 100:.2f}% at step {st.best_step})"))
         if improved:
             self.save("best", extra={"val_acc": r["acc"]})
         return r
+
+    def epochs_done(self) -> str:
+        """The epochs trained so far, as a line says them: '7', or '7.74' when a time cap ended the run
+        part way through an epoch."""
+        done = self.state.epoch + self.state.pos / max(len(self.loader), 1)
+        return f"{done:.0f}" if float(done).is_integer() else f"{done:.2f}"
 
     def save(self, name: str, extra: dict | None = None) -> None:
         """Save ``last`` (the weights and the trainer state, to resume from) or ``best`` (the weights to
@@ -491,7 +498,8 @@ class Trainer:
                          "train_seconds": round(st.seconds, 2), "device": self.device.type,
                          "precision": self.precision, "processes": self.dist.world_size}
         if self.val_set is not None:
-            r = self.validate(final)
+            last = st.history[-1] if st.history else None  # the epoch's validation, when the run ended with it
+            r = last if last is not None and last["step"] == st.step else self.validate(final)
             summary.update(val_acc=round(r["acc"], 5), val_loss=round(r["loss"], 5), best_val_acc=round(st.best_acc, 5))
         else:
             self.save("best")
