@@ -38,6 +38,14 @@ def test_flops_count_attention_under_fused_attention_too():
         2 * N * 32 * 96 + 4 * N * N * 32 + 2 * N * 32 * 32 + 4 * N * 32 * 64)
 
 
+def test_flops_count_a_map_head():
+    m = vitkit.create_model("vit_test", seed=0, class_token=False, global_pool="map")
+    N, D, hid = 16, 32, 64
+    pool = 2 * D * D + 2 * N * D * 2 * D + 4 * N * D + 2 * D * D + 4 * D * hid  # q, kv, attention, proj, MLP
+    assert vit_flops(m.cfg) - vit_flops(m.cfg.replace(global_pool="avg")) == pool
+    assert count_flops(m) == vit_flops(m.cfg)
+
+
 def test_bench_rows_for_each_mode_dtype_and_batch():
     res = bench("vit_test", batch_sizes=(1, 2), dtypes=("fp32", "int8"), modes=("infer", "train"),
                 repeats=2, warmup=1, peak=False)

@@ -281,7 +281,8 @@ def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
     Counts matmuls only (2 FLOPs per multiply-add): patch embedding, per block qkv + attention
     (QK^T and AV: 2 * 2 * T^2 * D) + projection + MLP, the optional pre-logits layer and the head.
     Norms, softmax, GELU and additions are left out, as FlopCounterMode does. For a conv stem the stem
-    is counted as the patch projection it replaces (an estimate, good enough for the rules above).
+    is counted as the patch projection it replaces (an estimate, good enough for the rules above). A MAP
+    head (``global_pool='map'``) adds its probe's attention over the N patch tokens and its MLP.
     """
     H, W = img_size or cfg.img_size
     P, C, D = cfg.patch_size, cfg.in_chans, cfg.embed_dim
@@ -296,7 +297,10 @@ def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
         pre = 2 * D * cfg.representation_size
         feat = cfg.representation_size
     head = 2 * feat * cfg.num_classes
-    return stem + cfg.depth * per_block + pre + head
+    pool = 0
+    if cfg.global_pool == "map":  # one probe query: q and proj on it, k and v of N tokens, its MLP
+        pool = 2 * D * D + 2 * N * D * 2 * D + 2 * 2 * N * D + 2 * D * D + 2 * 2 * D * hid
+    return stem + cfg.depth * per_block + pool + pre + head
 
 
 __all__ = ["Hardware", "Work", "FastPath", "choose_path", "auto_precision", "compile_pays", "channels_last_pays",
