@@ -48,6 +48,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "depth-2": ("2 encoder blocks", ["model_args.depth=2"]),
     "depth-4": ("4 encoder blocks", ["model_args.depth=4"]),
     "width-96": ("width 96 (3 heads)", ["model_args.embed_dim=96", "model_args.num_heads=3"]),
+    "short-model": ("the short budget's model: 2 encoder blocks of width 96 (3 heads)",
+                    ["model_args.depth=2", "model_args.embed_dim=96", "model_args.num_heads=3"]),
     "bf16": ("bf16 autocast (not fp32)", ["precision=bf16"]),
 }
 
