@@ -20,15 +20,14 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from time_to_accuracy import clock_run  # one way to run vitkit on a carve (benchmarks/ is on sys.path)
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "ablate_small_data.jsonl"
-VAL_FRACTION = 0.1
 
 # name -> (what it changes, the `--set` overrides that make it); one change each against the base recipe
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -89,17 +88,13 @@ def subset(data: str, per_class: int, where: Path) -> str:
 def run_variant(name: str, data: str, args, work: Path) -> dict:
     """One variant's run: `vitkit train` with its overrides; its row."""
     what, overrides = VARIANTS[name]
-    cmd = [sys.executable, "-m", "vitkit", "train", "--data", data, "--max-minutes", str(args.minutes),
-           "--seed", str(args.seed), "--set", f"data.val_fraction={VAL_FRACTION}", "--out", str(work / name),
-           "--json", "--quiet"]
-    cmd += ["--threads", str(args.threads)] if args.threads else []
+    extra = ["--threads", str(args.threads)] if args.threads else []
     for o in overrides:
-        cmd += ["--set", o]
+        extra += ["--set", o]
     t = time.perf_counter()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
-    if p.returncode != 0:
-        return {"variant": name, "changes": what, "error": f"exit code {p.returncode}", "command": shlex.join(cmd[1:])}
-    s = json.loads(p.stdout.strip().splitlines()[-1])
+    code, s, cmd = clock_run(data, args.minutes, args.seed, work / name, extra)
+    if code != 0:
+        return {"variant": name, "changes": what, "error": f"exit code {code}", "command": shlex.join(cmd[1:])}
     return {"variant": name, "changes": what, "overrides": overrides, "val_acc": s["val_acc"], "epochs": s["epochs"],
             "steps": s["step"], "train_seconds": s["train_seconds"], "wall_s": round(time.perf_counter() - t, 1),
             "minutes": args.minutes, "seed": args.seed, "per_class": args.per_class, "data": args.data,

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from time_to_accuracy import clock_run  # one way to run vitkit on a carve (benchmarks/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "processes_threads.jsonl"
@@ -29,15 +28,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "processes_threads.jsonl"
 
 def run(args, procs: int, threads: int, work: Path) -> dict:
     out = work / f"p{procs}t{threads}_{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "vitkit", "train", "--data", args.data, "--max-minutes", str(args.minutes),
-           "--seed", str(args.seed), "--nproc", str(procs), "--threads", str(threads),
-           "--set", "data.val_fraction=0.1", "--out", str(out), "--json", "--quiet"]
+    extra = ["--nproc", str(procs), "--threads", str(threads)]
     for o in args.set:
-        cmd += ["--set", o]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
-    if p.returncode != 0:
-        return {"layout": f"{procs}x{threads}", "error": f"exit code {p.returncode}", "command": shlex.join(cmd[1:])}
-    s = json.loads(p.stdout.strip().splitlines()[-1])
+        extra += ["--set", o]
+    code, s, cmd = clock_run(args.data, args.minutes, args.seed, out, extra)
+    if code != 0:
+        return {"layout": f"{procs}x{threads}", "error": f"exit code {code}", "command": shlex.join(cmd[1:])}
     batch = json.loads((out / "config.json").read_text())["batch_size"]  # the global batch
     row = {"layout": f"{procs}x{threads}", "processes": procs, "threads": threads, "val_acc": s["val_acc"],
            "epochs": s["epochs"], "steps": s["step"], "train_seconds": s["train_seconds"],

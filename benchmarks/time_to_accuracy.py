@@ -64,17 +64,25 @@ def threads(args) -> int:
 
 
 # ============================================================================================ vitkit
+def clock_run(data: str, minutes: float, seed: int, out: Path, extra: list[str] = ()) -> tuple[int, dict | None, list]:
+    """`vitkit train --data DATA --max-minutes MINUTES --seed SEED` into ``out``, validated on SEED's carve of
+    VAL_FRACTION, with ``extra`` arguments (also used by ablate_small_data.py and processes_threads.py):
+    (exit code, the --json summary or None when it failed, the command)."""
+    cmd = [sys.executable, "-m", "vitkit", "train", "--data", data, "--max-minutes", str(minutes),
+           "--seed", str(seed), "--set", f"data.val_fraction={VAL_FRACTION}", "--out", str(out), "--json", "--quiet",
+           *extra]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    summary = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None
+    return p.returncode, summary, cmd
+
+
 def run_vitkit(args) -> dict:
     """vitkit's own choice for the data, as its command line makes it; the summary and the recipe line."""
     out = Path(args.out or tempfile.mkdtemp(prefix="tta_vitkit_")) / "run"
-    cmd = [sys.executable, "-m", "vitkit", "train", "--data", args.data, "--max-minutes", str(args.minutes),
-           "--seed", str(args.seed), "--set", f"data.val_fraction={VAL_FRACTION}", "--out", str(out), "--json", "--quiet"]
-    cmd += ["--threads", str(args.threads)] if args.threads else []  # threads per process; else vitkit's choice
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    if p.returncode != 0:
-        sys.exit(f"vitkit run failed (exit code {p.returncode}): {shlex.join(cmd)}")
-    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    threads = ["--threads", str(args.threads)] if args.threads else []  # threads per process; else vitkit's choice
+    code, summary, cmd = clock_run(args.data, args.minutes, args.seed, out, threads)
+    if code != 0:
+        sys.exit(f"vitkit run failed (exit code {code}): {shlex.join(cmd)}")
     config = json.loads((out / "config.json").read_text())
     return {"val_acc": summary["val_acc"], "train_seconds": summary["train_seconds"], "epochs": summary["epochs"],
             "model": config["model"], "processes": config.get("processes"), "threads": config.get("threads"),

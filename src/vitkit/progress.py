@@ -231,8 +231,7 @@ class ProgressBar(Progress):
         now = self.clock()
         if now - self.refreshed[id(task)] >= self.REFRESH_S:
             self.refreshed[id(task)] = now
-            if task.done > task.first:  # a time cap ends the bar where the speed so far gets it
-                bar.total = task.projected_total()
+            bar.total = task.projected_total()  # where a time cap ends the bar, at the speed so far
             bar.set_postfix_str(task.status())  # and redraws
 
     def end(self, task: Task, completed: bool) -> None:

@@ -16,10 +16,10 @@ SMALL_DATA_MINUTES) unless ``--epochs`` is given; a run bounded by the clock get
 so that the clock, not the epochs, ends it, and its learning-rate schedule (warmup, decay) is fitted
 to the time (``schedule.Schedule``). 'small-data' trains 2 of its model's 4 blocks; a budget of at most
 SHORT_MINUTES trains a narrower model without EMA (SHORT_RUN), so that it sees the data more often in the
-time it has. On a
-CPU of two or more cores a run bounded by the clock trains as two processes of one thread (CPU_PROCESSES). Whatever the recipe
-sets, flags and ``--set`` overrides are laid over it, and ``--config`` replaces it: they always win. ``vitkit train`` with no ``--data`` stays the
-digits demo on the built-in set.
+time it has. On a CPU of two or more cores a run bounded by the clock trains as two processes of one
+thread (CPU_PROCESSES), unless ``--nproc`` says otherwise. Whatever the recipe sets, flags and ``--set``
+overrides are laid over it, and ``--config`` replaces it: they always win. ``vitkit train`` with no
+``--data`` stays the digits demo on the built-in set.
 """
 
 from __future__ import annotations

@@ -449,17 +449,18 @@ class Trainer:
                "acc": round(r["acc"], 5), "seconds": round(st.seconds, 2)}
         st.history.append(rec)
         self.metrics.append(rec)
-        self.say(f"epoch {self.epochs_done()}: val loss {r['loss']:.4f} acc {r['acc'] * 100:.2f}%"
+        done = self.epochs_done()
+        epochs = f"{done:.0f}" if done.is_integer() else f"{done:.2f}"  # '7', or '7.74' part way through the eighth
+        self.say(f"epoch {epochs}: val loss {r['loss']:.4f} acc {r['acc'] * 100:.2f}%"
                  + (" (best)" if improved else f" (best {st.best_acc * 100:.2f}% at step {st.best_step})"))
         if improved:
             self.save("best", extra={"val_acc": r["acc"]})
         return r
 
-    def epochs_done(self) -> str:
-        """The epochs trained so far, as a line says them: '7', or '7.74' when a time cap ended the run
-        part way through an epoch."""
-        done = self.state.epoch + self.state.pos / max(len(self.loader), 1)
-        return f"{done:.0f}" if float(done).is_integer() else f"{done:.2f}"
+    def epochs_done(self) -> float:
+        """The epochs trained so far, the part of the current one included (a time cap may end a run
+        part way through an epoch)."""
+        return self.state.epoch + self.state.pos / max(len(self.loader), 1)
 
     def save(self, name: str, extra: dict | None = None) -> None:
         """Save ``last`` (the weights and the trainer state, to resume from) or ``best`` (the weights to
@@ -494,7 +495,7 @@ class Trainer:
         self.save("last")
         final = self.eval_model()
         summary: dict = {"status": "completed", "run_dir": str(self.run_dir), "step": st.step,
-                         "epochs": round(st.epoch + st.pos / max(len(self.loader), 1), 3),
+                         "epochs": round(self.epochs_done(), 3),
                          "train_seconds": round(st.seconds, 2), "device": self.device.type,
                          "precision": self.precision, "processes": self.dist.world_size}
         if self.val_set is not None:
