@@ -2,6 +2,7 @@
 so do two FSDP processes (sharded weights, gradients and optimizer state), whose checkpoints are
 ordinary ones."""
 
+import contextlib
 import copy
 import itertools
 import json
@@ -13,6 +14,7 @@ import warnings
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(__file__))
 from helpers import random_model, run_weights, step_losses, tiny_run_config, tiny_splits  # noqa: E402
@@ -33,9 +35,22 @@ def _worker(rank, world, runs):
     import torch.distributed as dist
 
     info = DistInfo(rank, world, rank)
-    if len(runs) == 1:  # train starts the group and ends it
+    if len(runs) == 1:  # train starts the group and ends it, and the backend's threads with it
+        import gc
+
+        from vitkit.train import distributed
+
+        end, models_at_end = distributed.destroy_process_group, []
+
+        def counted_end():  # a DDP model freed after its group would join gloo's threads holding the GIL
+            models_at_end.append(sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
+            end()
+
+        distributed.destroy_process_group = counted_end
         _train(info, *runs[0])
         assert not dist.is_initialized()
+        assert models_at_end == [0]
+        assert backend_threads() in (0, None)
         return
     dist.init_process_group("gloo", rank=rank, world_size=world)  # one group for all runs: train leaves it be
     try:
@@ -44,6 +59,17 @@ def _worker(rank, world, runs):
             assert dist.is_initialized()
     finally:
         dist.destroy_process_group()
+
+
+def backend_threads() -> int | None:
+    """How many of this process's threads are gloo's (None where /proc does not list them)."""
+    if not os.path.isdir("/proc/self/task"):
+        return None
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/comm") as f:
+            names.append(f.read().strip())
+    return sum(name.startswith(("pt_gloo", "gloo")) for name in names)
 
 
 def _train(info, overrides: dict, out: str, how: dict | None = None) -> None:
@@ -280,3 +306,30 @@ def test_fsdp_alone_is_plain_training(tmp_path):
     assert step_losses(tmp_path / "fsdp") == step_losses(tmp_path / "plain")
     for name in ("last", "best"):
         assert max(weight_gap(tmp_path / "fsdp", tmp_path / "plain", name).values()) == 0.0, name
+
+
+def test_a_torn_down_group_leaves_no_backend_threads_behind():
+    """Ending a group ends gloo's worker threads then and there. torch.distributed.nn.functional binds
+    the group that exists when it is first imported (DDP imports it) as a default argument, which
+    kept the group, and its threads, alive until the interpreter's exit, where they could abort a
+    rank that had finished its work ("terminate called without an active exception"). A fresh
+    interpreter, so that nothing has imported that module yet."""
+    import subprocess
+
+    if backend_threads() is None:
+        pytest.skip("threads are counted from /proc (Linux)")
+    script = (
+        "import torch\n"
+        "from test_train_ddp import backend_threads\n"
+        "from vitkit.train.distributed import DistInfo, process_group, served_device_types\n"
+        "with process_group(DistInfo(), torch.device('cpu'), alone=True):\n"
+        "    served_device_types()\n"
+        "    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))\n"
+        "    assert backend_threads() > 0\n"
+        "print(backend_threads())\n")
+    here = os.path.dirname(__file__)
+    path = [here, os.path.join(here, "..", "src"), os.environ.get("PYTHONPATH", "")]
+    done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "0", done.stdout + done.stderr

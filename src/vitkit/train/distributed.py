@@ -94,6 +94,12 @@ def init_process_group(info: DistInfo, device: torch.device, alone: bool = False
     if not (info.enabled or alone) or dist.is_initialized():
         return False
     backend = collectives_for(device).backend
+    # torch.distributed.nn.functional binds the group that exists when it is first imported (DDP and
+    # FSDP import it) as its functions' default argument: imported after the group starts, it holds the
+    # group, and the backend's worker threads, until the interpreter's exit, where they can abort a
+    # process that has finished. Imported now, before any group exists, it holds none.
+    import torch.distributed.nn.functional  # noqa: F401
+
     if device.type == "cuda":
         torch.cuda.set_device(device)
     alone_store = {} if info.enabled else {"store": dist.HashStore()}  # a group of one needs no rendezvous
@@ -145,8 +151,11 @@ def check_served(t: torch.Tensor, what: str) -> None:
 
 
 def destroy_process_group() -> None:
+    """End the group, and with it the backend's worker threads: no reference to it is kept here."""
     import torch.distributed as dist
 
+    global _served
+    _served = (None, ())
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

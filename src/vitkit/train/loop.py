@@ -65,41 +65,51 @@ def train(
     pick_precision(cfg.precision, device)  # an error before the run directory is made
     with (process_group(dist, device, alone=cfg.strategy == "fsdp"), _hold(run_dir, resume, dist),
           contextlib.ExitStack() as scratch):
-        t_start, cpu_start = time.perf_counter(), time.process_time()
-        cfg = main_config(cfg, dist, device)
-        resume_from, saved = start_point(run_dir, resume, dist, scratch)
-        if saved is not None and dist.is_main:
-            cleanup_temp(run_dir)
-        init = None  # foreign init_from weights, read once for the model's config and the model
-        if cfg.init_from and resume_from is None and (fmt := init_format(cfg)) != "vitkit":
-            init = read_init(cfg, fmt)
-        mcfg = model_config(cfg, init, resume_from)
-        loaded = None
-        if splits is None:
-            splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir)
-        classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
-        model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
-        if loaded is not None and (loaded["data_cache"] != "off" or loaded["data_seconds"] >= 1):
-            say(loaded_line(splits, loaded, cache_dir))  # when it took a while, or the cache was involved
-        path = run_path(cfg, mcfg, device, len(splits.train))
-        trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
-                          precision=path.precision, channels_last=path.channels_last, log=log, stop=stop,
-                          progress=progress)
-        with contextlib.closing(trainer):
-            if saved is not None:
-                trainer.restore(saved)
-            trainer.open_run(resumed=saved is not None)
-            noted = {**(loaded or {}), "fast_path": path.describe()}  # for the summary
-            say(f"path: {noted['fast_path']}")
-            if trainer.fit() == "interrupted":
-                summary = {**trainer.interrupt(), **noted}
-            else:
-                summary = {**trainer.complete(splits.test), **noted}
-                summary["total_seconds"] = round(time.perf_counter() - t_start, 2)
-                summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
-                trainer.write_summary(summary)
+        # The run's model, trainer and data live in _run's frame alone, so they are gone before the group
+        # ends: DDP's reducer holds the group, and the last holder of a gloo group joins its worker threads,
+        # which a reducer does while holding the GIL that those threads may be waiting for.
+        summary = _run(cfg, run_dir, dist, device, resume, splits, scratch, progress, stop, log, say, cache_dir)
         barrier(dist)  # all ranks end together: none tears its process group down while rank 0 still writes
         return summary
+
+
+def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, resume: bool, splits,
+         scratch: contextlib.ExitStack, progress: Progress, stop, log, say, cache_dir) -> dict:
+    """``train``'s work inside its process group and the run directory's lock: the summary."""
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    cfg = main_config(cfg, dist, device)
+    resume_from, saved = start_point(run_dir, resume, dist, scratch)
+    if saved is not None and dist.is_main:
+        cleanup_temp(run_dir)
+    init = None  # foreign init_from weights, read once for the model's config and the model
+    if cfg.init_from and resume_from is None and (fmt := init_format(cfg)) != "vitkit":
+        init = read_init(cfg, fmt)
+    mcfg = model_config(cfg, init, resume_from)
+    loaded = None
+    if splits is None:
+        splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir)
+    classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
+    model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
+    if loaded is not None and (loaded["data_cache"] != "off" or loaded["data_seconds"] >= 1):
+        say(loaded_line(splits, loaded, cache_dir))  # when it took a while, or the cache was involved
+    path = run_path(cfg, mcfg, device, len(splits.train))
+    trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
+                      precision=path.precision, channels_last=path.channels_last, log=log, stop=stop,
+                      progress=progress)
+    with contextlib.closing(trainer):
+        if saved is not None:
+            trainer.restore(saved)
+        trainer.open_run(resumed=saved is not None)
+        noted = {**(loaded or {}), "fast_path": path.describe()}  # for the summary
+        say(f"path: {noted['fast_path']}")
+        if trainer.fit() == "interrupted":
+            summary = {**trainer.interrupt(), **noted}
+        else:
+            summary = {**trainer.complete(splits.test), **noted}
+            summary["total_seconds"] = round(time.perf_counter() - t_start, 2)
+            summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
+            trainer.write_summary(summary)
+    return summary
 
 
 def run_path(cfg: RunConfig, mcfg, device: torch.device, images: int) -> FastPath:
