@@ -4,6 +4,7 @@ Run in an environment with timm (see benchmarks/parity.sh for one), from the rep
     PYTHONPATH=src .venv-ref/bin/python benchmarks/model_vs_timm.py            # the README's table
     python benchmarks/model_vs_timm.py --cases infer:vit_tiny_patch16_224:1,infer:vit_base_patch16_224:16
     python benchmarks/model_vs_timm.py --device cuda --cases train:vit_base_patch16_224:64
+    python benchmarks/model_vs_timm.py --cases train:vit_tiny_patch4_32:128 --processes 2 --repeats 7
 
 A case is mode:model:batch; the model is a named vitkit model (timm builds the same architecture; the
 weights are vitkit's, loaded into timm by the identity key map). A training step is forward +
@@ -19,7 +20,12 @@ its range:
 - vitkit ORT (inference, ``--ort``): fp32 on ONNX Runtime (``vitkit.onnxrt.OrtModel``, the engine of
   ``--engine onnxruntime``; its export and session time is left out of the timing, and given); n/a
   where onnxruntime is not installed;
-- timm compiled (``--compile``): torch.compile(timm) (its compile time is left out of the timing).
+- timm compiled (``--compile``): torch.compile(timm) (its compile time is left out of the timing);
+- vitkit N processes (training, ``--processes N``): how ``vitkit train`` trains a clock-bounded run of
+  CIFAR-size data on a CPU with N cores or more: N data-parallel processes (DDP on a gloo group) of one
+  thread each, each a share of the batch, the gradients all-reduced every step. The processes start once
+  and wait on a pipe, idle, while the other ways run. In fp32, and, where training's precision 'auto'
+  picks another, in that precision too.
 With ``--memory``, the peak RSS of a fresh process that runs 3 training steps of the case (vitkit
 eager, vitkit's default path, timm eager), on the CPU.
 
@@ -113,6 +119,71 @@ def ort_way(ours, x: torch.Tensor, device: torch.device, ways: dict) -> str:
     setup = time.perf_counter() - t0
     ways["vitkit ORT"] = step_fn(net, "infer", x)
     return f"fp32 on onnxruntime, export + session {setup:.1f} s (left out of the timing)"
+
+
+def _data_parallel_worker(rank: int, world: int, name: str, batch: int, precision: str, conn) -> None:
+    """One process of the "vitkit N processes" way: one thread, a DDP replica of the case's model (the
+    same weights), ``batch`` of the images; runs as many steps as the pipe asks, then says so."""
+    from vitkit.train.distributed import DistInfo, process_group
+
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    with process_group(DistInfo(rank, world, rank), device):
+        _serve_steps(name, batch, precision, conn)  # its model is gone before the group ends
+
+
+def _serve_steps(name: str, batch: int, precision: str, conn) -> None:
+    over = TRAIN_MODEL[1] if name == TRAIN_MODEL[0] else {}
+    model = torch.nn.parallel.DistributedDataParallel(vitkit.create_model(name, seed=0, **over))
+    x = torch.randn(batch, model.module.cfg.in_chans, *model.module.cfg.img_size)
+    step = step_fn(model, "train", x, precision)
+    step()  # warm-up
+    conn.send("ready")
+    while (n := conn.recv()) is not None:
+        for _ in range(n):
+            step()
+        conn.send("done")
+
+
+class DataParallelWay:
+    """The "vitkit N processes" way: a callable that runs one step on every process and waits for all."""
+
+    def __init__(self, name: str, batch: int, processes: int, precision: str):
+        import os
+        import socket
+
+        import torch.multiprocessing as mp
+
+        if batch % processes:
+            raise SystemExit(f"--processes {processes}: the batch ({batch}) must split evenly")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # the children's rendezvous
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for rank in range(processes):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_data_parallel_worker, args=(rank, processes, name, batch // processes,
+                                                                   precision, theirs), daemon=True)
+            proc.start()
+            self.conns.append(ours)
+            self.procs.append(proc)
+        for conn in self.conns:
+            if conn.recv() != "ready":
+                raise RuntimeError("a data-parallel process did not start")
+
+    def __call__(self) -> None:
+        for conn in self.conns:
+            conn.send(1)
+        for conn in self.conns:
+            conn.recv()
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.send(None)
+        for proc in self.procs:
+            proc.join(timeout=60)
 
 
 def race(ways: dict, repeats: int, iters: int, device: torch.device) -> dict:
@@ -213,6 +284,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(timm)")
     ap.add_argument("--ort", action="store_true", help="also time vitkit fp32 on ONNX Runtime (CPU inference)")
     ap.add_argument("--memory", action="store_true", help="peak RSS of training, fresh processes (CPU)")
+    ap.add_argument("--processes", type=int, default=0, help="also time training in N data-parallel processes "
+                    "of one thread each (CPU), as vitkit train runs CIFAR-size data against the clock")
     ap.add_argument("--out", default="benchmarks/results/model_vs_timm.json")
     ap.add_argument("--_memory", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -237,7 +310,18 @@ def main() -> None:
         ort_note = None
         if args.ort and mode == "infer":
             ort_note = ort_way(ours, x, device, ways)
-        times = race(ways, args.repeats, args.iters, device)
+        parallel = []
+        if args.processes and mode == "train" and device.type == "cpu":
+            auto = pick_precision("auto", device, vit_flops(ours.cfg))
+            for precision in dict.fromkeys(["fp32", auto]):
+                way = DataParallelWay(name, batch, args.processes, precision)
+                ways[f"vitkit {args.processes} processes ({precision})"] = way
+                parallel.append(way)
+        try:
+            times = race(ways, args.repeats, args.iters, device)
+        finally:
+            for way in parallel:
+                way.close()
         row = dict(case=case, mode=mode, model=name, batch=batch, default_path=how,
                    img_s={n: batch / statistics.median(t) for n, t in times.items()})
         for way in ways:
