@@ -5,6 +5,7 @@ import torch
 
 from vitkit.layers import (
     Attention,
+    Block,
     AttentionPool,
     PatchEmbed,
     PatchWhitening,
@@ -311,3 +312,29 @@ def test_a_whitening_conv_stem_builds_from_the_config_and_is_set_from_data():
         vitkit.create_model("vit_test", stem_whiten=True)
     with pytest.raises(ConfigError, match=r"ViTConfig.stem_bn_momentum: must be in \(0, 1\]"):
         vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_bn_momentum=0)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_a_block_frees_each_intermediate_before_the_next_stage(norm):
+    """In inference a block holds no buffer past its use: the qkv projection's is gone before the output
+    projection runs, and the attention's output before the MLP (held longer, they changed the
+    allocator's pattern and cost batched inference 7-10%: benchmarks/forward_liveness.py). Buffers are
+    watched through weak references to their storage, which views such as q, k and v share."""
+    blk = Block(32, 4, 64, norm=norm).eval()
+    refs, alive = {}, []
+
+    def remember(name):
+        return lambda module, args, out: refs.__setitem__(name, out.untyped_storage()._weak_ref())
+
+    def check(name):
+        return lambda module, args: alive.append((name, not torch.UntypedStorage._expired(refs[name])))
+
+    blk.attn.qkv.register_forward_hook(remember("qkv"))
+    blk.attn.register_forward_hook(remember("attention"))
+    blk.attn.proj.register_forward_pre_hook(check("qkv"))
+    blk.mlp.register_forward_pre_hook(check("attention"))
+    with torch.inference_mode():
+        blk(torch.randn(2, 5, 32))
+    for ref in refs.values():
+        torch.UntypedStorage._free_weak_ref(ref)
+    assert alive == [("qkv", False), ("attention", False)]

@@ -69,13 +69,15 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, T, hd)
         else:
             out, _ = softmax_attention(q, k, v, self.scale, self.attn_drop)
-        return self._merge_heads(out)
+        del q, k, v  # the qkv buffer goes before the projection runs
+        out = self._concat_heads(out)  # rebound: the per-head layout goes too
+        return self.proj_drop(self.proj(out))
 
     def forward_with_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, D) -> (B, T, D) and the (B, H, T, T) attention probabilities, by the manual path."""
         q, k, v = self._split_heads(x)
         out, attn = softmax_attention(q, k, v, self.scale, self.attn_drop)
-        return self._merge_heads(out), attn
+        return self.proj_drop(self.proj(self._concat_heads(out))), attn
 
     def _split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, D) tokens -> q, k, v, each (B, H, T, hd); q and k normalised if ``qk_norm``."""
@@ -84,11 +86,11 @@ class Attention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, hd)
         return self.q_norm(q), self.k_norm(k), v
 
-    def _merge_heads(self, out: torch.Tensor) -> torch.Tensor:
-        """(B, H, T, hd) per-head outputs -> concatenated heads (B, T, D) -> output projection."""
+    @staticmethod
+    def _concat_heads(out: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, hd) per-head outputs -> concatenated heads (B, T, D)."""
         B, H, T, hd = out.shape
-        out = out.transpose(1, 2).reshape(B, T, H * hd)
-        return self.proj_drop(self.proj(out))
+        return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
 class PerHeadAttention(nn.Module):
