@@ -23,8 +23,9 @@ its range:
 - timm compiled (``--compile``): torch.compile(timm) (its compile time is left out of the timing);
 - vitkit N processes (training, ``--processes N``): how ``vitkit train`` trains a clock-bounded run of
   CIFAR-size data on a CPU with N cores or more: N data-parallel processes (DDP on a gloo group) of one
-  thread each, each a share of the batch, the gradients all-reduced every step. The processes start once
-  and wait on a pipe, idle, while the other ways run. In fp32, and, where training's precision 'auto'
+  thread each, each a share of the batch, the gradients all-reduced every step, with the allocator set
+  as the command line sets it (``keep_freed_memory``). The processes start once and wait on a pipe,
+  idle, while the other ways run (in this process, whose allocator is glibc's as it comes). In fp32, and, where training's precision 'auto'
   picks another, in that precision too.
 With ``--memory``, the peak RSS of a fresh process that runs 3 training steps of the case (vitkit
 eager, vitkit's default path, timm eager), on the CPU.
@@ -124,8 +125,10 @@ def ort_way(ours, x: torch.Tensor, device: torch.device, ways: dict) -> str:
 def _data_parallel_worker(rank: int, world: int, name: str, batch: int, precision: str, conn) -> None:
     """One process of the "vitkit N processes" way: one thread, a DDP replica of the case's model (the
     same weights), ``batch`` of the images; runs as many steps as the pipe asks, then says so."""
+    from vitkit.runtime import keep_freed_memory
     from vitkit.train.distributed import DistInfo, process_group
 
+    keep_freed_memory()  # as in vitkit train's processes (the command line sets it)
     torch.set_num_threads(1)
     device = torch.device("cpu")
     with process_group(DistInfo(rank, world, rank), device):

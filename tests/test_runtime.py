@@ -254,3 +254,26 @@ def test_the_size_parser_behind_the_config_and_the_command_line():
     assert str(e.value) == "expected N or HxW, got 'big'"
     with pytest.raises(argparse.ArgumentTypeError, match=r"^sizes must be positive, got '0x8'$"):
         image_size("0x8")
+
+
+
+def test_each_command_keeps_freed_memory_for_reuse(monkeypatch, capsys):
+    """keep_freed_memory acts on the whole process, so the command line sets it, once per command."""
+    from vitkit.cli import main
+
+    calls = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
+    assert main(["list"]) == 0 and calls == [1]
+    assert main(["--version"]) == 0 and calls == [1]  # no command ran
+    capsys.readouterr()
+
+
+def test_keep_freed_memory_applies_on_glibc_only():
+    import platform
+    import subprocess
+    import sys
+
+    probe = "import vitkit.runtime as r; print(r.keep_freed_memory())"  # a fresh process: this one stays as it is
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert done.stdout.split() == [str(glibc)]

@@ -132,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
-            return int(_load(COMMANDS[args.command][0]).run(args) or 0)
+            command = _load(COMMANDS[args.command][0])
+            from .runtime import keep_freed_memory
+
+            keep_freed_memory()  # the process is the command's: its allocator keeps freed memory for reuse
+            return int(command.run(args) or 0)
     except VitkitError as e:
         print(f"vitkit: error: {e}", file=sys.stderr)
         return 1
