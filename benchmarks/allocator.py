@@ -4,7 +4,7 @@ sets): fp32 inference and a training step, each setting in fresh processes, alte
     PYTHONPATH=src python benchmarks/allocator.py [--rounds 3] [--threads 2]
 
 A round runs one fresh process per setting (the order flipping each round); each process times
-ViT-Ti/16 inference at batch 16 (224 px) and the training step of model_vs_timm.py (patch 4, width 192,
+inference at batch 16 (224 px; ViT-Ti/16 unless --infer-model) and the training step of model_vs_timm.py (patch 4, width 192,
 depth 6, 32 px, batch 128, AdamW), and reports its peak RSS. The ratio is kept / default per round:
 median [range]. Appends to benchmarks/results/allocator.jsonl.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "allocator.jsonl"
 
 
-def child(setting: str, threads: int) -> None:
+def child(setting: str, threads: int, infer_model: str) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -38,7 +38,7 @@ def child(setting: str, threads: int) -> None:
 
     applied = keep_freed_memory() if setting == "kept" else False
     torch.set_num_threads(threads)
-    model = vitkit.create_model("vit_tiny_patch16_224", seed=0).eval()
+    model = vitkit.create_model(infer_model, seed=0).eval()
     x = torch.randn(16, 3, 224, 224)
     with torch.inference_mode():
         model(x)
@@ -100,16 +100,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--train", metavar="DATA", help="compare whole training runs on DATA instead")
     ap.add_argument("--minutes", type=float, default=1.5, help="each training run's clock (--train)")
+    ap.add_argument("--infer-model", default="vit_tiny_patch16_224", help="the model timed in inference")
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
-        return child(args._child, args.threads)
+        return child(args._child, args.threads, args.infer_model)
     if args.train:
         return write(train_runs(args))
     runs: dict[str, list[dict]] = {"default": [], "kept": []}
     for r in range(args.rounds):
         for setting in (("default", "kept") if r % 2 == 0 else ("kept", "default")):
-            out = subprocess.run([sys.executable, __file__, "--_child", setting, "--threads", str(args.threads)],
+            out = subprocess.run([sys.executable, __file__, "--_child", setting, "--threads", str(args.threads),
+                                  "--infer-model", args.infer_model],
                                  capture_output=True, text=True, check=True)
             runs[setting].append(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -117,7 +119,7 @@ def main() -> None:
         r = sorted(k[key] / d[key] for k, d in zip(runs["kept"], runs["default"]))
         return [round(statistics.median(r), 3), round(r[0], 3), round(r[-1], 3)]
 
-    row = {"rounds": args.rounds, "threads": args.threads, "applied": runs["kept"][0]["applied"],
+    row = {"rounds": args.rounds, "threads": args.threads, "infer_model": args.infer_model, "applied": runs["kept"][0]["applied"],
            "infer kept / default": ratio("infer_img_s"), "train kept / default": ratio("train_img_s"),
            "img_s": {s: {k: round(statistics.median(x[k] for x in v), 1) for k in ("infer_img_s", "train_img_s")}
                      for s, v in runs.items()},

@@ -21,6 +21,10 @@ its range:
   ``--engine onnxruntime``; its export and session time is left out of the timing, and given); n/a
   where onnxruntime is not installed;
 - timm compiled (``--compile``): torch.compile(timm) (its compile time is left out of the timing);
+- vitkit fp32, own process (inference, ``--own-process``): fp32 inference as vitkit's commands run it:
+  the path ``inference_path`` picks at fp32, in a process of its own (the same threads) with the
+  allocator set as the command line sets it (``keep_freed_memory``); the process waits on a pipe, idle,
+  while the other ways run;
 - vitkit N processes (training, ``--processes N``): how ``vitkit train`` trains a clock-bounded run of
   CIFAR-size data on a CPU with N cores or more: N data-parallel processes (DDP on a gloo group) of one
   thread each, each a share of the batch, the gradients all-reduced every step, with the allocator set
@@ -122,36 +126,45 @@ def ort_way(ours, x: torch.Tensor, device: torch.device, ways: dict) -> str:
     return f"fp32 on onnxruntime, export + session {setup:.1f} s (left out of the timing)"
 
 
-def _data_parallel_worker(rank: int, world: int, name: str, batch: int, precision: str, conn) -> None:
-    """One process of the "vitkit N processes" way: one thread, a DDP replica of the case's model (the
-    same weights), ``batch`` of the images; runs as many steps as the pipe asks, then says so."""
+def _process_worker(rank: int, world: int, name: str, mode: str, batch: int, threads: int, precision: str,
+                    conn) -> None:
+    """One process of a way run in processes of its own, as a vitkit command runs: the allocator set as the
+    command line sets it, ``threads`` threads, the case's model (the same weights) on ``batch`` images; in
+    training a DDP replica when ``world`` > 1, in inference the path ``inference_path`` picks at
+    ``precision``. Runs as many steps as the pipe asks, then says so."""
     from vitkit.runtime import keep_freed_memory
     from vitkit.train.distributed import DistInfo, process_group
 
-    keep_freed_memory()  # as in vitkit train's processes (the command line sets it)
-    torch.set_num_threads(1)
+    keep_freed_memory()  # as every vitkit command does (the command line sets it)
+    torch.set_num_threads(threads)
     device = torch.device("cpu")
     with process_group(DistInfo(rank, world, rank), device):
-        _serve_steps(name, batch, precision, conn)  # its model is gone before the group ends
+        _serve_steps(name, mode, batch, precision, world > 1, conn)  # its model is gone before the group ends
 
 
-def _serve_steps(name: str, batch: int, precision: str, conn) -> None:
+def _serve_steps(name: str, mode: str, batch: int, precision: str, ddp: bool, conn) -> None:
     over = TRAIN_MODEL[1] if name == TRAIN_MODEL[0] else {}
-    model = torch.nn.parallel.DistributedDataParallel(vitkit.create_model(name, seed=0, **over))
-    x = torch.randn(batch, model.module.cfg.in_chans, *model.module.cfg.img_size)
-    step = step_fn(model, "train", x, precision)
+    model = vitkit.create_model(name, seed=0, **over)
+    x = torch.randn(batch, model.cfg.in_chans, *model.cfg.img_size)
+    if mode == "infer":
+        path = inference_path(model, torch.device("cpu"), precision, batch)
+        step, how = step_fn(apply_path(model, path), mode, x, path.precision), path.describe()
+    else:
+        step = step_fn(torch.nn.parallel.DistributedDataParallel(model) if ddp else model, mode, x, precision)
+        how = f"{precision}, eager"
     step()  # warm-up
-    conn.send("ready")
+    conn.send(how)
     while (n := conn.recv()) is not None:
         for _ in range(n):
             step()
         conn.send("done")
 
 
-class DataParallelWay:
-    """The "vitkit N processes" way: a callable that runs one step on every process and waits for all."""
+class ProcessWay:
+    """A way run in ``processes`` processes of their own (``_process_worker``), idle on a pipe between
+    steps: a callable that runs one step on every process and waits for all. ``how``: the path taken."""
 
-    def __init__(self, name: str, batch: int, processes: int, precision: str):
+    def __init__(self, name: str, mode: str, batch: int, processes: int, threads: int, precision: str):
         import os
         import socket
 
@@ -167,14 +180,12 @@ class DataParallelWay:
         self.conns, self.procs = [], []
         for rank in range(processes):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_data_parallel_worker, args=(rank, processes, name, batch // processes,
-                                                                   precision, theirs), daemon=True)
+            proc = ctx.Process(target=_process_worker, args=(rank, processes, name, mode, batch // processes,
+                                                             threads, precision, theirs), daemon=True)
             proc.start()
             self.conns.append(ours)
             self.procs.append(proc)
-        for conn in self.conns:
-            if conn.recv() != "ready":
-                raise RuntimeError("a data-parallel process did not start")
+        self.how = [conn.recv() for conn in self.conns][0]
 
     def __call__(self) -> None:
         for conn in self.conns:
@@ -287,6 +298,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(timm)")
     ap.add_argument("--ort", action="store_true", help="also time vitkit fp32 on ONNX Runtime (CPU inference)")
     ap.add_argument("--memory", action="store_true", help="peak RSS of training, fresh processes (CPU)")
+    ap.add_argument("--own-process", action="store_true", help="also time inference as vitkit's commands run it "
+                    "in fp32: in a process of its own, the allocator set as the command line sets it (CPU)")
     ap.add_argument("--processes", type=int, default=0, help="also time training in N data-parallel processes "
                     "of one thread each (CPU), as vitkit train runs CIFAR-size data against the clock")
     ap.add_argument("--out", default="benchmarks/results/model_vs_timm.json")
@@ -313,17 +326,22 @@ def main() -> None:
         ort_note = None
         if args.ort and mode == "infer":
             ort_note = ort_way(ours, x, device, ways)
-        parallel = []
+        apart, own_how = [], None
         if args.processes and mode == "train" and device.type == "cpu":
             auto = pick_precision("auto", device, vit_flops(ours.cfg))
             for precision in dict.fromkeys(["fp32", auto]):
-                way = DataParallelWay(name, batch, args.processes, precision)
+                way = ProcessWay(name, mode, batch, args.processes, 1, precision)
                 ways[f"vitkit {args.processes} processes ({precision})"] = way
-                parallel.append(way)
+                apart.append(way)
+        if args.own_process and mode == "infer" and device.type == "cpu":
+            way = ProcessWay(name, mode, batch, 1, args.threads, "fp32")
+            ways["vitkit fp32, own process"] = way
+            apart.append(way)
+            own_how = way.how
         try:
             times = race(ways, args.repeats, args.iters, device)
         finally:
-            for way in parallel:
+            for way in apart:
                 way.close()
         row = dict(case=case, mode=mode, model=name, batch=batch, default_path=how,
                    img_s={n: batch / statistics.median(t) for n, t in times.items()})
@@ -334,6 +352,8 @@ def main() -> None:
             row["vitkit default / timm compiled"] = ratio(times, "vitkit default", "timm compiled")
         if "vitkit int8" in ways:
             row["int8 top-1 agreement (demo digits)"] = top1_agreement(ours, device)
+        if own_how is not None:
+            row["vitkit fp32, own process: path"] = own_how
         if ort_note is not None:
             row["vitkit ORT"] = ort_note
             row.setdefault("vitkit ORT / timm eager", "n/a")

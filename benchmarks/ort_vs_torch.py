@@ -15,6 +15,9 @@ memory and build the session, plus what the first call costs beyond a later one 
 eager on a few images, onnxruntime's first allocations); and onnxruntime's largest logit difference
 from eager.
 
+The process's allocator is set as every vitkit command sets it (``keep_freed_memory``: the rule serves
+the commands); ``--allocator default`` leaves glibc's as it comes, as the first measurements had it.
+
 JSON goes to benchmarks/results/ort_vs_torch.json.
 """
 
@@ -33,7 +36,7 @@ import torch
 import vitkit
 from vitkit.fastpath import vit_flops
 from vitkit.onnxrt import OrtModel
-from vitkit.runtime import apply_path, detect_hardware, inference_path
+from vitkit.runtime import apply_path, detect_hardware, inference_path, keep_freed_memory
 
 from model_vs_timm import race, ratio, step_fn  # the timing of the comparison with timm (benchmarks/ is on sys.path)
 
@@ -101,7 +104,11 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--out", default="benchmarks/results/ort_vs_torch.json")
+    ap.add_argument("--allocator", choices=["kept", "default"], default="kept", help="glibc's allocator as every "
+                    "vitkit command sets it (runtime.keep_freed_memory), or as it comes")
     args = ap.parse_args()
+    if args.allocator == "kept":
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
