@@ -29,37 +29,24 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "allocator.jsonl"
 
 
+def images_per_second(step, batch: int, steps: int = 5) -> float:
+    step()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return batch * steps / (time.perf_counter() - t0)
+
+
 def child(setting: str, threads: int, infer_model: str) -> None:
     import torch
-    import torch.nn.functional as F
 
-    import vitkit
+    from model_vs_timm import TRAIN_MODEL, step_fn, vitkit_model  # benchmarks/ is on sys.path
     from vitkit.runtime import keep_freed_memory
 
     applied = keep_freed_memory() if setting == "kept" else False
     torch.set_num_threads(threads)
-    model = vitkit.create_model(infer_model, seed=0).eval()
-    x = torch.randn(16, 3, 224, 224)
-    with torch.inference_mode():
-        model(x)
-        t0 = time.perf_counter()
-        for _ in range(5):
-            model(x)
-        infer = 16 * 5 / (time.perf_counter() - t0)
-    net = vitkit.create_model("vit_tiny_patch4_32", seed=0, depth=6).train()
-    xt, y = torch.randn(128, 3, 32, 32), torch.randint(0, 10, (128,))
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True)
-
-    def step():
-        F.cross_entropy(net(xt), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        step()
-    train = 128 * 5 / (time.perf_counter() - t0)
+    infer = images_per_second(step_fn(vitkit_model(infer_model), "infer", torch.randn(16, 3, 224, 224)), 16)
+    train = images_per_second(step_fn(vitkit_model(TRAIN_MODEL[0]), "train", torch.randn(128, 3, 32, 32)), 128)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     print(json.dumps({"setting": setting, "applied": applied, "infer_img_s": infer, "train_img_s": train,
                       "peak_rss_mib": peak}))

@@ -7,21 +7,25 @@ use, and both against timm: fp32 inference, side by side in one process, the ord
 Needs timm (the reference environment of benchmarks/parity.sh). The three models share one set of
 weights; the earlier forward is rebuilt here on the current modules, and checked to give the same
 logits. Each ratio is the median [range] over the rounds of the slower way's seconds per batch over
-the faster's, per round. Appends to benchmarks/results/forward_liveness.jsonl.
+the faster's, per round. Appends to benchmarks/results/forward_liveness.jsonl, with any MALLOC_*
+settings of glibc's allocator in the environment (run under MALLOC_MMAP_THRESHOLD_ and
+MALLOC_TRIM_THRESHOLD_, the earlier forward loses its gap: the cost was fresh pages, not arithmetic).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
-import time
 import types
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from profile_vs_timm import seconds_per_batch  # benchmarks/ is on sys.path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "forward_liveness.jsonl"
 
@@ -40,15 +44,6 @@ def earlier_attention_forward(self, x):
     B, H, T, hd = out.shape
     merged = out.transpose(1, 2).reshape(B, T, H * hd)
     return self.proj_drop(self.proj(merged))
-
-
-def seconds_per_batch(model, x: torch.Tensor, repeats: int) -> float:
-    with torch.inference_mode():
-        model(x)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            model(x)
-    return (time.perf_counter() - start) / repeats
 
 
 def ratio(times: dict, fast: str, slow: str) -> list[float]:
@@ -83,6 +78,7 @@ def run_case(name: str, batch: int, rounds: int) -> dict:
             "img_s": {n: round(batch / statistics.median(t), 2) for n, t in times.items()},
             "current / earlier": ratio(times, "current", "earlier"), "current / timm": ratio(times, "current", "timm"),
             "earlier / timm": ratio(times, "earlier", "timm"), "torch": torch.__version__,
+            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
             "command": "PYTHONPATH=src python benchmarks/forward_liveness.py " + " ".join(sys.argv[1:])}
 
 

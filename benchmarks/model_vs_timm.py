@@ -60,14 +60,21 @@ TRAIN_MODEL = ("vit_tiny_patch4_32", {"depth": 6})  # patch 4, width 192, depth 
 DEFAULT_CASES = "infer:vit_small_patch16_224:16,train:vit_tiny_patch4_32:128"
 
 
+def vitkit_model(name: str):
+    """The case's vitkit model, the same weights in every process: seed 0, and a head that separates
+    classes (for top-1 checks)."""
+    over = TRAIN_MODEL[1] if name == TRAIN_MODEL[0] else {}
+    model = vitkit.create_model(name, seed=0, **over)
+    torch.nn.init.normal_(model.head.weight, std=0.02, generator=torch.Generator().manual_seed(0))
+    return model
+
+
 def models(name: str, device: torch.device):
     """The vitkit model and timm's, with the same weights."""
     import timm
     from timm.models.vision_transformer import VisionTransformer
 
-    over = TRAIN_MODEL[1] if name == TRAIN_MODEL[0] else {}
-    ours = vitkit.create_model(name, seed=0, **over)
-    torch.nn.init.normal_(ours.head.weight, std=0.02)  # a head that separates classes, for top-1 checks
+    ours = vitkit_model(name)
     c = ours.cfg
     if name in timm.list_models():
         ref = timm.create_model(name, pretrained=False)
@@ -143,8 +150,7 @@ def _process_worker(rank: int, world: int, name: str, mode: str, batch: int, thr
 
 
 def _serve_steps(name: str, mode: str, batch: int, precision: str, ddp: bool, conn) -> None:
-    over = TRAIN_MODEL[1] if name == TRAIN_MODEL[0] else {}
-    model = vitkit.create_model(name, seed=0, **over)
+    model = vitkit_model(name)
     x = torch.randn(batch, model.cfg.in_chans, *model.cfg.img_size)
     if mode == "infer":
         path = inference_path(model, torch.device("cpu"), precision, batch)

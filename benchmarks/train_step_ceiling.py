@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-import vitkit
+from model_vs_timm import TRAIN_MODEL, step_fn, vitkit_model  # the case of its training step (benchmarks/ on sys.path)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step_ceiling.json"
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
@@ -46,19 +45,6 @@ def matmul_peak(sizes=(1024, 2048, 4096), repeats: int = 5) -> dict:
             best = min(best, time.perf_counter() - t0)
         rates[n] = 2 * n**3 / best / 1e9
     return rates
-
-
-def training_step(batch: int):
-    model = vitkit.create_model("vit_tiny_patch4_32", seed=0, depth=6).train()
-    x = torch.randn(batch, 3, 32, 32)
-    y = torch.randint(0, 10, (batch,), generator=torch.Generator().manual_seed(0))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-
-    def step():
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
 
 
 def step_flops(step) -> dict[str, int]:
@@ -93,7 +79,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     peak = matmul_peak()
-    step = training_step(args.batch)
+    step = step_fn(vitkit_model(TRAIN_MODEL[0]), "train", torch.randn(args.batch, 3, 32, 32))
     for _ in range(2):
         step()
     times = []
