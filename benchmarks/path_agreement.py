@@ -3,8 +3,8 @@
     PYTHONPATH=src python benchmarks/path_agreement.py runs/demo                  # the demo's test digits
     PYTHONPATH=src python benchmarks/path_agreement.py RUN --data DIR --split val --seed S  # e.g. a CIFAR-10 carve
 
-For every test image: the top-1 class of fp32 eager against bf16 autocast and int8 (``vitkit.quantize``)
-(the share that agree), and the largest logit difference of the fp32 paths (channels-last, for a conv
+For every test image: the top-1 class of fp32 eager against bf16 autocast, bf16 on the packed bf16 copy
+(``vitkit.packed``, where oneDNN runs bf16) and int8 (``vitkit.quantize``) (the share that agree), and the largest logit difference of the fp32 paths (channels-last, for a conv
 stem) from eager. One JSON line to stdout, appended to benchmarks/results/path_agreement.jsonl.
 """
 
@@ -19,6 +19,7 @@ import torch
 
 from vitkit.data import eval_batch, open_dataset
 from vitkit.fastpath import FastPath
+from vitkit.packed import onednn_bf16_available
 from vitkit.runtime import apply_path, autocast, load_model
 
 
@@ -49,10 +50,13 @@ def main() -> None:
     top = ref.argmax(-1)
     res = dict(command=" ".join(sys.argv), model=str(args.model) + (f": {args.about}" if args.about else ""), data=args.data or "demo", split=args.split,
                images=n, torch=torch.__version__)
-    for precision in ("bf16", "int8"):
-        got = logits_of(apply_path(model, FastPath(precision)), x, precision)
-        res[f"{precision}_top1_agreement"] = (got.argmax(-1) == top).float().mean().item()
-        res[f"{precision}_max_abs_logit_diff"] = (got - ref).abs().max().item()
+    paths = {"bf16": FastPath("bf16"), "int8": FastPath("int8")}
+    if onednn_bf16_available():
+        paths["bf16_packed"] = FastPath("bf16", packed=True)
+    for name, path in paths.items():
+        got = logits_of(apply_path(model, path), x, path.precision)
+        res[f"{name}_top1_agreement"] = (got.argmax(-1) == top).float().mean().item()
+        res[f"{name}_max_abs_logit_diff"] = (got - ref).abs().max().item()
     if c.stem == "conv":
         cl = apply_path(load_model(args.model), FastPath("fp32", channels_last=True))
         res["fp32_channels_last_max_abs_logit_diff"] = (logits_of(cl, x) - ref).abs().max().item()

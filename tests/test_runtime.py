@@ -19,6 +19,7 @@ from vitkit.errors import ConfigError, DataError
 from vitkit.runtime import (
     autocast,
     count_params,
+    cpu_bf16_kind,
     cpu_has_fast_bf16,
     label_names,
     load_model,
@@ -138,6 +139,7 @@ def test_cpu_bf16_is_detected_from_either_probe(monkeypatch, amx, avx512):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512, raising=False)
     assert cpu_has_fast_bf16() is (amx or avx512)
+    assert cpu_bf16_kind() == ("amx" if amx else "avx512bf16" if avx512 else "none")
 
 
 def test_a_probe_that_fails_means_no_bf16(monkeypatch):

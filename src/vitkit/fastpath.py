@@ -29,6 +29,9 @@ never a timing race at run time (which would make a run's numerics depend on the
   four runs) and 1.06-1.08x for the small-data recipe's whitening stem at batch 128 on one thread; on
   two threads of a CPU that other work shared, 0.97-1.12 and 0.90-1.10, too noisy to tell from one
   (benchmarks/results/fastpath_channels_last.json). Not under FSDP: it shards contiguous parameters only.
+- packed bf16 weights (``vitkit.packed``): bf16 inference on a CPU with AMX runs a bf16 copy of the model
+  whose Linear weights are cast and packed for oneDNN once, instead of autocast casting and oneDNN
+  reordering them on every call (``packed_pays``, ``PACKED_MEASURED``).
 - int8 (``vitkit.quantize``) is never automatic: it changes the numbers. It is opt-in, for CPU
   inference only.
 - The engine: torch, or ONNX Runtime (``vitkit.onnxrt``: the model exported in memory and run by an
@@ -83,6 +86,16 @@ ORT_MIN_GAIN = 1.10  # below this onnxruntime is not chosen: each gain under 1.1
 #   1.0 (ViT-Ti/16 at batch 16: 1.06 [0.86, 1.10]; ViT-B/16 at batch 16: 1.02 [0.97, 1.05]; ViT-S/16 at
 #   batch 1: 1.03 [1.01, 1.05]), the demo model's 1.27 at batch 16 had none under 1.20
 
+# model -> speed of bf16 inference with packed Linear weights (vitkit.packed) over bf16 autocast on the same
+# model, batch 16, 2 threads of an AMX CPU, the allocator kept (torch 2.13; `PYTHONPATH=src python
+# benchmarks/packed_bf16.py`, 7 rounds, benchmarks/results/packed_bf16_amx.json). At batch 1, where casting
+# the weights weighs most, the gain was larger: 1.30 (Ti), 1.56 (S), 1.80 (B). Packing took 0.03-0.74 s.
+PACKED_MEASURED: dict[str, float] = {
+    "vit_tiny_patch16_224": 1.12,  # [1.07, 1.16]
+    "vit_small_patch16_224": 1.15,  # [1.10, 1.18]
+    "vit_base_patch16_224": 1.20,  # [1.12, 1.32]
+}
+
 # (device, mode) -> channels-last / contiguous speed of a conv-stem model (its conv weights and input batches
 # channels-last), measured on a shared 2-core AVX512 CPU, torch 2.13: the demo model's inference (batch 64, 2
 # threads) ran 1.53x (fastpath_rules.json); its training step 1.09x (batch 32, one thread, as each of the
@@ -99,6 +112,7 @@ class Hardware:
 
     device_type: str  # 'cpu', 'cuda' or 'mps'
     cpu_bf16: bool = False  # a CPU with bf16 matrix instructions (AMX or AVX512-BF16)
+    cpu_amx: bool = False  # a CPU with AMX, and a torch build whose oneDNN runs bf16 Linear on packed weights
     cuda_bf16: bool = False  # a CUDA GPU with bf16
     threads: int = 1  # CPU threads this process computes on
     onnxruntime: bool = False  # onnxruntime (and onnx, which exports to it) installed
@@ -120,7 +134,8 @@ class Work:
 @dataclass(frozen=True)
 class FastPath:
     """How to run: ``precision`` ('fp32', 'bf16', 'fp16' autocast, or 'int8' weights), ``compile``,
-    ``channels_last``, the ``engine`` ('torch' or 'onnxruntime'; ``engine_asked``: it was forced, so a
+    ``channels_last``, ``packed`` (bf16 inference on a CPU: a bf16 copy with its Linear weights packed),
+    the ``engine`` ('torch' or 'onnxruntime'; ``engine_asked``: it was forced, so a
     failure of onnxruntime is an error rather than a fall back to torch); ``why`` says why, one reason per
     choice that was made automatically."""
 
@@ -128,6 +143,7 @@ class FastPath:
     compile: bool = False
     channels_last: bool = False
     engine: str = "torch"
+    packed: bool = False  # bf16 CPU inference on a bf16 copy with packed Linear weights (vitkit.packed)
     engine_asked: bool = False
     why: tuple[str, ...] = field(default=(), compare=False)
 
@@ -138,6 +154,8 @@ class FastPath:
                  "compiled" if self.compile else "eager"]
         if self.channels_last:
             parts.append("channels_last")
+        if self.packed:
+            parts.append("packed bf16 weights")
         return ", ".join(parts) + (f" ({'; '.join(self.why)})" if self.why else "")
 
 
@@ -223,6 +241,20 @@ def forced_ort(hw: Hardware, work: Work, precision: str, compile: bool | None) -
     return FastPath("fp32", engine="onnxruntime", engine_asked=True, why=why + ("onnxruntime: asked for",))
 
 
+def packed_pays(hw: Hardware, work: Work, precision: str, compile: bool) -> tuple[bool, str]:
+    """Whether bf16 inference runs on a bf16 copy of the model with its Linear weights packed for oneDNN
+    (``vitkit.packed``) rather than under autocast, and why: where ``PACKED_MEASURED`` has it faster at
+    every size measured (on a CPU with AMX; not measured on AVX512-BF16 alone, so not taken there)."""
+    if precision != "bf16" or work.mode != "infer" or hw.device_type != "cpu" or compile:
+        return False, "autocast"
+    if not hw.cpu_amx:
+        return False, "autocast: packed bf16 weights measured on AMX CPUs only"
+    gain = min(PACKED_MEASURED.values())
+    if gain <= 1:
+        return False, f"autocast: packed bf16 weights measured {gain:.2f}x autocast"
+    return True, f"packed: bf16 weights cast and packed once measured {gain:.2f}-{max(PACKED_MEASURED.values()):.2f}x autocast on AMX"
+
+
 def channels_last_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
     """Whether to run a conv stem channels-last (its conv weights and the input batches), and why:
     where ``CHANNELS_LAST_MEASURED`` has it faster than the contiguous layout. Never under FSDP, which
@@ -274,7 +306,10 @@ def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool
             why.append(reason)
     if ort_reason is not None:
         why.append(ort_reason)
-    return FastPath(precision, bool(compile), channels_last, why=tuple(why))
+    packed, reason = packed_pays(hw, work, precision, bool(compile))
+    if work.mode == "infer" and precision == "bf16" and hw.device_type == "cpu":
+        why.append(reason)
+    return FastPath(precision, bool(compile), channels_last, packed=packed, why=tuple(why))
 
 
 def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:

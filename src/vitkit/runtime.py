@@ -20,6 +20,7 @@ from torch import nn
 from .errors import ConfigError
 from .fastpath import ENGINES, FastPath, Hardware, Work, auto_precision, choose_path, vit_flops
 from .onnxrt import OrtModel, onnxruntime_available
+from .packed import Bf16Inference, onednn_bf16_available
 
 
 def _mps_available() -> bool:
@@ -63,13 +64,21 @@ def _cpu_probe(name: str) -> bool:
 
 def cpu_has_fast_bf16() -> bool:
     """True on CPUs with bf16 matrix instructions (AMX or AVX512-BF16), where bf16 can beat fp32."""
-    return any(_cpu_probe(p) for p in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+    return cpu_bf16_kind() != "none"
+
+
+def cpu_bf16_kind() -> str:
+    """This CPU's bf16 matrix instructions, as benchmark results are filed: 'amx', 'avx512bf16' or 'none'."""
+    if _cpu_probe("_is_amx_tile_supported"):
+        return "amx"
+    return "avx512bf16" if _cpu_probe("_is_avx512_bf16_supported") else "none"
 
 
 def detect_hardware(device: torch.device) -> Hardware:
     """What ``device`` can do, as ``vitkit.fastpath``'s rules read it."""
     if device.type == "cpu":
-        return Hardware("cpu", cpu_bf16=cpu_has_fast_bf16(), threads=torch.get_num_threads(),
+        amx = _cpu_probe("_is_amx_tile_supported") and onednn_bf16_available()
+        return Hardware("cpu", cpu_bf16=cpu_has_fast_bf16(), cpu_amx=amx, threads=torch.get_num_threads(),
                         onnxruntime=onnxruntime_available())
     if device.type == "cuda":
         return Hardware("cuda", cuda_bf16=torch.cuda.is_bf16_supported())
@@ -123,13 +132,16 @@ def training_path(cfg, device: torch.device, precision: str = "auto", compile: b
 def apply_path(model: nn.Module, path: FastPath) -> nn.Module:
     """``model`` as ``path`` runs it: on ONNX Runtime (``vitkit.onnxrt.OrtModel``, exported in memory and
     checked against eager on its first batch), an int8 copy (``vitkit.quantize``), conv weights
-    channels-last (in place), compiled. Autocast for bf16 is the caller's (``autocast``)."""
+    channels-last (in place), compiled; for packed bf16, a bf16 copy with packed Linear weights
+    (``vitkit.packed.Bf16Inference``). Autocast for bf16 is the caller's (``autocast``)."""
     if path.engine == "onnxruntime":
         return OrtModel(model, strict=path.engine_asked)
     if path.precision == "int8":
         from .quantize import quantize_int8  # the quantized kernels only when asked for
 
         model = quantize_int8(model)
+    if path.packed:
+        model = Bf16Inference(model)
     if path.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return torch.compile(model) if path.compile else model

@@ -1,0 +1,128 @@
+"""bf16 inference on a packed bf16 copy (vitkit.packed): the same numbers as bf16, the model left alone,
+and the rule that picks it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import random_images, tiny_model
+
+from vitkit import runtime
+from vitkit.fastpath import FastPath, Hardware, Work, choose_path, packed_pays
+from vitkit.packed import Bf16Inference, PackedLinear, onednn_bf16_available, pack_linears
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+needs_onednn = pytest.mark.skipif(not onednn_bf16_available(), reason="no oneDNN bf16 on this CPU or build")
+
+AMX = Hardware("cpu", cpu_bf16=True, cpu_amx=True, threads=2)
+AVX512 = Hardware("cpu", cpu_bf16=True, threads=2)  # AVX512-BF16 without AMX
+TI16_FLOPS = 2_507_366_400
+
+
+# -------------------------------------------------------------------------------------------- rule
+def test_packed_is_for_bf16_inference_on_an_amx_cpu(monkeypatch):
+    import vitkit.fastpath as fp
+
+    monkeypatch.setattr(fp, "PACKED_MEASURED", {"a": 1.3, "b": 1.5})
+    path = choose_path(AMX, Work("infer", TI16_FLOPS, images=100, batch=16))
+    assert (path.precision, path.packed) == ("bf16", True)
+    assert "packed bf16 weights" in path.describe() and "1.30-1.50x autocast on AMX" in path.describe()
+    assert not choose_path(AMX, Work("train", TI16_FLOPS)).packed  # training keeps fp32 master weights
+    assert not choose_path(AMX, Work("infer", TI16_FLOPS), "fp32").packed
+    assert not choose_path(AMX, Work("infer", TI16_FLOPS), "int8").packed
+    assert not choose_path(AMX, Work("infer", TI16_FLOPS), compile=True).packed
+    assert not choose_path(AVX512, Work("infer", TI16_FLOPS)).packed  # not measured without AMX
+    assert "measured on AMX CPUs only" in choose_path(AVX512, Work("infer", TI16_FLOPS)).describe()
+    assert not choose_path(Hardware("cuda", cuda_bf16=True), Work("infer", TI16_FLOPS)).packed
+
+
+def test_packed_follows_its_measurements(monkeypatch):
+    import vitkit.fastpath as fp
+
+    monkeypatch.setattr(fp, "PACKED_MEASURED", {"a": 0.98, "b": 1.5})  # slower at one size: never
+    assert packed_pays(AMX, Work("infer", TI16_FLOPS), "bf16", False) == (
+        False, "autocast: packed bf16 weights measured 0.98x autocast")
+
+
+def test_the_measured_table_has_a_gain_at_every_size():
+    from vitkit.fastpath import PACKED_MEASURED
+
+    assert set(PACKED_MEASURED) == {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"}
+    assert min(PACKED_MEASURED.values()) > 1.0
+
+
+# -------------------------------------------------------------------------------------------- numbers
+@needs_onednn
+@pytest.mark.parametrize("shape", [(5, 24), (2, 7, 24), (1, 24)])
+def test_a_packed_linear_computes_the_bf16_linear(shape):
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(24, 40)
+    x = torch.randn(*shape, generator=g)
+    got = PackedLinear(lin)(x)
+    want = F.linear(x.bfloat16(), lin.weight.bfloat16(), lin.bias.bfloat16())
+    assert got.dtype == torch.bfloat16 and got.shape == (*shape[:-1], 40)
+    # both are bf16 products of the same bf16 operands, accumulated in fp32: they differ by the last rounding
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert (got.float() - F.linear(x, lin.weight, lin.bias)).abs().max() < 0.05  # and near fp32
+    nobias = torch.nn.Linear(24, 8, bias=False)
+    torch.testing.assert_close(PackedLinear(nobias)(x).float(), F.linear(x, nobias.weight), rtol=2e-2, atol=2e-2)
+
+
+@needs_onednn
+def test_a_packed_linear_names_a_wrong_input_width():
+    with pytest.raises(ValueError, match=r"^PackedLinear: input has 5 features .* expected 24 \(shape \(3, 5\)\)$"):
+        PackedLinear(torch.nn.Linear(24, 4))(torch.randn(3, 5))
+
+
+@needs_onednn
+def test_packed_bf16_agrees_with_fp32_and_leaves_the_model_alone():
+    model = tiny_model(head_std=0.5, embed_dim=64, num_heads=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = random_images(model.cfg, n=200, seed=3)
+    net = Bf16Inference(model)
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert net.linears == linears > 0 and not any(type(m) is torch.nn.Linear for m in net.modules())
+    assert net.cfg is model.cfg
+    with torch.inference_mode():
+        ref = model(x)
+        got = net(x)
+        with runtime.autocast(torch.device("cpu"), "bf16"):
+            amp = model(x).float()
+            under_amp = net(x)  # as the tools call it: inside autocast
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    torch.testing.assert_close(under_amp, got, rtol=0, atol=0)
+    assert (ref.argmax(-1) == got.argmax(-1)).float().mean() >= 0.97
+    # autocast's numbers: the same bf16 products of the same bf16 operands (bitwise equal on this project's
+    # CPUs; another oneDNN kernel may round the last bit otherwise), a tenth of autocast's distance from fp32
+    assert (got - amp).abs().max() <= 0.1 * (amp - ref).abs().max()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert next(model.parameters()).dtype == torch.float32 and next(model.parameters()).requires_grad
+
+
+@needs_onednn
+def test_pack_linears_replaces_plain_linears_only():
+    class Sub(torch.nn.Linear):
+        pass
+
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4), Sub(4, 4)))
+    assert pack_linears(m) == 2
+    assert isinstance(m[0], PackedLinear) and isinstance(m[1][0], PackedLinear) and type(m[1][1]) is Sub
+
+
+@needs_onednn
+def test_packed_bf16_of_a_whitened_conv_stem_is_autocasts():
+    model = tiny_model("vit_hybrid_whiten_patch4_32", head_std=0.5)
+    x = random_images(model.cfg, n=16, seed=3)
+    with torch.inference_mode(), runtime.autocast(torch.device("cpu"), "bf16"):
+        amp = model(x).float()
+        got = Bf16Inference(model)(x)
+    assert (got - amp).abs().max() <= 1e-3 * amp.abs().max()
+
+
+@needs_onednn
+def test_apply_path_runs_the_packed_copy():
+    model = tiny_model(head_std=0.5)
+    net = runtime.apply_path(model, FastPath("bf16", packed=True))
+    assert isinstance(net, Bf16Inference)
+    assert runtime.apply_path(model, FastPath("bf16")) is model
