@@ -7,9 +7,9 @@ For each case the two ways (and fp32 eager, for reference) are timed in alternat
 in this process, with the allocator set as every command sets it (``keep_freed_memory``); each ratio is
 the median [range] over the rounds of autocast's time / the way's time. Also the largest logit difference
 of each bf16 way from fp32 eager, and the time to build the packed copy. The rule
-``vitkit.fastpath.packed_pays`` takes its figures (``PACKED_MEASURED``) from the batch-16 rows of a run on
-a CPU with AMX; results/packed_bf16_<cpu>.json, <cpu> being "amx" or "avx512bf16" (the CPU's bf16
-instructions).
+``vitkit.fastpath.packed_pays`` takes its figures (``PACKED_MEASURED``, one table per kind of CPU) from the
+batch-16 rows of results/packed_bf16_<cpu>.json, <cpu> being "amx" or "avx512bf16" (the CPU's bf16
+instructions, ``vitkit.runtime.cpu_bf16_kind``).
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ def test_named_precisions_are_kept():
 
 
 def test_auto_precision_of_the_trainer_weighs_the_model(monkeypatch):
-    monkeypatch.setattr(runtime, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(runtime, "cpu_bf16_kind", lambda: "avx512bf16")
     cpu = torch.device("cpu")
     assert runtime.pick_precision("auto", cpu, DEMO_FLOPS) == "fp32"
     assert runtime.pick_precision("auto", cpu, TI16_FLOPS) == "bf16"

@@ -15,41 +15,47 @@ from vitkit.packed import Bf16Inference, PackedLinear, onednn_bf16_available, pa
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_onednn = pytest.mark.skipif(not onednn_bf16_available(), reason="no oneDNN bf16 on this CPU or build")
 
-AMX = Hardware("cpu", cpu_bf16=True, cpu_amx=True, threads=2)
-AVX512 = Hardware("cpu", cpu_bf16=True, threads=2)  # AVX512-BF16 without AMX
+AMX = Hardware("cpu", cpu_bf16=True, cpu_bf16_kind="amx", onednn_bf16=True, threads=2)
+AVX512 = Hardware("cpu", cpu_bf16=True, cpu_bf16_kind="avx512bf16", onednn_bf16=True, threads=2)  # no AMX
 TI16_FLOPS = 2_507_366_400
 
 
 # -------------------------------------------------------------------------------------------- rule
-def test_packed_is_for_bf16_inference_on_an_amx_cpu(monkeypatch):
+def test_packed_is_for_bf16_inference_on_a_cpu_where_it_was_measured(monkeypatch):
     import vitkit.fastpath as fp
 
-    monkeypatch.setattr(fp, "PACKED_MEASURED", {"a": 1.3, "b": 1.5})
+    monkeypatch.setattr(fp, "PACKED_MEASURED", {"amx": {"a": 1.3, "b": 1.5}, "avx512bf16": {"a": 1.1}})
     path = choose_path(AMX, Work("infer", TI16_FLOPS, images=100, batch=16))
     assert (path.precision, path.packed) == ("bf16", True)
-    assert "packed bf16 weights" in path.describe() and "1.30-1.50x autocast on AMX" in path.describe()
+    assert "packed bf16 weights" in path.describe() and "1.30-1.50x autocast on amx" in path.describe()
     assert not choose_path(AMX, Work("train", TI16_FLOPS)).packed  # training keeps fp32 master weights
     assert not choose_path(AMX, Work("infer", TI16_FLOPS), "fp32").packed
     assert not choose_path(AMX, Work("infer", TI16_FLOPS), "int8").packed
     assert not choose_path(AMX, Work("infer", TI16_FLOPS), compile=True).packed
-    assert not choose_path(AVX512, Work("infer", TI16_FLOPS)).packed  # not measured without AMX
-    assert "measured on AMX CPUs only" in choose_path(AVX512, Work("infer", TI16_FLOPS)).describe()
+    assert "1.10-1.10x autocast on avx512bf16" in choose_path(AVX512, Work("infer", TI16_FLOPS)).describe()
     assert not choose_path(Hardware("cuda", cuda_bf16=True), Work("infer", TI16_FLOPS)).packed
 
 
 def test_packed_follows_its_measurements(monkeypatch):
     import vitkit.fastpath as fp
 
-    monkeypatch.setattr(fp, "PACKED_MEASURED", {"a": 0.98, "b": 1.5})  # slower at one size: never
+    monkeypatch.setattr(fp, "PACKED_MEASURED", {"amx": {"a": 0.98, "b": 1.5}})  # slower at one size: never
     assert packed_pays(AMX, Work("infer", TI16_FLOPS), "bf16", False) == (
-        False, "autocast: packed bf16 weights measured 0.98x autocast")
+        False, "autocast: packed bf16 weights measured 0.98x autocast on amx")
+    assert packed_pays(AVX512, Work("infer", TI16_FLOPS), "bf16", False) == (  # a kind not measured: never
+        False, "autocast: packed bf16 weights not measured on a CPU with avx512bf16")
+    no_onednn = Hardware("cpu", cpu_bf16=True, cpu_bf16_kind="amx", threads=2)
+    assert packed_pays(no_onednn, Work("infer", TI16_FLOPS), "bf16", False) == (
+        False, "autocast: this torch build cannot pack bf16 Linear weights for oneDNN here")
 
 
 def test_the_measured_table_has_a_gain_at_every_size():
     from vitkit.fastpath import PACKED_MEASURED
 
-    assert set(PACKED_MEASURED) == {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"}
-    assert min(PACKED_MEASURED.values()) > 1.0
+    assert set(PACKED_MEASURED) == {"amx", "avx512bf16"}
+    for table in PACKED_MEASURED.values():
+        assert set(table) == {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"}
+        assert min(table.values()) > 1.0
 
 
 # -------------------------------------------------------------------------------------------- numbers

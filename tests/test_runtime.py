@@ -21,6 +21,7 @@ from vitkit.runtime import (
     count_params,
     cpu_bf16_kind,
     cpu_has_fast_bf16,
+    detect_hardware,
     label_names,
     load_model,
     pick_precision,
@@ -108,9 +109,10 @@ def test_a_cuda_index_is_kept_and_checked(two_gpus):
 # ---------------------------------------------------------------------------------------- precision
 def test_auto_precision_on_the_cpu_follows_its_bf16_support(monkeypatch):
     cpu = torch.device("cpu")
-    monkeypatch.setattr(runtime, "cpu_has_fast_bf16", lambda: True)
-    assert pick_precision("auto", cpu) == "bf16"
-    monkeypatch.setattr(runtime, "cpu_has_fast_bf16", lambda: False)
+    for kind in ("amx", "avx512bf16"):
+        monkeypatch.setattr(runtime, "cpu_bf16_kind", lambda: kind)
+        assert pick_precision("auto", cpu) == "bf16"
+    monkeypatch.setattr(runtime, "cpu_bf16_kind", lambda: "none")
     assert pick_precision("auto", cpu) == "fp32"
 
 
@@ -140,6 +142,9 @@ def test_cpu_bf16_is_detected_from_either_probe(monkeypatch, amx, avx512):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512, raising=False)
     assert cpu_has_fast_bf16() is (amx or avx512)
     assert cpu_bf16_kind() == ("amx" if amx else "avx512bf16" if avx512 else "none")
+    hw = detect_hardware(torch.device("cpu"))
+    assert (hw.cpu_bf16, hw.cpu_bf16_kind) == (amx or avx512, cpu_bf16_kind())
+    assert not hw.onednn_bf16 or (amx or avx512)  # packing is asked of oneDNN on a bf16 CPU only
 
 
 def test_a_probe_that_fails_means_no_bf16(monkeypatch):

@@ -29,9 +29,9 @@ never a timing race at run time (which would make a run's numerics depend on the
   four runs) and 1.06-1.08x for the small-data recipe's whitening stem at batch 128 on one thread; on
   two threads of a CPU that other work shared, 0.97-1.12 and 0.90-1.10, too noisy to tell from one
   (benchmarks/results/fastpath_channels_last.json). Not under FSDP: it shards contiguous parameters only.
-- packed bf16 weights (``vitkit.packed``): bf16 inference on a CPU with AMX runs a bf16 copy of the model
-  whose Linear weights are cast and packed for oneDNN once, instead of autocast casting and oneDNN
-  reordering them on every call (``packed_pays``, ``PACKED_MEASURED``).
+- packed bf16 weights (``vitkit.packed``): bf16 inference on a CPU with AMX or AVX512-BF16 runs a bf16
+  copy of the model whose Linear weights are cast and packed for oneDNN once, instead of autocast casting
+  and oneDNN reordering them on every call (``packed_pays``, ``PACKED_MEASURED``).
 - int8 (``vitkit.quantize``) is never automatic: it changes the numbers. It is opt-in, for CPU
   inference only.
 - The engine: torch, or ONNX Runtime (``vitkit.onnxrt``: the model exported in memory and run by an
@@ -86,14 +86,22 @@ ORT_MIN_GAIN = 1.10  # below this onnxruntime is not chosen: each gain under 1.1
 #   1.0 (ViT-Ti/16 at batch 16: 1.06 [0.86, 1.10]; ViT-B/16 at batch 16: 1.02 [0.97, 1.05]; ViT-S/16 at
 #   batch 1: 1.03 [1.01, 1.05]), the demo model's 1.27 at batch 16 had none under 1.20
 
-# model -> speed of bf16 inference with packed Linear weights (vitkit.packed) over bf16 autocast on the same
-# model, batch 16, 2 threads of an AMX CPU, the allocator kept (torch 2.13; `PYTHONPATH=src python
-# benchmarks/packed_bf16.py`, 7 rounds, benchmarks/results/packed_bf16_amx.json). At batch 1, where casting
-# the weights weighs most, the gain was larger: 1.30 (Ti), 1.56 (S), 1.80 (B). Packing took 0.03-0.74 s.
-PACKED_MEASURED: dict[str, float] = {
-    "vit_tiny_patch16_224": 1.12,  # [1.07, 1.16]
-    "vit_small_patch16_224": 1.15,  # [1.10, 1.18]
-    "vit_base_patch16_224": 1.20,  # [1.12, 1.32]
+# CPU kind (runtime.cpu_bf16_kind) -> model -> speed of bf16 inference with packed Linear weights (vitkit.packed)
+# over bf16 autocast on the same model: medians at batch 16, 2 threads, the allocator kept (torch 2.13;
+# `PYTHONPATH=src python benchmarks/packed_bf16.py`, 7 rounds, benchmarks/results/packed_bf16_<kind>.json). At
+# batch 1, where casting the weights weighs most, the gain was larger: 1.30 (Ti), 1.56 (S), 1.80 (B) with AMX,
+# 1.12-1.21 with AVX512-BF16 alone. Packing took 0.03-0.74 s.
+PACKED_MEASURED: dict[str, dict[str, float]] = {
+    "amx": {
+        "vit_tiny_patch16_224": 1.12,  # [1.07, 1.16]
+        "vit_small_patch16_224": 1.15,  # [1.10, 1.18]
+        "vit_base_patch16_224": 1.20,  # [1.12, 1.32]
+    },
+    "avx512bf16": {
+        "vit_tiny_patch16_224": 1.12,  # [0.71, 1.47]: a shared machine; the other sizes' ranges stayed over 1
+        "vit_small_patch16_224": 1.09,  # [1.03, 1.59]
+        "vit_base_patch16_224": 1.10,  # [1.08, 1.14]
+    },
 }
 
 # (device, mode) -> channels-last / contiguous speed of a conv-stem model (its conv weights and input batches
@@ -112,7 +120,8 @@ class Hardware:
 
     device_type: str  # 'cpu', 'cuda' or 'mps'
     cpu_bf16: bool = False  # a CPU with bf16 matrix instructions (AMX or AVX512-BF16)
-    cpu_amx: bool = False  # a CPU with AMX, and a torch build whose oneDNN runs bf16 Linear on packed weights
+    cpu_bf16_kind: str = "none"  # its bf16 matrix instructions: 'amx', 'avx512bf16' or 'none'
+    onednn_bf16: bool = False  # a torch build whose oneDNN runs bf16 Linear on packed weights on this CPU
     cuda_bf16: bool = False  # a CUDA GPU with bf16
     threads: int = 1  # CPU threads this process computes on
     onnxruntime: bool = False  # onnxruntime (and onnx, which exports to it) installed
@@ -244,15 +253,18 @@ def forced_ort(hw: Hardware, work: Work, precision: str, compile: bool | None) -
 def packed_pays(hw: Hardware, work: Work, precision: str, compile: bool) -> tuple[bool, str]:
     """Whether bf16 inference runs on a bf16 copy of the model with its Linear weights packed for oneDNN
     (``vitkit.packed``) rather than under autocast, and why: where ``PACKED_MEASURED`` has it faster at
-    every size measured (on a CPU with AMX; not measured on AVX512-BF16 alone, so not taken there)."""
+    every size measured on this kind of CPU (AMX, or AVX512-BF16 alone)."""
     if precision != "bf16" or work.mode != "infer" or hw.device_type != "cpu" or compile:
         return False, "autocast"
-    if not hw.cpu_amx:
-        return False, "autocast: packed bf16 weights measured on AMX CPUs only"
-    gain = min(PACKED_MEASURED.values())
-    if gain <= 1:
-        return False, f"autocast: packed bf16 weights measured {gain:.2f}x autocast"
-    return True, f"packed: bf16 weights cast and packed once measured {gain:.2f}-{max(PACKED_MEASURED.values()):.2f}x autocast on AMX"
+    if not hw.onednn_bf16:
+        return False, "autocast: this torch build cannot pack bf16 Linear weights for oneDNN here"
+    measured = PACKED_MEASURED.get(hw.cpu_bf16_kind)
+    if not measured:
+        return False, f"autocast: packed bf16 weights not measured on a CPU with {hw.cpu_bf16_kind}"
+    low, high = min(measured.values()), max(measured.values())
+    if low <= 1:
+        return False, f"autocast: packed bf16 weights measured {low:.2f}x autocast on {hw.cpu_bf16_kind}"
+    return True, f"packed: bf16 weights cast and packed once measured {low:.2f}-{high:.2f}x autocast on {hw.cpu_bf16_kind}"
 
 
 def channels_last_pays(hw: Hardware, work: Work) -> tuple[bool, str]:

@@ -77,8 +77,9 @@ def cpu_bf16_kind() -> str:
 def detect_hardware(device: torch.device) -> Hardware:
     """What ``device`` can do, as ``vitkit.fastpath``'s rules read it."""
     if device.type == "cpu":
-        amx = _cpu_probe("_is_amx_tile_supported") and onednn_bf16_available()
-        return Hardware("cpu", cpu_bf16=cpu_has_fast_bf16(), cpu_amx=amx, threads=torch.get_num_threads(),
+        kind = cpu_bf16_kind()
+        return Hardware("cpu", cpu_bf16=kind != "none", cpu_bf16_kind=kind,
+                        onednn_bf16=kind != "none" and onednn_bf16_available(), threads=torch.get_num_threads(),
                         onnxruntime=onnxruntime_available())
     if device.type == "cuda":
         return Hardware("cuda", cuda_bf16=torch.cuda.is_bf16_supported())
