@@ -10,7 +10,9 @@ For q, k, v of (batch, heads, tokens, 64) at the shapes of vitkit's training run
 6-block ViT at 32 px with patch 4: 65 tokens, 3 heads, batch 128 on 2 threads or 64 on each of 2
 processes; ViT-Ti/S/B/16 at 224 px: 197 tokens, batch 16), on 1 and 2 threads: the median milliseconds of
 7 rounds for each, and fused / written-out (> 1: the written-out one is faster). The rule
-``vitkit.layers.attention.math_attention_pays`` comes from these tables.
+``vitkit.layers.attention.math_attention_pays`` comes from these tables (bf16 only: in float32 the gain
+at 65 tokens did not repay the T x T matrix the written-out backward keeps, about 90 MiB more peak RSS in
+the training step of benchmarks/model_vs_timm.py).
 """
 
 from __future__ import annotations

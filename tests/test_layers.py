@@ -78,41 +78,28 @@ def _sdpa_calls(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("tokens, written", [(17, True), (129, False)])
-def test_a_cpu_training_step_takes_the_faster_attention_with_the_same_numbers(monkeypatch, tokens, written):
-    """Where autograd records a float32 call on a CPU, short sequences take the written-out attention
-    (its backward measured faster there) and long ones the fused kernel; the outputs and gradients agree."""
-    from vitkit.layers.attention import CPU_MATH_ATTENTION_MAX_TOKENS
-
-    assert 17 <= CPU_MATH_ATTENTION_MAX_TOKENS < 129
+def test_a_bf16_cpu_training_step_takes_the_written_out_attention_with_the_same_numbers(monkeypatch):
+    """Where autograd records a bf16 call on a CPU, at any length, the written-out attention runs (its
+    backward measured faster there); the outputs and gradients agree with the fused kernel's in float32
+    to bf16's precision. Float32 and inference keep the fused kernel."""
     calls = _sdpa_calls(monkeypatch)
     torch.manual_seed(0)
     attn = Attention(32, 4, fused=True)
-    x = torch.randn(2, tokens, 32, requires_grad=True)
-    out = attn(x)
-    assert len(calls) == (0 if written else 1)
-    grads = torch.autograd.grad(out.square().sum(), [x, *attn.parameters()])
-    with torch.no_grad():
-        torch.testing.assert_close(attn(x), out, atol=ATOL, rtol=0)  # inference: the fused kernel
-    assert len(calls) == (1 if written else 2)
-    manual = Attention(32, 4, fused=False)
-    manual.load_state_dict(attn.state_dict())
-    ref = manual(x)
-    torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
-    for g, r in zip(grads, torch.autograd.grad(ref.square().sum(), [x, *manual.parameters()])):
-        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
-
-
-def test_bf16_training_on_a_cpu_takes_the_written_out_attention(monkeypatch):
-    calls = _sdpa_calls(monkeypatch)
-    attn = Attention(32, 4, fused=True)
-    x = torch.randn(2, 200, 32)
+    x = torch.randn(2, 200, 32, requires_grad=True)
     with torch.autocast("cpu", torch.bfloat16):
-        attn(x).float().sum().backward()  # bf16 at any length: the fused backward measured 2.3-8.3x slower
+        out = attn(x).float()
         assert not calls
+        grads = torch.autograd.grad(out.square().sum(), [x, *attn.parameters()])
         with torch.no_grad():
             attn(x)
-    assert len(calls) == 1
+    assert len(calls) == 1  # inference in bf16: the fused kernel
+    ref = attn(x)  # float32 training: the fused kernel
+    assert len(calls) == 2
+    ref_grads = torch.autograd.grad(ref.square().sum(), [x, *attn.parameters()])
+    # bf16 operands (8 bits of mantissa) against float32: relative differences of about 2**-8 per product
+    torch.testing.assert_close(out, ref, atol=0.03, rtol=0.03)
+    for g, r in zip(grads, ref_grads):
+        assert (g.float() - r).norm() <= 0.03 * r.norm()
 
 
 def test_qk_norm_normalises_each_head_with_one_shared_norm():

@@ -3,8 +3,7 @@
 ``Attention`` holds one fused qkv Linear (timm's layout: weight (3D, D), rows q then k then v, each
 split into heads of size D/H) and computes softmax(Q K^T / sqrt(d_head)) V either with
 F.scaled_dot_product_attention (fused) or explicitly (manual); a fused module takes the explicit path
-where it is measured faster (``math_attention_pays``: a training step on a CPU, in bf16 or on short
-sequences). ``forward`` returns the tokens only;
+where it is measured faster (``math_attention_pays``: a bf16 training step on a CPU). ``forward`` returns the tokens only;
 ``forward_with_attention`` also returns the attention probabilities, taking the manual path for that
 call whichever path the module runs otherwise. ``PerHeadAttention`` is the textbook formulation with
 a separate q, k, v projection per head; it exists as a readable reference and converts to and from
@@ -31,21 +30,15 @@ def softmax_attention(q, k, v, scale: float, drop: nn.Module | None = None) -> t
     return (drop(attn) if drop is not None else attn) @ v, attn
 
 
-# The longest sequence for which the written-out attention runs a float32 training step's attention (forward
-# and backward) faster than F.scaled_dot_product_attention on a CPU: 1.22-1.33x at 65 tokens, 0.79-1.17x at
-# 197 on an AMX CPU; 1.05-1.29x at 65 tokens, 0.85-0.96x at 197 on an AVX512-BF16 one (1 and 2 threads).
-# In bf16 it was 2.3-8.3x faster at every size on both, the fused kernel's backward being slow there
-# (`python benchmarks/attention_backward.py`, benchmarks/results/attention_backward_{amx,avx512bf16}.json).
-CPU_MATH_ATTENTION_MAX_TOKENS = 128
-
-
 def math_attention_pays(q: torch.Tensor) -> bool:
-    """Whether the written-out attention (``softmax_attention``) beats the fused kernel for a call on ``q``:
-    on a CPU, when autograd records the call (a training step), in bf16 at every length and in float32
-    up to ``CPU_MATH_ATTENTION_MAX_TOKENS`` tokens. Inference keeps the fused kernel."""
-    if q.device.type != "cpu" or not (q.requires_grad and torch.is_grad_enabled()):
-        return False
-    return q.dtype == torch.bfloat16 or q.shape[-2] <= CPU_MATH_ATTENTION_MAX_TOKENS
+    """Whether the written-out attention (``softmax_attention``) replaces the fused kernel for a call on
+    ``q``: a bf16 call on a CPU that autograd records (a training step). There the fused kernel's forward
+    and backward ran 2.3-8.3x slower at every length, on an AMX and an AVX512-BF16 CPU (`python
+    benchmarks/attention_backward.py`, benchmarks/results/attention_backward_{amx,avx512bf16}.json). In
+    float32 the written-out one was faster at 65 tokens (1.05-1.33x) but not at 197 (0.79-1.17x), and it
+    keeps the attention probabilities for the backward pass: on a CPU a float32 step keeps the fused
+    kernel, and with it a lower peak memory (the fused kernel saves no T x T matrix). Inference keeps it."""
+    return q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.requires_grad and torch.is_grad_enabled()
 
 
 def qk_norms(head_dim: int, on: bool, eps: float) -> tuple[nn.Module, nn.Module]:
