@@ -21,10 +21,13 @@ its range:
   ``--engine onnxruntime``; its export and session time is left out of the timing, and given); n/a
   where onnxruntime is not installed;
 - timm compiled (``--compile``): torch.compile(timm) (its compile time is left out of the timing);
+- timm bf16 autocast (``--bf16``): timm eager under torch.autocast(bfloat16), the bf16 baseline: vitkit's
+  default path and its bf16 process ways are also given as ratios to it;
 - vitkit fp32, own process (inference, ``--own-process``): fp32 inference as vitkit's commands run it:
   the path ``inference_path`` picks at fp32, in a process of its own (the same threads) with the
   allocator set as the command line sets it (``keep_freed_memory``); the process waits on a pipe, idle,
-  while the other ways run;
+  while the other ways run; and, where the default path is not fp32 (bf16 on a CPU with fast bf16),
+  vitkit default, own process: that path, run the same way;
 - vitkit N processes (training, ``--processes N``): how ``vitkit train`` trains a clock-bounded run of
   CIFAR-size data on a CPU with N cores or more: N data-parallel processes (DDP on a gloo group) of one
   thread each, each a share of the batch, the gradients all-reduced every step, with the allocator set
@@ -302,6 +305,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--int8", action="store_true", help="also time vitkit int8 inference (CPU)")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(timm)")
+    ap.add_argument("--bf16", action="store_true", help="also time timm under bf16 autocast, and vitkit's "
+                    "bf16 ways against it (a CPU with fast bf16, or CUDA)")
     ap.add_argument("--ort", action="store_true", help="also time vitkit fp32 on ONNX Runtime (CPU inference)")
     ap.add_argument("--memory", action="store_true", help="peak RSS of training, fresh processes (CPU)")
     ap.add_argument("--own-process", action="store_true", help="also time inference as vitkit's commands run it "
@@ -325,6 +330,8 @@ def main() -> None:
         ways = {"timm eager": step_fn(ref, mode, x), "vitkit eager": step_fn(ours, mode, x), "vitkit default": default}
         if args.compile:
             ways["timm compiled"] = step_fn(torch.compile(models(name, device)[1]), mode, x)
+        if args.bf16:
+            ways["timm bf16 autocast"] = step_fn(models(name, device)[1], mode, x, "bf16")
         if args.int8 and mode == "infer":
             from vitkit.quantize import quantize_int8
 
@@ -344,6 +351,10 @@ def main() -> None:
             ways["vitkit fp32, own process"] = way
             apart.append(way)
             own_how = way.how
+            if inference_path(ours, device, "auto", batch).precision != "fp32":
+                way = ProcessWay(name, mode, batch, 1, args.threads, "auto")
+                ways["vitkit default, own process"] = way
+                apart.append(way)
         try:
             times = race(ways, args.repeats, args.iters, device)
         finally:
@@ -356,6 +367,10 @@ def main() -> None:
                 row[f"{way} / timm eager"] = ratio(times, way)
         if "timm compiled" in ways:
             row["vitkit default / timm compiled"] = ratio(times, "vitkit default", "timm compiled")
+        if "timm bf16 autocast" in ways:
+            for way in ways:
+                if way.startswith("vitkit") and "fp32" not in way and way not in ("vitkit eager", "vitkit int8", "vitkit ORT"):
+                    row[f"{way} / timm bf16 autocast"] = ratio(times, way, "timm bf16 autocast")
         if "vitkit int8" in ways:
             row["int8 top-1 agreement (demo digits)"] = top1_agreement(ours, device)
         if own_how is not None:
