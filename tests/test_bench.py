@@ -108,3 +108,30 @@ def test_cli_table_and_json(tmp_path, capsys):
     res = json.loads(out[-1])
     assert res["threads"] == 1 and [r["batch"] for r in res["rows"]] == [1, 2]
     assert set(res["peak_flops"]) == {"fp32"} and res["rows"][0]["mfu"] > 0
+
+
+def test_each_row_runs_the_path_the_tools_take(monkeypatch):
+    """bf16 inference on a CPU where packed weights pay runs the packed copy, as predict and eval do; a conv
+    stem runs channels-last where that pays, on a copy; each row names its path, and the table lists them."""
+    from vitkit import packed, runtime
+    from vitkit.fastpath import Hardware
+
+    if not packed.onednn_bf16_available():
+        pytest.skip("no oneDNN bf16 on this CPU or build")
+    amx = Hardware("cpu", cpu_bf16=True, cpu_bf16_kind="amx", onednn_bf16=True)
+    monkeypatch.setattr(runtime, "detect_hardware", lambda dev: amx)
+    built = []
+    monkeypatch.setattr(runtime, "Bf16Inference", lambda m: built.append(m) or packed.Bf16Inference(m))
+    m = vitkit.create_model("vit_test", seed=0, stem="conv", stem_width=8)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    res = bench(m, batch_sizes=(2,), dtypes=("fp32", "bf16"), modes=("infer", "train"), repeats=1, warmup=0,
+                peak=False)
+    paths = {(r["mode"], r["dtype"]): r["path"] for r in res["rows"]}
+    assert paths[("infer", "bf16")].startswith("bf16, eager, channels_last, packed bf16 weights (")
+    assert paths[("infer", "fp32")].startswith("fp32, eager, channels_last (")
+    assert paths[("train", "bf16")].startswith("bf16, eager, channels_last (")
+    assert len(built) == 1  # the bf16 inference row only
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    assert all(p.is_contiguous() for p in m.parameters())  # channels-last went to the copies
+    table = format_table(res)
+    assert f"path infer bf16: {paths[('infer', 'bf16')]}" in table.splitlines()

@@ -6,9 +6,11 @@
 
 For every (mode, dtype, batch size): ``warmup`` untimed steps, then ``repeats`` timed steps; latency
 p50 / p95 / min / max / IQR are over the timed steps and throughput is batch / p50. A training step is
-forward + cross-entropy + backward + AdamW step. bf16 runs under autocast; int8 is dynamic
-quantization of the Linear layers (``vitkit.quantize``: int8 per-channel weights, activations quantized
-on the fly; CPU, inference only).
+forward + cross-entropy + backward + AdamW step. Each row runs on the path the tools and training take
+for that dtype (``vitkit.fastpath``, on torch; given as the row's "path"): bf16 under autocast, for CPU
+inference on a packed bf16 copy where that pays; a conv stem channels-last where that pays; int8 is
+dynamic quantization of the Linear layers (``vitkit.quantize``: int8 per-channel weights, activations
+quantized on the fly; CPU, inference only); compiled only when asked.
 
 FLOPs are counted with torch's FlopCounterMode on the model's manual attention path: the counter
 does not see F.scaled_dot_product_attention on CPU in every torch version, and would miss the two
@@ -22,6 +24,7 @@ square matmuls in the benchmark's dtype (fp32 or bf16) on the same device and th
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from contextlib import nullcontext
@@ -30,9 +33,10 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConfigError
-from .fastpath import vit_flops
-from .quantize import int8_available, quantize_int8
-from .runtime import autocast, count_params, load_model, pick_precision, resolve_device
+from .fastpath import FastPath, vit_flops
+from .quantize import int8_available
+from .runtime import (apply_path, autocast, count_params, inference_path, load_model, pick_precision, resolve_device,
+                      training_path)
 from .strict import to_hw
 
 DTYPES = ("fp32", "bf16", "int8")
@@ -250,18 +254,33 @@ def bench(
     )
 
 
+def bench_path(model, mode: str, dtype: str, batch: int, steps: int, compile: bool, dev: torch.device) -> FastPath:
+    """The path a row runs: what the tools (inference) or training take for ``dtype`` on ``dev`` for
+    ``steps`` batches of ``batch`` images (``vitkit.fastpath``), on torch, compiled when ``compile``."""
+    if dtype == "fp16":  # 'auto' on a GPU without bf16: autocast, no rule applies
+        return FastPath("fp16", compile=compile)
+    if mode == "train":
+        return training_path(model.cfg, dev, dtype, compile=compile, images=steps * batch)
+    path = inference_path(model, dev, dtype, images=steps * batch, engine="torch", batch=batch)
+    return dataclasses.replace(path, compile=True, packed=False, why=path.why + ("compiled: asked for",)) \
+        if compile else path
+
+
 def _bench_one(model, mode, dtype, batch, size, repeats, warmup, compile, dev, flops, peak):
-    """One row: ``warmup`` untimed steps, then ``repeats`` timed ones, of ``mode`` in ``dtype`` at ``batch``."""
+    """One row: ``warmup`` untimed steps, then ``repeats`` timed ones, of ``mode`` in ``dtype`` at ``batch``,
+    on the path ``bench_path`` gives."""
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(batch, model.cfg.in_chans, *size, generator=g).to(dev)
-    if dtype == "int8":
-        if not int8_available():
-            return dict(mode=mode, dtype=dtype, batch=batch, skipped="this torch build has no int8 kernels")
-        m = quantize_int8(model)
-    else:
-        m = copy.deepcopy(model).train() if mode == "train" else model  # training leaves the model as it was
-    step = _step_fn(m, mode, dtype, x, g, compile)
-    times, mem = _time_steps(step, warmup, repeats, compile, dev)
+    if dtype == "int8" and not int8_available():
+        return dict(mode=mode, dtype=dtype, batch=batch, skipped="this torch build has no int8 kernels")
+    path = bench_path(model, mode, dtype, batch, warmup + repeats, compile, dev)
+    # training, and channels-last (which apply_path sets in place), on a copy: the model is left as it was
+    m = copy.deepcopy(model).train() if mode == "train" or path.channels_last else model
+    m = apply_path(m, path)
+    if path.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    step = _step_fn(m, mode, path.precision, x, g)
+    times, mem = _time_steps(step, warmup, repeats, path.compile, dev)
     st = _stats(times)
     achieved = flops * batch * (3 if mode == "train" else 1) / (st["p50_ms"] / 1e3)
     row = dict(
@@ -277,23 +296,23 @@ def _bench_one(model, mode, dtype, batch, size, repeats, warmup, compile, dev, f
         mem_at_start_mib=mem.base,
         tflops=achieved / 1e12,
         mfu=(achieved / peak) if peak else None,
+        path=path.describe(),
     )
     if dtype == "int8":
         row["note"] = _INT8_NOTE
     return row
 
 
-def _step_fn(m, mode: str, dtype: str, x: torch.Tensor, g: torch.Generator, compile: bool):
+def _step_fn(m, mode: str, dtype: str, x: torch.Tensor, g: torch.Generator):
     """One step on the batch ``x``: a forward pass under inference mode, or (train) forward +
-    cross-entropy against labels drawn from ``g`` + backward + AdamW step. bf16 runs under autocast."""
+    cross-entropy against labels drawn from ``g`` + backward + AdamW step; bf16 and fp16 under autocast."""
     dev = x.device
     amp = autocast(dev, dtype) if dtype in ("bf16", "fp16") else nullcontext()  # fp16: 'auto' on old GPUs
-    run_m = torch.compile(m) if compile else m
     if mode != "train":
 
         def step():
             with torch.inference_mode(), amp:
-                run_m(x)
+                m(x)
 
         return step
     cfg = m.cfg
@@ -302,7 +321,7 @@ def _step_fn(m, mode: str, dtype: str, x: torch.Tensor, g: torch.Generator, comp
 
     def step():
         with amp:
-            out = run_m(x)
+            out = m(x)
             loss = F.cross_entropy(out.float(), y) if cfg.num_classes else out.float().pow(2).mean()
         loss.backward()
         opt.step()
@@ -353,7 +372,10 @@ def format_table(res: dict) -> str:
             f"{r['p95_ms']:>9.2f} {r['iqr_ms']:>8.2f} {r['peak_mem_mib']:>9.0f} {r['tflops']:>8.4f} {mfu:>6}")
     if any(r.get("dtype") == "int8" and "skipped" not in r for r in res["rows"]):
         lines.append("int8 = dynamic quantization of Linear layers (vitkit.quantize), inference only; MFU is n/a for int8")
+    paths = {(r["mode"], r["dtype"], r["path"]) for r in res["rows"] if "path" in r}
+    for mode, dtype, path in sorted(paths):
+        lines.append(f"path {mode} {dtype}: {path}")
     return "\n".join(lines)
 
 
-__all__ = ["bench", "vit_flops", "count_flops", "measure_peak_flops", "format_table", "DTYPES", "MODES"]
+__all__ = ["bench", "bench_path", "vit_flops", "count_flops", "measure_peak_flops", "format_table", "DTYPES", "MODES"]
