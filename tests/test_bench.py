@@ -69,7 +69,7 @@ def test_auto_is_the_precision_the_tools_pick(monkeypatch):
     from vitkit import runtime
     from vitkit.fastpath import Hardware
 
-    monkeypatch.setattr(runtime, "detect_hardware", lambda dev: Hardware("cpu", cpu_bf16=True))  # AVX512-BF16
+    monkeypatch.setattr(runtime, "detect_hardware", lambda dev: Hardware("cpu", cpu_bf16_kind="avx512bf16"))  # AVX512-BF16
     res = bench("vit_test", batch_sizes=(1,), dtypes=("auto", "fp32"), repeats=1, warmup=0, peak=False)
     assert res["auto_dtype"] == "fp32"  # a tiny model: bf16 would not pay without AMX
     assert [r["dtype"] for r in res["rows"]] == ["fp32"]  # measured once
@@ -117,7 +117,7 @@ def test_each_row_runs_the_path_the_tools_take(monkeypatch):
     from vitkit.fastpath import Hardware
 
     can_pack = packed.onednn_bf16_available()  # where oneDNN cannot, the rule keeps autocast
-    amx = Hardware("cpu", cpu_bf16=True, cpu_bf16_kind="amx", onednn_bf16=can_pack)
+    amx = Hardware("cpu", cpu_bf16_kind="amx", onednn_bf16=can_pack)
     monkeypatch.setattr(runtime, "detect_hardware", lambda dev: amx)
     built = []
     monkeypatch.setattr(runtime, "Bf16Inference", lambda m: built.append(m) or packed.Bf16Inference(m))
@@ -135,3 +135,19 @@ def test_each_row_runs_the_path_the_tools_take(monkeypatch):
     assert all(p.is_contiguous() for p in m.parameters())  # channels-last went to the copies
     table = format_table(res)
     assert f"path infer bf16: {paths[('infer', 'bf16')]}" in table.splitlines()
+
+
+def test_compile_is_forced_on_every_inference_path_and_replaces_the_packed_copy(monkeypatch):
+    from vitkit import runtime
+    from vitkit.bench import bench_path
+    from vitkit.fastpath import Hardware
+
+    monkeypatch.setattr(runtime, "detect_hardware",
+                        lambda dev: Hardware("cpu", cpu_bf16_kind="amx", onednn_bf16=True))
+    m, cpu = vitkit.create_model("vit_tiny_patch16_224"), torch.device("cpu")
+    assert bench_path(m, "infer", "bf16", 2, 3, False, cpu).packed
+    for dtype in ("bf16", "fp32", "int8"):
+        path = bench_path(m, "infer", dtype, 2, 3, True, cpu)
+        assert (path.precision, path.compile, path.packed) == (dtype, True, False)
+        assert path.describe().startswith(f"{dtype}, compiled")
+    assert bench_path(m, "train", "bf16", 2, 3, True, cpu).compile

@@ -32,7 +32,7 @@ from vitkit.quantize import Int8Linear, int8_available, quantize_int8
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-AVX512 = Hardware("cpu", cpu_bf16=True, threads=2)  # AVX512-BF16 without AMX
+AVX512 = Hardware("cpu", cpu_bf16_kind="avx512bf16", threads=2)  # AVX512-BF16 without AMX
 PLAIN_CPU = Hardware("cpu", threads=2)
 GPU = Hardware("cuda", cuda_bf16=True)
 ORT_CPU = Hardware("cpu", threads=2, onnxruntime=True)  # no fast bf16, onnxruntime installed
@@ -158,8 +158,8 @@ def test_onnxruntime_is_never_chosen_off_its_ground(monkeypatch):
     huge = Work("infer", 1e9, images=10**7, batch=16)
     assert choose_path(PLAIN_CPU, huge).engine == "torch"  # not installed
     assert "onnxruntime is not installed" in choose_path(PLAIN_CPU, huge).describe()
-    assert choose_path(replace(ORT_CPU, cpu_bf16=True), huge).precision == "bf16"  # bf16 paths stay on torch
-    assert choose_path(replace(ORT_CPU, cpu_bf16=True), huge).engine == "torch"
+    assert choose_path(replace(ORT_CPU, cpu_bf16_kind="avx512bf16"), huge).precision == "bf16"  # bf16 paths stay on torch
+    assert choose_path(replace(ORT_CPU, cpu_bf16_kind="avx512bf16"), huge).engine == "torch"
     for forced in ("fp32", "int8"):
         assert choose_path(ORT_CPU, huge, forced).engine == ("torch" if forced == "int8" else "onnxruntime")
     assert choose_path(ORT_CPU, huge, compile=True).engine == "torch"  # compile asked for: torch's
@@ -191,7 +191,7 @@ def test_the_measured_table_picks_onnxruntime_only_where_it_won():
 
 def test_the_engine_forced_is_checked_in_one_line():
     work = Work("infer", TI16_FLOPS, images=1)
-    path = choose_path(replace(ORT_CPU, cpu_bf16=True), work, engine="onnxruntime")  # auto precision: fp32
+    path = choose_path(replace(ORT_CPU, cpu_bf16_kind="avx512bf16"), work, engine="onnxruntime")  # auto precision: fp32
     assert (path.engine, path.precision, path.engine_asked) == ("onnxruntime", "fp32", True)
     assert path.describe() == "fp32, onnxruntime (fp32: onnxruntime runs fp32; onnxruntime: asked for)"
     errors = [

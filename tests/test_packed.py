@@ -15,8 +15,8 @@ from vitkit.packed import Bf16Inference, PackedLinear, onednn_bf16_available, pa
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_onednn = pytest.mark.skipif(not onednn_bf16_available(), reason="no oneDNN bf16 on this CPU or build")
 
-AMX = Hardware("cpu", cpu_bf16=True, cpu_bf16_kind="amx", onednn_bf16=True, threads=2)
-AVX512 = Hardware("cpu", cpu_bf16=True, cpu_bf16_kind="avx512bf16", onednn_bf16=True, threads=2)  # no AMX
+AMX = Hardware("cpu", cpu_bf16_kind="amx", onednn_bf16=True, threads=2)
+AVX512 = Hardware("cpu", cpu_bf16_kind="avx512bf16", onednn_bf16=True, threads=2)  # no AMX
 TI16_FLOPS = 2_507_366_400
 
 
@@ -44,7 +44,7 @@ def test_packed_follows_its_measurements(monkeypatch):
         False, "autocast: packed bf16 weights measured 0.98x autocast on amx")
     assert packed_pays(AVX512, Work("infer", TI16_FLOPS), "bf16", False) == (  # a kind not measured: never
         False, "autocast: packed bf16 weights not measured on a CPU with avx512bf16")
-    no_onednn = Hardware("cpu", cpu_bf16=True, cpu_bf16_kind="amx", threads=2)
+    no_onednn = Hardware("cpu", cpu_bf16_kind="amx", threads=2)
     assert packed_pays(no_onednn, Work("infer", TI16_FLOPS), "bf16", False) == (
         False, "autocast: this torch build cannot pack bf16 Linear weights for oneDNN here")
 

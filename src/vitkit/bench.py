@@ -24,7 +24,6 @@ square matmuls in the benchmark's dtype (fp32 or bf16) on the same device and th
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import time
 from contextlib import nullcontext
@@ -261,9 +260,8 @@ def bench_path(model, mode: str, dtype: str, batch: int, steps: int, compile: bo
         return FastPath("fp16", compile=compile)
     if mode == "train":
         return training_path(model.cfg, dev, dtype, compile=compile, images=steps * batch)
-    path = inference_path(model, dev, dtype, images=steps * batch, engine="torch", batch=batch)
-    return dataclasses.replace(path, compile=True, packed=False, why=path.why + ("compiled: asked for",)) \
-        if compile else path
+    return inference_path(model, dev, dtype, images=steps * batch, engine="torch", batch=batch,
+                          compile=True if compile else None)
 
 
 def _bench_one(model, mode, dtype, batch, size, repeats, warmup, compile, dev, flops, peak):

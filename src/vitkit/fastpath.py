@@ -119,12 +119,16 @@ class Hardware:
     """What the device can do, as the rules need it (``vitkit.runtime.detect_hardware`` fills it in)."""
 
     device_type: str  # 'cpu', 'cuda' or 'mps'
-    cpu_bf16: bool = False  # a CPU with bf16 matrix instructions (AMX or AVX512-BF16)
-    cpu_bf16_kind: str = "none"  # its bf16 matrix instructions: 'amx', 'avx512bf16' or 'none'
+    cpu_bf16_kind: str = "none"  # the CPU's bf16 matrix instructions: 'amx', 'avx512bf16' or 'none'
     onednn_bf16: bool = False  # a torch build whose oneDNN runs bf16 Linear on packed weights on this CPU
     cuda_bf16: bool = False  # a CUDA GPU with bf16
     threads: int = 1  # CPU threads this process computes on
     onnxruntime: bool = False  # onnxruntime (and onnx, which exports to it) installed
+
+    @property
+    def cpu_bf16(self) -> bool:
+        """A CPU with bf16 matrix instructions (AMX or AVX512-BF16)."""
+        return self.cpu_bf16_kind != "none"
 
 
 @dataclass(frozen=True)
@@ -299,7 +303,7 @@ def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool
             raise ConfigError(f"precision: int8 dynamic quantization is for inference on a CPU, not "
                               f"{'training' if work.mode != 'infer' else 'on ' + hw.device_type}")
         layout = channels_last_pays(hw, work)[0] if channels_last is None else channels_last
-        return FastPath("int8", channels_last=layout,
+        return FastPath("int8", compile=bool(compile), channels_last=layout,
                         why=("int8 weights, dynamically quantized activations: asked for",))
     if precision == "auto":
         precision, reason = auto_precision(hw, work.flops_per_image)

@@ -78,9 +78,8 @@ def detect_hardware(device: torch.device) -> Hardware:
     """What ``device`` can do, as ``vitkit.fastpath``'s rules read it."""
     if device.type == "cpu":
         kind = cpu_bf16_kind()
-        return Hardware("cpu", cpu_bf16=kind != "none", cpu_bf16_kind=kind,
-                        onednn_bf16=kind != "none" and onednn_bf16_available(), threads=torch.get_num_threads(),
-                        onnxruntime=onnxruntime_available())
+        return Hardware("cpu", cpu_bf16_kind=kind, onednn_bf16=kind != "none" and onednn_bf16_available(),
+                        threads=torch.get_num_threads(), onnxruntime=onnxruntime_available())
     if device.type == "cuda":
         return Hardware("cuda", cuda_bf16=torch.cuda.is_bf16_supported())
     return Hardware(device.type)
@@ -106,17 +105,17 @@ def autocast(device: torch.device, precision: str):
 
 
 def inference_path(model: nn.Module, device: torch.device, precision: str = "auto", images: int = 0,
-                   engine: str = "auto", batch: int = 0) -> FastPath:
+                   engine: str = "auto", batch: int = 0, compile: bool | None = None) -> FastPath:
     """The path a tool runs ``model`` on ``device`` for ``images`` images in batches of ``batch``
     (``fastpath.choose_path``): ``precision`` 'auto', 'fp32', 'bf16' or 'int8' (opt-in: CPU only);
-    ``engine`` 'auto', 'torch' or 'onnxruntime' (fp32 on a CPU)."""
+    ``engine`` 'auto', 'torch' or 'onnxruntime' (fp32 on a CPU); ``compile`` None (where it pays) or forced."""
     if precision not in ("auto", "fp32", "bf16", "int8"):
         raise ConfigError(f"--precision: {precision!r} is not one of auto, fp32, bf16, int8")
     if engine not in ENGINES:
         raise ConfigError(f"--engine: {engine!r} is not one of {', '.join(ENGINES)}")
     cfg = model.cfg
     work = Work("infer", vit_flops(cfg), images, conv_stem=cfg.stem == "conv", batch=batch)
-    return choose_path(detect_hardware(device), work, precision, engine=engine)
+    return choose_path(detect_hardware(device), work, precision, compile, engine=engine)
 
 
 def training_path(cfg, device: torch.device, precision: str = "auto", compile: bool = False,
