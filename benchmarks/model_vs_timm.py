@@ -15,8 +15,9 @@ its range:
 - vitkit eager: fp32, no compile (the same computation as timm's);
 - vitkit default: the path vitkit's tools take (``vitkit.runtime.inference_path`` for inference,
   ``pick_precision('auto', ...)`` for training), named in the table;
-- vitkit int8 (inference, ``--int8``): ``vitkit.quantize``, with its top-1 agreement with vitkit fp32
-  on 500 demo test digits (the benchmark's random weights, with a random head);
+- vitkit int8 (inference, ``--int8``): ``vitkit.quantize`` on the kernel the tools pick at the case's batch
+  (named in the row), with its top-1 agreement with vitkit fp32 on 500 demo test digits (the benchmark's
+  random weights, with a random head); with ``--own-process`` also as the commands run it;
 - vitkit ORT (inference, ``--ort``): fp32 on ONNX Runtime (``vitkit.onnxrt.OrtModel``, the engine of
   ``--engine onnxruntime``; its export and session time is left out of the timing, and given); n/a
   where onnxruntime is not installed;
@@ -27,7 +28,7 @@ its range:
   the path ``inference_path`` picks at fp32, in a process of its own (the same threads) with the
   allocator set as the command line sets it (``keep_freed_memory``); the process waits on a pipe, idle,
   while the other ways run; and, where the default path is not fp32 (bf16 on a CPU with fast bf16),
-  vitkit default, own process: that path, run the same way;
+  vitkit default, own process: that path, run the same way (and with ``--int8``, vitkit int8, own process);
 - vitkit N processes (training, ``--processes N``): how ``vitkit train`` trains a clock-bounded run of
   CIFAR-size data on a CPU with N cores or more: N data-parallel processes (DDP on a gloo group) of one
   thread each, each a share of the batch, the gradients all-reduced every step, with the allocator set
@@ -228,14 +229,41 @@ def race(ways: dict, repeats: int, iters: int, device: torch.device) -> dict:
     return times
 
 
+def cpu_cases(args):
+    """The cases of a CPU benchmark of vitkit's paths (``args.cases``: model:batch, comma-separated), in this
+    process with the allocator set as every command sets it and ``args.threads`` threads: (case, model
+    name, batch, the model in eval mode, a fixed random batch) for each."""
+    from vitkit.runtime import keep_freed_memory
+
+    keep_freed_memory()
+    torch.set_num_threads(args.threads)
+    for case in args.cases.split(","):
+        name, batch = case.split(":")
+        model = vitkit_model(name).eval()
+        x = torch.randn(int(batch), model.cfg.in_chans, *model.cfg.img_size, generator=torch.Generator().manual_seed(1))
+        yield case, name, int(batch), model, x
+
+
+def write_rows(args, script: str, rows: list[dict], **meta) -> None:
+    """``rows`` and what they were measured with to ``args.out`` (JSON), after every case: a run cut short
+    keeps what it measured."""
+    from vitkit.runtime import detect_hardware
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(torch=torch.__version__, threads=args.threads,
+                                   hardware=str(detect_hardware(torch.device("cpu"))),
+                                   command=" ".join([script] + sys.argv[1:]), **meta, rows=rows), indent=2) + "\n")
+
+
 def ratio(times: dict, way: str, base: str = "timm eager") -> tuple[float, float, float]:
     r = sorted(b / a for a, b in zip(times[way], times[base]))
     return statistics.median(r), r[0], r[-1]
 
 
-def top1_agreement(ours, device: torch.device, n: int = 500) -> float:
+def top1_agreement(ours, device: torch.device, kernel: str, n: int = 500) -> float:
     """Share of the first ``n`` demo test digits (at the model's size and channels, through its own
-    preprocessing) on which vitkit int8 and fp32 predict the same class."""
+    preprocessing) on which vitkit int8 (on ``kernel``) and fp32 predict the same class."""
     from vitkit.data import eval_batch, open_dataset
     from vitkit.quantize import quantize_int8
 
@@ -243,7 +271,7 @@ def top1_agreement(ours, device: torch.device, n: int = 500) -> float:
     test = open_dataset(None, channels=c.in_chans, img_size=c.img_size).test
     imgs, _ = test.get_batch(torch.arange(min(n, len(test))))
     x = eval_batch(imgs, c.img_size, ours.preprocess)
-    q, fp32 = quantize_int8(ours), ours.eval()
+    q, fp32 = quantize_int8(ours, kernel=kernel), ours.eval()
     agree = 0
     with torch.inference_mode():
         for i in range(0, len(x), 50):
@@ -332,10 +360,10 @@ def main() -> None:
             ways["timm compiled"] = step_fn(torch.compile(models(name, device)[1]), mode, x)
         if args.bf16:
             ways["timm bf16 autocast"] = step_fn(models(name, device)[1], mode, x, "bf16")
+        int8_path = None
         if args.int8 and mode == "infer":
-            from vitkit.quantize import quantize_int8
-
-            ways["vitkit int8"] = step_fn(quantize_int8(ours), mode, x)
+            int8_path = inference_path(ours, device, "int8", batch=batch)  # the kernel the tools take at this batch
+            ways["vitkit int8"] = step_fn(apply_path(ours, int8_path), mode, x)
         ort_note = None
         if args.ort and mode == "infer":
             ort_note = ort_way(ours, x, device, ways)
@@ -355,6 +383,10 @@ def main() -> None:
                 way = ProcessWay(name, mode, batch, 1, args.threads, "auto")
                 ways["vitkit default, own process"] = way
                 apart.append(way)
+            if args.int8:
+                way = ProcessWay(name, mode, batch, 1, args.threads, "int8")
+                ways["vitkit int8, own process"] = way
+                apart.append(way)
         try:
             times = race(ways, args.repeats, args.iters, device)
         finally:
@@ -369,10 +401,11 @@ def main() -> None:
             row["vitkit default / timm compiled"] = ratio(times, "vitkit default", "timm compiled")
         if "timm bf16 autocast" in ways:
             for way in ways:
-                if way.startswith("vitkit") and "fp32" not in way and way not in ("vitkit eager", "vitkit int8", "vitkit ORT"):
+                if way.startswith("vitkit") and "fp32" not in way and "int8" not in way and way not in ("vitkit eager", "vitkit ORT"):
                     row[f"{way} / timm bf16 autocast"] = ratio(times, way, "timm bf16 autocast")
-        if "vitkit int8" in ways:
-            row["int8 top-1 agreement (demo digits)"] = top1_agreement(ours, device)
+        if int8_path is not None:
+            row["vitkit int8: path"] = int8_path.describe()
+            row["int8 top-1 agreement (demo digits)"] = top1_agreement(ours, device, int8_path.int8_kernel)
         if own_how is not None:
             row["vitkit fp32, own process: path"] = own_how
         if ort_note is not None:

@@ -4,7 +4,9 @@
     PYTHONPATH=src python benchmarks/path_agreement.py RUN --data DIR --split val --seed S  # e.g. a CIFAR-10 carve
 
 For every test image: the top-1 class of fp32 eager against bf16 autocast, bf16 on the packed bf16 copy
-(``vitkit.packed``, where oneDNN runs bf16) and int8 (``vitkit.quantize``) (the share that agree), and the largest logit difference of the fp32 paths (channels-last, for a conv
+(``vitkit.packed``, where oneDNN runs bf16; its residual stream in float32, and in bf16: "bf16_stream") and
+int8 (``vitkit.quantize``, on each of its kernels that runs here: "int8_onednn", "int8_fbgemm") (the share
+that agree), and the largest logit difference of the fp32 paths (channels-last, for a conv
 stem) from eager. One JSON line to stdout, appended to benchmarks/results/path_agreement.jsonl.
 """
 
@@ -20,6 +22,7 @@ import torch
 from vitkit.data import eval_batch, open_dataset
 from vitkit.fastpath import FastPath
 from vitkit.packed import onednn_bf16_available
+from vitkit.quantize import fbgemm_available, onednn_int8_available
 from vitkit.runtime import apply_path, autocast, load_model
 
 
@@ -50,9 +53,14 @@ def main() -> None:
     top = ref.argmax(-1)
     res = dict(command=" ".join(sys.argv), model=str(args.model) + (f": {args.about}" if args.about else ""), data=args.data or "demo", split=args.split,
                images=n, torch=torch.__version__)
-    paths = {"bf16": FastPath("bf16"), "int8": FastPath("int8")}
+    paths = {"bf16": FastPath("bf16")}
+    if onednn_int8_available():
+        paths["int8_onednn"] = FastPath("int8", int8_kernel="onednn")
+    if fbgemm_available():
+        paths["int8_fbgemm"] = FastPath("int8", int8_kernel="fbgemm")
     if onednn_bf16_available():
         paths["bf16_packed"] = FastPath("bf16", packed=True)
+        paths["bf16_stream"] = FastPath("bf16", packed=True, stream="bfloat16")
     for name, path in paths.items():
         got = logits_of(apply_path(model, path), x, path.precision)
         res[f"{name}_top1_agreement"] = (got.argmax(-1) == top).float().mean().item()

@@ -132,3 +132,75 @@ def test_apply_path_runs_the_packed_copy():
     net = runtime.apply_path(model, FastPath("bf16", packed=True))
     assert isinstance(net, Bf16Inference)
     assert runtime.apply_path(model, FastPath("bf16")) is model
+
+
+# -------------------------------------------------------------------------------------------- bf16 stream
+@needs_onednn
+def test_a_packed_linear_adds_its_output_to_a_residual_in_one_kernel():
+    lin = torch.nn.Linear(24, 16)
+    packed = PackedLinear(lin)
+    x = torch.randn(2, 5, 24)
+    residual = torch.randn(2, 5, 16).bfloat16()
+    got = packed.add_to(x, residual)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 5, 16)
+    torch.testing.assert_close(got.float(), residual.float() + packed(x).float(), rtol=1e-2, atol=2e-2)
+    with pytest.raises(ValueError, match=r"^PackedLinear: input has 5 features"):
+        packed.add_to(torch.randn(3, 5), residual)
+
+
+@needs_onednn
+@pytest.mark.parametrize("over", [{}, {"layer_scale": 0.1}, {"qk_norm": True}, {"reg_tokens": 2, "global_pool": "map"},
+                                  {"global_pool": "avg", "class_token": False}])
+def test_the_bf16_stream_agrees_with_fp32_and_leaves_the_model_alone(over):
+    model = tiny_model(head_std=0.5, embed_dim=64, num_heads=4, **over)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = random_images(model.cfg, n=200, seed=3)
+    net = Bf16Inference(model, "bfloat16")
+    assert len(net.blocks()) == model.cfg.depth and all(isinstance(b.ls1, torch.nn.Identity) for b in net.blocks())
+    with torch.inference_mode():
+        ref = model(x)
+        got = net(x)
+        with runtime.autocast(torch.device("cpu"), "bf16"):
+            amp = model(x).float()
+            under_amp = net(x)
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    torch.testing.assert_close(under_amp, got, rtol=0, atol=0)
+    assert (ref.argmax(-1) == got.argmax(-1)).float().mean() >= 0.97
+    # a bf16 computation throughout the blocks: as far from fp32 as autocast's, within a small factor
+    assert (got - ref).abs().max() <= 3 * (amp - ref).abs().max()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@needs_onednn
+def test_blocks_of_another_kind_keep_the_float32_stream():
+    model = tiny_model(head_std=0.5, norm="post")
+    x = random_images(model.cfg, n=8, seed=3)
+    net = Bf16Inference(model, "bfloat16")
+    assert net.blocks() == []
+    with torch.inference_mode():
+        torch.testing.assert_close(net(x), Bf16Inference(model)(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"^Bf16Inference: stream 'fp16' is not one of float32, bfloat16$"):
+        Bf16Inference(model, "fp16")
+
+
+def test_the_bf16_stream_follows_its_measurements(monkeypatch):
+    import vitkit.fastpath as fp
+
+    work = Work("infer", TI16_FLOPS, batch=16)
+    monkeypatch.setattr(fp, "STREAM_MEASURED", {"amx": {"a": 1.05, "b": 1.2}})
+    path = choose_path(AMX, work)
+    assert (path.packed, path.stream) == (True, "bfloat16")
+    assert "packed bf16 weights, bf16 residual stream" in path.describe()
+    assert "bf16 residual stream: measured 1.05-1.20x the float32 stream on amx" in path.describe()
+    assert choose_path(AVX512, work).stream == "float32"  # not measured there
+    monkeypatch.setattr(fp, "STREAM_MEASURED", {"amx": {"a": 0.97, "b": 1.2}})
+    assert fp.bf16_stream_pays(AMX) == (
+        False, "float32 residual stream: a bf16 stream measured 0.97x the float32 stream on amx")
+    assert not choose_path(AMX, work, "fp32").packed and choose_path(AMX, work, "fp32").stream == "float32"
+
+
+@needs_onednn
+def test_apply_path_runs_the_stream_the_path_names():
+    model = tiny_model(head_std=0.5)
+    assert runtime.apply_path(model, FastPath("bf16", packed=True, stream="bfloat16")).stream == "bfloat16"
+    assert runtime.apply_path(model, FastPath("bf16", packed=True)).stream == "float32"

@@ -31,9 +31,12 @@ never a timing race at run time (which would make a run's numerics depend on the
   (benchmarks/results/fastpath_channels_last.json). Not under FSDP: it shards contiguous parameters only.
 - packed bf16 weights (``vitkit.packed``): bf16 inference on a CPU with AMX or AVX512-BF16 runs a bf16
   copy of the model whose Linear weights are cast and packed for oneDNN once, instead of autocast casting
-  and oneDNN reordering them on every call (``packed_pays``, ``PACKED_MEASURED``).
+  and oneDNN reordering them on every call (``packed_pays``, ``PACKED_MEASURED``); and its encoder
+  blocks wholly in bf16, the residual sums inside the Linear kernels, where that was measured faster
+  (``bf16_stream_pays``, ``STREAM_MEASURED``).
 - int8 (``vitkit.quantize``) is never automatic: it changes the numbers. It is opt-in, for CPU
-  inference only.
+  inference only. Its kernel (``int8_kernel``): oneDNN's where ``INT8_ONEDNN_MEASURED`` has it faster
+  than fbgemm's on this kind of CPU (AMX) at the model's size and batch, fbgemm's elsewhere.
 - The engine: torch, or ONNX Runtime (``vitkit.onnxrt``: the model exported in memory and run by an
   InferenceSession) for fp32 inference on a CPU where onnxruntime is installed. Like compile, it pays
   when the time it saves on the work (its eager time, estimated as for compile, times the measured
@@ -88,19 +91,48 @@ ORT_MIN_GAIN = 1.10  # below this onnxruntime is not chosen: each gain under 1.1
 
 # CPU kind (runtime.cpu_bf16_kind) -> model -> speed of bf16 inference with packed Linear weights (vitkit.packed)
 # over bf16 autocast on the same model: medians at batch 16, 2 threads, the allocator kept (torch 2.13;
-# `PYTHONPATH=src python benchmarks/packed_bf16.py`, 7 rounds, benchmarks/results/packed_bf16_<kind>.json). At
-# batch 1, where casting the weights weighs most, the gain was larger: 1.30 (Ti), 1.56 (S), 1.80 (B) with AMX,
-# 1.12-1.21 with AVX512-BF16 alone. Packing took 0.03-0.74 s.
+# `PYTHONPATH=src:benchmarks python benchmarks/packed_bf16.py`, benchmarks/results/packed_bf16_<kind>.json; AMX: 15
+# rounds of one batch on a machine whose speed drifted up to 2x with its neighbours' load, hence the wide ranges;
+# AVX512-BF16: 7 rounds of two). At batch 1, where casting the weights weighs most, the gain was larger: 1.25 (Ti),
+# 1.36 (S), 1.71 (B) with AMX, 1.12-1.21 with AVX512-BF16 alone. Packing took 0.03-0.74 s.
 PACKED_MEASURED: dict[str, dict[str, float]] = {
     "amx": {
-        "vit_tiny_patch16_224": 1.12,  # [1.07, 1.16]
-        "vit_small_patch16_224": 1.15,  # [1.10, 1.18]
-        "vit_base_patch16_224": 1.20,  # [1.12, 1.32]
+        "vit_tiny_patch16_224": 1.15,  # [1.04, 1.23]
+        "vit_small_patch16_224": 1.24,  # [0.82, 2.03]
+        "vit_base_patch16_224": 1.13,  # [0.74, 1.46]
     },
     "avx512bf16": {
         "vit_tiny_patch16_224": 1.12,  # [0.71, 1.47]: a shared machine; the other sizes' ranges stayed over 1
         "vit_small_patch16_224": 1.09,  # [1.03, 1.59]
         "vit_base_patch16_224": 1.10,  # [1.08, 1.14]
+    },
+}
+
+# CPU kind -> model -> speed of the packed copy with its residual stream in bf16 (vitkit.packed.Bf16Inference,
+# stream='bfloat16': LayerNorm in bf16, each residual sum inside the Linear that ends its branch) over the same copy
+# with the stream in float32, at batch 16, the same run as PACKED_MEASURED's (benchmarks/packed_bf16.py,
+# results/packed_bf16_<kind>.json); at batch 1: 1.11 (Ti), 1.07 (S), 1.09 (B). Top-1 agreement with fp32 on trained
+# models (benchmarks/path_agreement.py, results/path_agreement.jsonl), bf16 stream against autocast: the demo 100%
+# and 100%; a CIFAR-10 model of 2 blocks 99.84% and 99.86%, one of 8 blocks 99.58% and 99.56%.
+STREAM_MEASURED: dict[str, dict[str, float]] = {
+    "amx": {
+        "vit_tiny_patch16_224": 1.16,  # [1.09, 1.22]
+        "vit_small_patch16_224": 1.07,  # [0.99, 1.47]
+        "vit_base_patch16_224": 1.05,  # [0.84, 1.63]
+    },
+}
+
+# CPU kind (runtime.cpu_bf16_kind) -> model -> (forward FLOPs per image, speed of int8 inference on oneDNN's kernels
+# over fbgemm's at batch 1 and at batch 16): vitkit.quantize's two kernels on the same int8 weights (oneDNN: 8-bit
+# activations, the MLP's GELU inside fc1's kernel; fbgemm: 7-bit activations, GELU a pass of its own), medians of 11
+# rounds, 2 threads, the allocator kept (torch 2.13; `PYTHONPATH=src:benchmarks python benchmarks/int8_kernels.py`,
+# benchmarks/results/int8_kernels_<kind>.json). At ViT-Ti/16's batch 1 each call's fixed costs outweigh the faster
+# product, so fbgemm stays there. Not measured without AMX: there fbgemm stays.
+INT8_ONEDNN_MEASURED: dict[str, dict[str, tuple[float, float, float]]] = {
+    "amx": {
+        "vit_tiny_patch16_224": (2_507_366_400, 0.88, 1.06),  # [0.83, 0.93], [0.92, 1.20]
+        "vit_small_patch16_224": (9_197_764_608, 1.06, 1.17),  # [0.95, 1.30], [1.13, 1.21]
+        "vit_base_patch16_224": (35_127_656_448, 1.17, 1.28),  # [1.10, 1.29], [1.09, 1.39]
     },
 }
 
@@ -121,6 +153,7 @@ class Hardware:
     device_type: str  # 'cpu', 'cuda' or 'mps'
     cpu_bf16_kind: str = "none"  # the CPU's bf16 matrix instructions: 'amx', 'avx512bf16' or 'none'
     onednn_bf16: bool = False  # a torch build whose oneDNN runs bf16 Linear on packed weights on this CPU
+    onednn_int8: bool = False  # a torch build whose oneDNN runs int8 Linear on this CPU (vitkit.quantize)
     cuda_bf16: bool = False  # a CUDA GPU with bf16
     threads: int = 1  # CPU threads this process computes on
     onnxruntime: bool = False  # onnxruntime (and onnx, which exports to it) installed
@@ -157,6 +190,8 @@ class FastPath:
     channels_last: bool = False
     engine: str = "torch"
     packed: bool = False  # bf16 CPU inference on a bf16 copy with packed Linear weights (vitkit.packed)
+    stream: str = "float32"  # packed: the residual stream's dtype between the blocks ('float32' or 'bfloat16')
+    int8_kernel: str = ""  # int8: the kernel of the Linear layers ('onednn' or 'fbgemm', vitkit.quantize)
     engine_asked: bool = False
     why: tuple[str, ...] = field(default=(), compare=False)
 
@@ -168,7 +203,9 @@ class FastPath:
         if self.channels_last:
             parts.append("channels_last")
         if self.packed:
-            parts.append("packed bf16 weights")
+            parts.append("packed bf16 weights" + (", bf16 residual stream" if self.stream == "bfloat16" else ""))
+        if self.int8_kernel:
+            parts.append(f"{self.int8_kernel} int8 kernels")
         return ", ".join(parts) + (f" ({'; '.join(self.why)})" if self.why else "")
 
 
@@ -211,10 +248,15 @@ def compile_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
     return False, f"eager: ~{eager_s:.0f} s of work does not repay ~{seconds:.0f} s of compiling"
 
 
+def nearest_measured(table: dict, flops_per_image: float):
+    """The entry of ``table`` (model -> (forward FLOPs per image, ...)) nearest in size, in log FLOPs."""
+    size = math.log(max(flops_per_image, 1.0))
+    return min(table.items(), key=lambda item: abs(math.log(item[1][0]) - size))
+
+
 def ort_measurement(flops_per_image: float) -> tuple[str, tuple[float, float, float, float]]:
     """The ``ORT_MEASURED`` model nearest in size (in log FLOPs) to a model of ``flops_per_image``."""
-    size = math.log(max(flops_per_image, 1.0))
-    return min(ORT_MEASURED.items(), key=lambda item: abs(math.log(item[1][0]) - size))
+    return nearest_measured(ORT_MEASURED, flops_per_image)
 
 
 def ort_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
@@ -254,6 +296,19 @@ def forced_ort(hw: Hardware, work: Work, precision: str, compile: bool | None) -
     return FastPath("fp32", engine="onnxruntime", engine_asked=True, why=why + ("onnxruntime: asked for",))
 
 
+def pays_at_every_size(table: dict[str, dict[str, float]], kind: str, what: str, base: str, yes: str,
+                       no: str) -> tuple[bool, str]:
+    """Whether ``what`` beat ``base`` at every size ``table`` (CPU kind -> model -> gain) measured on a CPU of
+    ``kind``, and why, the reason led by ``yes`` or ``no``."""
+    measured = table.get(kind)
+    if not measured:
+        return False, f"{no}: {what} not measured on a CPU with {kind}"
+    low, high = min(measured.values()), max(measured.values())
+    if low <= 1:
+        return False, f"{no}: {what} measured {low:.2f}x {base} on {kind}"
+    return True, f"{yes} measured {low:.2f}-{high:.2f}x {base} on {kind}"
+
+
 def packed_pays(hw: Hardware, work: Work, precision: str, compile: bool) -> tuple[bool, str]:
     """Whether bf16 inference runs on a bf16 copy of the model with its Linear weights packed for oneDNN
     (``vitkit.packed``) rather than under autocast, and why: where ``PACKED_MEASURED`` has it faster at
@@ -262,13 +317,32 @@ def packed_pays(hw: Hardware, work: Work, precision: str, compile: bool) -> tupl
         return False, "autocast"
     if not hw.onednn_bf16:
         return False, "autocast: this torch build cannot pack bf16 Linear weights for oneDNN here"
-    measured = PACKED_MEASURED.get(hw.cpu_bf16_kind)
+    return pays_at_every_size(PACKED_MEASURED, hw.cpu_bf16_kind, "packed bf16 weights", "autocast",
+                              "packed: bf16 weights cast and packed once", "autocast")
+
+
+def int8_kernel(hw: Hardware, work: Work) -> tuple[str, str]:
+    """The kernel of int8 inference's Linear layers for ``work`` on ``hw`` (``vitkit.quantize``), and why:
+    'onednn' where this torch build runs it and ``INT8_ONEDNN_MEASURED`` has it faster than fbgemm on this
+    kind of CPU at the nearest model size (at batch 16 for batches of 16 or more, else the lesser of batch
+    1's and 16's), else 'fbgemm'."""
+    measured = INT8_ONEDNN_MEASURED.get(hw.cpu_bf16_kind)
     if not measured:
-        return False, f"autocast: packed bf16 weights not measured on a CPU with {hw.cpu_bf16_kind}"
-    low, high = min(measured.values()), max(measured.values())
-    if low <= 1:
-        return False, f"autocast: packed bf16 weights measured {low:.2f}x autocast on {hw.cpu_bf16_kind}"
-    return True, f"packed: bf16 weights cast and packed once measured {low:.2f}-{high:.2f}x autocast on {hw.cpu_bf16_kind}"
+        return "fbgemm", f"fbgemm: oneDNN's int8 kernels not measured on a CPU with {hw.cpu_bf16_kind}"
+    if not hw.onednn_int8:
+        return "fbgemm", "fbgemm: this torch build cannot run oneDNN's int8 Linear here"
+    name, (_, at1, at16) = nearest_measured(measured, work.flops_per_image)
+    gain = at16 if work.batch >= 16 else min(at1, at16)
+    kernel = "onednn" if gain > 1 else "fbgemm"
+    return kernel, f"{kernel}: oneDNN's int8 kernels measured {gain:.2f}x fbgemm's ({name}, {hw.cpu_bf16_kind})"
+
+
+def bf16_stream_pays(hw: Hardware) -> tuple[bool, str]:
+    """Whether the packed bf16 copy runs its residual stream in bf16 (``vitkit.packed.Bf16Inference``,
+    stream='bfloat16') rather than float32, and why: where ``STREAM_MEASURED`` has it faster at every size
+    measured on this kind of CPU."""
+    return pays_at_every_size(STREAM_MEASURED, hw.cpu_bf16_kind, "a bf16 stream", "the float32 stream",
+                              "bf16 residual stream:", "float32 residual stream")
 
 
 def channels_last_pays(hw: Hardware, work: Work) -> tuple[bool, str]:
@@ -303,8 +377,9 @@ def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool
             raise ConfigError(f"precision: int8 dynamic quantization is for inference on a CPU, not "
                               f"{'training' if work.mode != 'infer' else 'on ' + hw.device_type}")
         layout = channels_last_pays(hw, work)[0] if channels_last is None else channels_last
-        return FastPath("int8", compile=bool(compile), channels_last=layout,
-                        why=("int8 weights, dynamically quantized activations: asked for",))
+        kernel, reason = int8_kernel(hw, work)
+        return FastPath("int8", compile=bool(compile), channels_last=layout, int8_kernel=kernel,
+                        why=("int8 weights, dynamically quantized activations: asked for", reason))
     if precision == "auto":
         precision, reason = auto_precision(hw, work.flops_per_image)
         why.append(f"{precision}: {reason}")
@@ -325,7 +400,12 @@ def choose_path(hw: Hardware, work: Work, precision: str = "auto", compile: bool
     packed, reason = packed_pays(hw, work, precision, bool(compile))
     if work.mode == "infer" and precision == "bf16" and hw.device_type == "cpu":
         why.append(reason)
-    return FastPath(precision, bool(compile), channels_last, packed=packed, why=tuple(why))
+    stream = "float32"
+    if packed:
+        bf16_stream, reason = bf16_stream_pays(hw)
+        stream = "bfloat16" if bf16_stream else stream
+        why.append(reason)
+    return FastPath(precision, bool(compile), channels_last, packed=packed, stream=stream, why=tuple(why))
 
 
 def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
@@ -357,5 +437,7 @@ def vit_flops(cfg, img_size: tuple[int, int] | None = None) -> int:
 
 
 __all__ = ["Hardware", "Work", "FastPath", "choose_path", "auto_precision", "compile_pays", "channels_last_pays",
-           "ort_pays", "ort_measurement", "forced_ort", "eager_seconds", "vit_flops", "BF16_MIN_FLOPS", "ENGINES",
+           "ort_pays", "ort_measurement", "nearest_measured", "int8_kernel", "INT8_ONEDNN_MEASURED",
+           "bf16_stream_pays", "STREAM_MEASURED", "forced_ort",
+           "eager_seconds", "vit_flops", "BF16_MIN_FLOPS", "ENGINES",
            "ORT_MEASURED", "ORT_MIN_GAIN", "CHANNELS_LAST_MEASURED"]

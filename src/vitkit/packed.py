@@ -21,7 +21,11 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .layers import Attention, Block, LayerScale, Mlp, softmax_attention
+from .model import VisionTransformer
 
 
 def onednn_bf16_available() -> bool:
@@ -46,10 +50,19 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check(x)
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
+
+    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + self(x)`` in one kernel (oneDNN's sum post-op), for a ``residual`` of the output's
+        shape, in ``dtype``."""
+        self._check(x)
+        return torch.ops.mkldnn._linear_pointwise.binary(x.to(self.dtype), residual, self.packed, self.bias, "add")
+
+    def _check(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"PackedLinear: input has {x.shape[-1]} features in its last dim, "
                              f"expected {self.in_features} (shape {tuple(x.shape)})")
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}, packed"
@@ -66,22 +79,83 @@ def pack_linears(module: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
     return count
 
 
+def fold_layer_scale(linear: nn.Linear, scale: nn.Module) -> None:
+    """Fold a residual branch's ``LayerScale`` into the Linear before it (in place): gamma * (W x + b) =
+    (gamma W) x + gamma b. Any other ``scale`` (nn.Identity) leaves it as it is."""
+    if isinstance(scale, LayerScale):
+        with torch.no_grad():
+            linear.weight.mul_(scale.gamma[:, None])
+            if linear.bias is not None:
+                linear.bias.mul_(scale.gamma)
+
+
+def bf16_block(blk: Block, x: torch.Tensor) -> torch.Tensor:
+    """``blk(x)`` in eval mode for a bf16 ``x`` (B, T, D), everything in bf16: LayerNorm reads and writes
+    bf16 (its sums in float32), and each residual sum happens inside the Linear that ends its branch
+    (``PackedLinear.add_to``), its LayerScale folded into that Linear's weights beforehand."""
+    attn, mlp = blk.attn, blk.mlp
+    B, T, D = x.shape
+    qkv = attn.qkv(blk.norm1(x)).reshape(B, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    out = F.scaled_dot_product_attention(q, k, v) if attn.fused else softmax_attention(q, k, v, attn.scale)[0]
+    del q, k, v, qkv
+    x = attn.proj.add_to(out.transpose(1, 2).reshape(B, T, D), x)
+    del out
+    return mlp.fc2.add_to(mlp.act(mlp.fc1(blk.norm2(x))), x)
+
+
 class Bf16Inference(nn.Module):
     """``model`` for CPU inference in bf16: a copy, eval mode, its Linear weights cast to bf16 and packed
-    once (``PackedLinear``), run under bf16 autocast. Everything else is as autocast runs it (the residual
-    stream, LayerNorm and a conv stem's BatchNorm in float32, the whitening stem's conv in float32, the
-    other products in bf16), so the logits are autocast's. Takes the usual float input and returns
-    float32 logits; ``cfg`` and ``preprocess`` are the model's."""
+    once (``PackedLinear``), run under bf16 autocast. Takes the usual float input and returns float32
+    logits; ``cfg`` and ``preprocess`` are the model's.
 
-    def __init__(self, model: nn.Module):
+    ``stream``: the dtype of the residual stream between the blocks. 'float32' (the default): everything
+    as autocast runs it (the residual stream, LayerNorm and a conv stem's BatchNorm in float32, the
+    whitening stem's conv in float32, the other products in bf16), so the logits are autocast's.
+    'bfloat16': the stem and the head as autocast runs them, the encoder blocks wholly in bf16
+    (``bf16_block``: the residual sums inside the Linear kernels, no casts between them); blocks of
+    another kind keep autocast's way."""
+
+    STREAMS = ("float32", "bfloat16")
+
+    def __init__(self, model: nn.Module, stream: str = "float32"):
         super().__init__()
+        if stream not in self.STREAMS:
+            raise ValueError(f"Bf16Inference: stream {stream!r} is not one of {', '.join(self.STREAMS)}")
         if not onednn_bf16_available():
             raise RuntimeError("bf16 packed inference needs a torch build with oneDNN and a CPU with bf16 support")
         self.cfg = getattr(model, "cfg", None)
         self.preprocess = getattr(model, "preprocess", None)
+        self.stream = stream
         self.net = copy.deepcopy(model).eval().requires_grad_(False)
+        if stream == "bfloat16":
+            for blk in self.blocks():
+                fold_layer_scale(blk.attn.proj, blk.ls1)
+                fold_layer_scale(blk.mlp.fc2, blk.ls2)
+                blk.ls1, blk.ls2 = nn.Identity(), nn.Identity()
         self.linears = pack_linears(self.net)
+
+    def blocks(self) -> list[Block]:
+        """The encoder blocks that run on the bf16 stream: the model's, where it is a VisionTransformer
+        and each block is of the library's plain pre-LN kind."""
+        net = self.net
+        if not (isinstance(net, VisionTransformer) and len(net.blocks)):
+            return []
+        blocks = list(net.blocks)
+        ok = all(type(b) is Block and b.pre_norm and type(b.attn) is Attention and type(b.mlp) is Mlp
+                 and all(type(m) in (nn.Linear, PackedLinear) for m in (b.attn.qkv, b.attn.proj, b.mlp.fc1, b.mlp.fc2))
+                 for b in blocks)
+        return blocks if ok else []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
-            return self.net(x).float()
+            if self.stream == "float32" or not self.blocks():
+                return self.net(x).float()
+            net = self.net
+            tokens = net._pos_embed(net.patch_embed(x), net.check_input(x)).to(torch.bfloat16)
+        with torch.autocast(x.device.type, enabled=False):  # bf16 in, bf16 out: no float32 LayerNorm
+            for blk in net.blocks:
+                tokens = bf16_block(blk, tokens)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return net.forward_head(net.norm(tokens)).float()

@@ -21,6 +21,7 @@ from .errors import ConfigError
 from .fastpath import ENGINES, FastPath, Hardware, Work, auto_precision, choose_path, vit_flops
 from .onnxrt import OrtModel, onnxruntime_available
 from .packed import Bf16Inference, onednn_bf16_available
+from .quantize import onednn_int8_available, quantize_int8
 
 
 def _mps_available() -> bool:
@@ -79,6 +80,7 @@ def detect_hardware(device: torch.device) -> Hardware:
     if device.type == "cpu":
         kind = cpu_bf16_kind()
         return Hardware("cpu", cpu_bf16_kind=kind, onednn_bf16=kind != "none" and onednn_bf16_available(),
+                        onednn_int8=onednn_int8_available(),
                         threads=torch.get_num_threads(), onnxruntime=onnxruntime_available())
     if device.type == "cuda":
         return Hardware("cuda", cuda_bf16=torch.cuda.is_bf16_supported())
@@ -137,11 +139,9 @@ def apply_path(model: nn.Module, path: FastPath) -> nn.Module:
     if path.engine == "onnxruntime":
         return OrtModel(model, strict=path.engine_asked)
     if path.precision == "int8":
-        from .quantize import quantize_int8  # the quantized kernels only when asked for
-
-        model = quantize_int8(model)
+        model = quantize_int8(model, kernel=path.int8_kernel or None)
     if path.packed:
-        model = Bf16Inference(model)
+        model = Bf16Inference(model, path.stream)
     if path.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return torch.compile(model) if path.compile else model
