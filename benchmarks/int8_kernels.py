@@ -1,6 +1,6 @@
 """int8 inference on oneDNN's kernels against fbgemm's (``vitkit.quantize``, kernel='onednn' / 'fbgemm'), same model.
 
-    PYTHONPATH=src python benchmarks/int8_kernels.py                      # ViT-Ti/S/B/16 at batch 1 and 16
+    PYTHONPATH=src python benchmarks/int8_kernels.py      # the demo model, ViT-Ti/S/B/16 at batch 1 and 16
     PYTHONPATH=src python benchmarks/int8_kernels.py --cases vit_small_patch16_224:16 --repeats 15
 
 For each case the two kernels (the same int8 weights; oneDNN with 8-bit activations and the MLP's GELU
@@ -28,7 +28,7 @@ from vitkit.data import eval_batch, open_dataset
 from vitkit.quantize import quantize_int8
 from vitkit.runtime import cpu_bf16_kind
 
-DEFAULT_CASES = ("vit_tiny_patch16_224:1,vit_tiny_patch16_224:16,vit_small_patch16_224:1,"
+DEFAULT_CASES = ("vit_hybrid_mini_patch4_28:1,vit_hybrid_mini_patch4_28:16,vit_tiny_patch16_224:1,vit_tiny_patch16_224:16,vit_small_patch16_224:1,"
                  "vit_small_patch16_224:16,vit_base_patch16_224:1,vit_base_patch16_224:16")
 
 

@@ -204,3 +204,14 @@ def test_apply_path_runs_the_stream_the_path_names():
     model = tiny_model(head_std=0.5)
     assert runtime.apply_path(model, FastPath("bf16", packed=True, stream="bfloat16")).stream == "bfloat16"
     assert runtime.apply_path(model, FastPath("bf16", packed=True)).stream == "float32"
+
+
+@needs_onednn
+def test_the_path_says_when_blocks_of_another_kind_keep_the_float32_stream():
+    post = tiny_model(head_std=0.5, norm="post")
+    path = FastPath("bf16", packed=True, stream="bfloat16", why=("asked",))
+    net = runtime.apply_path(post, path)
+    assert runtime.path_taken(path, net) == ("bf16, eager, packed bf16 weights (asked; float32 residual stream: the "
+                                             "model has blocks of another kind than the plain pre-LN one)")
+    pre = tiny_model(head_std=0.5)
+    assert runtime.path_taken(path, runtime.apply_path(pre, path)) == path.describe()

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from .errors import ConfigError
 from .fastpath import FastPath, vit_flops
 from .quantize import int8_available
-from .runtime import (apply_path, autocast, count_params, inference_path, load_model, pick_precision, resolve_device,
-                      training_path)
+from .runtime import (apply_path, autocast, count_params, inference_path, load_model, path_taken, pick_precision,
+                      resolve_device, training_path)
 from .strict import to_hw
 
 DTYPES = ("fp32", "bf16", "int8")
@@ -294,7 +294,7 @@ def _bench_one(model, mode, dtype, batch, size, repeats, warmup, compile, dev, f
         mem_at_start_mib=mem.base,
         tflops=achieved / 1e12,
         mfu=(achieved / peak) if peak else None,
-        path=path.describe(),
+        path=path_taken(path, m),
     )
     if dtype == "int8":
         row["note"] = _INT8_NOTE

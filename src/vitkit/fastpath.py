@@ -91,7 +91,7 @@ ORT_MIN_GAIN = 1.10  # below this onnxruntime is not chosen: each gain under 1.1
 
 # CPU kind (runtime.cpu_bf16_kind) -> model -> speed of bf16 inference with packed Linear weights (vitkit.packed)
 # over bf16 autocast on the same model: medians at batch 16, 2 threads, the allocator kept (torch 2.13;
-# `PYTHONPATH=src:benchmarks python benchmarks/packed_bf16.py`, benchmarks/results/packed_bf16_<kind>.json; AMX: 15
+# `PYTHONPATH=src python benchmarks/packed_bf16.py`, benchmarks/results/packed_bf16_<kind>.json; AMX: 15
 # rounds of one batch on a machine whose speed drifted up to 2x with its neighbours' load, hence the wide ranges;
 # AVX512-BF16: 7 rounds of two). At batch 1, where casting the weights weighs most, the gain was larger: 1.25 (Ti),
 # 1.36 (S), 1.71 (B) with AMX, 1.12-1.21 with AVX512-BF16 alone. Packing took 0.03-0.74 s.
@@ -125,14 +125,16 @@ STREAM_MEASURED: dict[str, dict[str, float]] = {
 # CPU kind (runtime.cpu_bf16_kind) -> model -> (forward FLOPs per image, speed of int8 inference on oneDNN's kernels
 # over fbgemm's at batch 1 and at batch 16): vitkit.quantize's two kernels on the same int8 weights (oneDNN: 8-bit
 # activations, the MLP's GELU inside fc1's kernel; fbgemm: 7-bit activations, GELU a pass of its own), medians of 11
-# rounds, 2 threads, the allocator kept (torch 2.13; `PYTHONPATH=src:benchmarks python benchmarks/int8_kernels.py`,
-# benchmarks/results/int8_kernels_<kind>.json). At ViT-Ti/16's batch 1 each call's fixed costs outweigh the faster
-# product, so fbgemm stays there. Not measured without AMX: there fbgemm stays.
+# rounds, 2 threads, the allocator kept (torch 2.13; `PYTHONPATH=src python benchmarks/int8_kernels.py`,
+# benchmarks/results/int8_kernels_<kind>.json; an earlier run of the ViT rows gave 0.88 / 1.06, 1.06 / 1.17 and 1.17 /
+# 1.28). For the demo model and ViT-Ti/16 at batch 1 each call's fixed costs outweigh the faster product, so fbgemm
+# stays there. Not measured without AMX: there fbgemm stays.
 INT8_ONEDNN_MEASURED: dict[str, dict[str, tuple[float, float, float]]] = {
     "amx": {
-        "vit_tiny_patch16_224": (2_507_366_400, 0.88, 1.06),  # [0.83, 0.93], [0.92, 1.20]
-        "vit_small_patch16_224": (9_197_764_608, 1.06, 1.17),  # [0.95, 1.30], [1.13, 1.21]
-        "vit_base_patch16_224": (35_127_656_448, 1.17, 1.28),  # [1.10, 1.29], [1.09, 1.39]
+        "vit_hybrid_mini_patch4_28": (7_753_472, 0.87, 0.94),  # [0.79, 0.96], [0.90, 0.98]: the demo model
+        "vit_tiny_patch16_224": (2_507_366_400, 0.95, 1.12),  # [0.91, 1.05], [0.62, 1.58]
+        "vit_small_patch16_224": (9_197_764_608, 1.03, 1.20),  # [0.97, 1.08], [0.86, 1.70]
+        "vit_base_patch16_224": (35_127_656_448, 1.32, 1.34),  # [1.06, 1.51], [1.04, 1.63]
     },
 }
 

@@ -7,10 +7,14 @@ reordered (``PackedLinear``, oneDNN's ``_reorder_linear_weight`` / ``_linear_poi
 torch.compile's CPU backend uses for frozen weights), run under autocast as before, so that the logits are
 autocast's own. ``vitkit.fastpath`` decides where it pays (``packed_pays``).
 
-Casting the whole model to bf16 as well (the residual stream and LayerNorm in bf16) ran faster still
-(ViT-S/16 at batch 16: 1.24x autocast against 1.15x, one noisy run), but on a CIFAR-10 model it agreed
-with fp32 on the top-1 of 99.50% of a validation carve against autocast's 99.78%
-(benchmarks/path_agreement.py), so the residual stream stays float32.
+With ``stream='bfloat16'`` the copy runs its encoder blocks wholly in bf16 as well: LayerNorm reads and
+writes bf16, and each residual sum happens inside the Linear kernel that ends its branch (oneDNN's sum
+post-op, ``PackedLinear.add_to``), so the casts between the float32 stream and the bf16 products go. On an
+AMX CPU that ran 1.05-1.16x the float32 stream at batch 16 (benchmarks/packed_bf16.py), and its top-1
+agreement with fp32 on trained models stayed autocast's (benchmarks/path_agreement.py: 99.84% against
+99.86% on a 2-block CIFAR-10 model, 99.58% against 99.56% on an 8-block one, 100% on the demo). An earlier
+trial that cast the whole model, stem and head included, agreed on 99.50% of a CIFAR-10 carve against
+autocast's 99.78%; here the stem and the head stay as autocast runs them (a whitening conv in float32).
 
 For inference only: the packed weights have no gradient and are not parameters (``state_dict`` of the
 copy holds the other weights only); the original model is left as it was.
@@ -114,8 +118,8 @@ class Bf16Inference(nn.Module):
     as autocast runs it (the residual stream, LayerNorm and a conv stem's BatchNorm in float32, the
     whitening stem's conv in float32, the other products in bf16), so the logits are autocast's.
     'bfloat16': the stem and the head as autocast runs them, the encoder blocks wholly in bf16
-    (``bf16_block``: the residual sums inside the Linear kernels, no casts between them); blocks of
-    another kind keep autocast's way."""
+    (``bf16_block``: the residual sums inside the Linear kernels, no casts between them); a model with
+    blocks of another kind keeps autocast's way throughout (``bf16_blocks`` False)."""
 
     STREAMS = ("float32", "bfloat16")
 
@@ -129,7 +133,8 @@ class Bf16Inference(nn.Module):
         self.preprocess = getattr(model, "preprocess", None)
         self.stream = stream
         self.net = copy.deepcopy(model).eval().requires_grad_(False)
-        if stream == "bfloat16":
+        self.bf16_blocks = stream == "bfloat16" and bool(self.blocks())  # else autocast's way throughout
+        if self.bf16_blocks:
             for blk in self.blocks():
                 fold_layer_scale(blk.attn.proj, blk.ls1)
                 fold_layer_scale(blk.mlp.fc2, blk.ls2)
@@ -150,7 +155,7 @@ class Bf16Inference(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
-            if self.stream == "float32" or not self.blocks():
+            if not self.bf16_blocks:
                 return self.net(x).float()
             net = self.net
             tokens = net._pos_embed(net.patch_embed(x), net.check_input(x)).to(torch.bfloat16)
