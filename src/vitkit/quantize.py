@@ -43,7 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cpu import cpu_bf16_kind
 from .errors import ConfigError
+from .fastpath import Hardware, Work, int8_kernel, vit_flops
 
 KERNELS = ("onednn", "fbgemm")
 # an MLP's activation -> oneDNN's post-op (name, algorithm); F's function where the kernel cannot fuse it
@@ -156,13 +158,11 @@ class Int8Linear(nn.Module):
 def default_kernel(model: nn.Module) -> str:
     """The kernel ``vitkit.fastpath.int8_kernel`` picks on this CPU for ``model`` (a batch size not known):
     fbgemm for a module without a ViT config."""
-    from .fastpath import Work, int8_kernel, vit_flops
-    from .runtime import detect_hardware
-
     cfg = getattr(model, "cfg", None)
     if cfg is None:
         return "fbgemm"
-    return int8_kernel(detect_hardware(torch.device("cpu")), Work("infer", vit_flops(cfg)))[0]
+    hw = Hardware("cpu", cpu_bf16_kind=cpu_bf16_kind(), onednn_int8=onednn_int8_available())
+    return int8_kernel(hw, Work("infer", vit_flops(cfg)))[0]
 
 
 def quantize_int8(model: nn.Module, float_blocks: int = 1, kernel: str | None = None) -> nn.Module:

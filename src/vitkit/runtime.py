@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from .cpu import cpu_bf16_kind, cpu_has_fast_bf16
 from .errors import ConfigError
 from .fastpath import ENGINES, FastPath, Hardware, Work, auto_precision, choose_path, vit_flops
 from .onnxrt import OrtModel, onnxruntime_available
@@ -53,27 +54,6 @@ def resolve_device(name: str | torch.device = "auto", *, local_rank: int = 0, wh
     elif dev.type == "mps" and not _mps_available():
         raise ConfigError(f"{what}: {str(name)!r} was asked for but MPS is not available")
     return dev
-
-
-def _cpu_probe(name: str) -> bool:
-    """One of torch.cpu's feature probes ('_is_amx_tile_supported', ...); missing or failing means no."""
-    fn = getattr(getattr(torch, "cpu", None), name, None)
-    try:
-        return bool(fn is not None and fn())
-    except Exception:  # noqa: BLE001 - a probe that fails means "no"
-        return False
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True on CPUs with bf16 matrix instructions (AMX or AVX512-BF16), where bf16 can beat fp32."""
-    return cpu_bf16_kind() != "none"
-
-
-def cpu_bf16_kind() -> str:
-    """This CPU's bf16 matrix instructions, as benchmark results are filed: 'amx', 'avx512bf16' or 'none'."""
-    if _cpu_probe("_is_amx_tile_supported"):
-        return "amx"
-    return "avx512bf16" if _cpu_probe("_is_avx512_bf16_supported") else "none"
 
 
 def detect_hardware(device: torch.device) -> Hardware:
