@@ -176,7 +176,7 @@ def test_blocks_of_another_kind_keep_the_float32_stream():
     model = tiny_model(head_std=0.5, norm="post")
     x = random_images(model.cfg, n=8, seed=3)
     net = Bf16Inference(model, "bfloat16")
-    assert net.blocks() == []
+    assert net.blocks() == [] and net.stream == "float32"
     with torch.inference_mode():
         torch.testing.assert_close(net(x), Bf16Inference(model)(x), rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"^Bf16Inference: stream 'fp16' is not one of float32, bfloat16$"):

@@ -22,10 +22,6 @@ AMX = Hardware("cpu", cpu_bf16_kind="amx", onednn_int8=True, threads=2)
 TI16, S16, B16 = 2_507_366_400, 9_197_764_608, 35_127_656_448
 
 
-def dequantized(q: Int8Linear) -> torch.Tensor:
-    return q.w_int8.float() * q.w_scale[:, None]
-
-
 # -------------------------------------------------------------------------------------------- numbers
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shape", [(5, 24), (2, 7, 24), (1, 24)])
@@ -37,13 +33,13 @@ def test_an_int8_linear_is_the_float_product_of_its_int8_weights_up_to_the_activ
     got = q(x)
     assert got.dtype == torch.float32 and got.shape == (*shape[:-1], 40)
     # per-channel symmetric weights: within half a step of the float weights
-    assert (dequantized(q) - lin.weight).abs().max() <= 0.5 * q.w_scale.max() + 1e-7
-    want = F.linear(x, dequantized(q), lin.bias)
+    assert (q.dequantized_weight() - lin.weight).abs().max() <= 0.5 * q.w_scale.max() + 1e-7
+    want = F.linear(x, q.dequantized_weight(), lin.bias)
     # the activations' one step: (max - min) / 254 for oneDNN's 8 bits, twice that for fbgemm's 7; each
     # product's rounding error is at most half a step times sum |w|
     lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
     step = (hi - lo) / (254 if kernel == "onednn" else 127)
-    bound = 0.5 * step * dequantized(q).abs().sum(1).max().item()
+    bound = 0.5 * step * q.dequantized_weight().abs().sum(1).max().item()
     assert (got - want).abs().max() <= bound * 1.01 + 1e-5
 
 
@@ -54,7 +50,7 @@ def test_onednn_is_twice_as_fine_as_fbgemm_on_the_same_weights():
     x = torch.randn(256, 64, generator=g)
     one, two = Int8Linear(lin, "onednn"), Int8Linear(lin, "fbgemm")
     assert torch.equal(one.w_int8, two.w_int8) and torch.equal(one.w_scale, two.w_scale)
-    want = F.linear(x, dequantized(one), lin.bias)
+    want = F.linear(x, one.dequantized_weight(), lin.bias)
     assert (one(x) - want).abs().mean() < 0.7 * (two(x) - want).abs().mean()  # 8-bit against 7-bit activations
 
 
@@ -80,7 +76,7 @@ def test_inputs_the_scale_cannot_cover_and_empty_batches(kernel):
         x[1, 2] = float("nan")
         y = q(x)
         assert y[1].isnan().all() and y[[0, 2]].isfinite().all()
-        torch.testing.assert_close(y[[0, 2]], F.linear(x[[0, 2]], dequantized(q), lin.bias))
+        torch.testing.assert_close(y[[0, 2]], F.linear(x[[0, 2]], q.dequantized_weight(), lin.bias))
 
 
 def test_an_int8_linear_names_bad_arguments():

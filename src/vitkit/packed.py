@@ -98,13 +98,10 @@ def bf16_block(blk: Block, x: torch.Tensor) -> torch.Tensor:
     bf16 (its sums in float32), and each residual sum happens inside the Linear that ends its branch
     (``PackedLinear.add_to``), its LayerScale folded into that Linear's weights beforehand."""
     attn, mlp = blk.attn, blk.mlp
-    B, T, D = x.shape
-    qkv = attn.qkv(blk.norm1(x)).reshape(B, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = attn._split_heads(blk.norm1(x))
     out = F.scaled_dot_product_attention(q, k, v) if attn.fused else softmax_attention(q, k, v, attn.scale)[0]
-    del q, k, v, qkv
-    x = attn.proj.add_to(out.transpose(1, 2).reshape(B, T, D), x)
+    del q, k, v
+    x = attn.proj.add_to(attn._concat_heads(out), x)
     del out
     return mlp.fc2.add_to(mlp.act(mlp.fc1(blk.norm2(x))), x)
 
@@ -119,7 +116,7 @@ class Bf16Inference(nn.Module):
     whitening stem's conv in float32, the other products in bf16), so the logits are autocast's.
     'bfloat16': the stem and the head as autocast runs them, the encoder blocks wholly in bf16
     (``bf16_block``: the residual sums inside the Linear kernels, no casts between them); a model with
-    blocks of another kind keeps autocast's way throughout (``bf16_blocks`` False)."""
+    blocks of another kind keeps autocast's way throughout: ``stream`` is then 'float32', the stream it runs."""
 
     STREAMS = ("float32", "bfloat16")
 
@@ -131,10 +128,9 @@ class Bf16Inference(nn.Module):
             raise RuntimeError("bf16 packed inference needs a torch build with oneDNN and a CPU with bf16 support")
         self.cfg = getattr(model, "cfg", None)
         self.preprocess = getattr(model, "preprocess", None)
-        self.stream = stream
         self.net = copy.deepcopy(model).eval().requires_grad_(False)
-        self.bf16_blocks = stream == "bfloat16" and bool(self.blocks())  # else autocast's way throughout
-        if self.bf16_blocks:
+        self.stream = stream if self.blocks() else "float32"  # the stream it runs
+        if self.stream == "bfloat16":
             for blk in self.blocks():
                 fold_layer_scale(blk.attn.proj, blk.ls1)
                 fold_layer_scale(blk.mlp.fc2, blk.ls2)
@@ -155,7 +151,7 @@ class Bf16Inference(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
-            if not self.bf16_blocks:
+            if self.stream == "float32":
                 return self.net(x).float()
             net = self.net
             tokens = net._pos_embed(net.patch_embed(x), net.check_input(x)).to(torch.bfloat16)

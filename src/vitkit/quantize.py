@@ -144,9 +144,13 @@ class Int8Linear(nn.Module):
                                                1.0, 0, torch.float32, post, [], algorithm)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def dequantized_weight(self) -> torch.Tensor:
+        """The int8 weights times their scales: the float32 weight this layer multiplies by."""
+        return self.w_int8.float() * self.w_scale[:, None]
+
     def _dequantized(self, x: torch.Tensor) -> torch.Tensor:
         """The same weights dequantized, in float32: for an input the activations' scale cannot cover."""
-        y = F.linear(x.float(), self.w_int8.float() * self.w_scale[:, None], self.bias)
+        y = F.linear(x.float(), self.dequantized_weight(), self.bias)
         return y if self.act is None else _UNFUSED[self.act](y)
 
     def extra_repr(self) -> str:

@@ -130,14 +130,15 @@ def apply_path(model: nn.Module, path: FastPath) -> nn.Module:
 
 def path_taken(path: FastPath, net: nn.Module) -> str:
     """The path a tool ran, in words: ``path.describe()``; where ONNX Runtime fell back to torch
-    (``OrtModel.fallback``), the eager path and why; where the packed copy kept a float32 stream for blocks
-    of another kind (``Bf16Inference.bf16_blocks``), that stream and why."""
+    (``OrtModel.fallback``), the eager path and why; where the packed copy runs another stream than the path
+    names (``Bf16Inference.stream``: float32 for blocks of another kind), that stream and why."""
     fallback = getattr(net, "fallback", None)
     if fallback is not None:
         return FastPath(path.precision, why=path.why + (f"onnxruntime: {fallback}",)).describe()
-    if path.stream == "bfloat16" and getattr(net, "bf16_blocks", True) is False:
-        kept = "float32 residual stream: the model has blocks of another kind than the plain pre-LN one"
-        return replace(path, stream="float32", why=path.why + (kept,)).describe()
+    stream = getattr(net, "stream", path.stream)
+    if stream != path.stream:
+        kept = f"{stream} residual stream: the model has blocks of another kind than the plain pre-LN one"
+        return replace(path, stream=stream, why=path.why + (kept,)).describe()
     return path.describe()
 
 
