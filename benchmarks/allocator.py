@@ -1,4 +1,4 @@
-"""glibc's allocator as it comes against ``vitkit.runtime.keep_freed_memory`` (what the command line
+"""glibc's allocator as it comes against ``vitkit.infer.paths.keep_freed_memory`` (what the command line
 sets): fp32 inference and a training step, each setting in fresh processes, alternating round by round.
 
     PYTHONPATH=src python benchmarks/allocator.py [--rounds 3] [--threads 2]
@@ -39,9 +39,9 @@ def images_per_second(step, batch: int, steps: int = 5) -> float:
 
 def child(setting: str, threads: int, infer_model: str) -> None:
     import torch
-
     from model_vs_timm import TRAIN_MODEL, step_fn, vitkit_model  # benchmarks/ is on sys.path
-    from vitkit.runtime import keep_freed_memory
+
+    from vitkit.core.hardware import keep_freed_memory
 
     applied = keep_freed_memory() if setting == "kept" else False
     torch.set_num_threads(threads)
@@ -53,7 +53,7 @@ def child(setting: str, threads: int, infer_model: str) -> None:
 
 
 # the command line with its allocator setting turned off: the "default" side of --train
-AS_IT_COMES = ("import sys, vitkit.runtime as r; r.keep_freed_memory = lambda: False; from vitkit.cli import main; "
+AS_IT_COMES = ("import sys, vitkit.infer.paths as r; r.keep_freed_memory = lambda: False; from vitkit.cli import main; "
                "sys.exit(main(sys.argv[1:]))")
 
 

@@ -1,5 +1,5 @@
 """Attention in a training step on the CPU: F.scaled_dot_product_attention against the written-out softmax
-attention (``vitkit.layers.attention.softmax_attention``), forward + backward, float32 and bf16.
+attention (``vitkit.model.layers.attention.softmax_attention``), forward + backward, float32 and bf16.
 
     python benchmarks/attention_backward.py          # PYTHONPATH=src, from the repository root
 
@@ -10,7 +10,7 @@ For q, k, v of (batch, heads, tokens, 64) at the shapes of vitkit's training run
 6-block ViT at 32 px with patch 4: 65 tokens, 3 heads, batch 128 on 2 threads or 64 on each of 2
 processes; ViT-Ti/S/B/16 at 224 px: 197 tokens, batch 16), on 1 and 2 threads: the median milliseconds of
 7 rounds for each, and fused / written-out (> 1: the written-out one is faster). The rule
-``vitkit.layers.attention.math_attention_pays`` comes from these tables (bf16 only: in float32 the gain
+``vitkit.model.layers.attention.math_attention_pays`` comes from these tables (bf16 only: in float32 the gain
 at 65 tokens did not repay the T x T matrix the written-out backward keeps, about 90 MiB more peak RSS in
 the training step of benchmarks/model_vs_timm.py).
 """
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vitkit.layers.attention import softmax_attention
-from vitkit.runtime import cpu_bf16_kind
+from vitkit.core.hardware import cpu_bf16_kind
+from vitkit.model.layers.attention import softmax_attention
 
 SHAPES = [(64, 3, 65, 64), (128, 3, 65, 64), (16, 3, 197, 64), (16, 6, 197, 64), (16, 12, 197, 64)]
 

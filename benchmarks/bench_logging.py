@@ -26,8 +26,8 @@ import time
 import timeit
 from pathlib import Path
 
-from vitkit.errors import ConfigError
-from vitkit.progress import Progress, ProgressLines
+from vitkit.core.errors import ConfigError
+from vitkit.core.progress import Progress, ProgressLines
 from vitkit.train.metrics import MetricsLog, open_loggers, write_plots
 
 

@@ -3,7 +3,7 @@
     python benchmarks/bench_vitkit.py                       # small models, CPU, a few minutes
     python benchmarks/bench_vitkit.py --models vit_base_patch16_224 --batch-sizes 1,8 --threads 2
 
-For each model, in the same process and with the same inputs (vitkit.bench.bench):
+For each model, in the same process and with the same inputs (vitkit.tools.bench.bench):
   1. inference, fused attention (F.scaled_dot_product_attention) vs the manual softmax(QK^T)V path;
   2. inference in fp32 vs bf16 (autocast) vs int8 (dynamic quantization of Linear layers), as --dtypes says;
   3. a training step (forward + backward + AdamW) in fp32 (and bf16 when listed).
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.bench import bench, vit_flops
+from vitkit.tools.bench import bench, vit_flops
 
 # GMACs at 224 px, 1000 classes, from the design guide's table of reference sizes
 REFERENCE_GMACS = {"vit_tiny_patch16_224": 1.26, "vit_small_patch16_224": 4.61, "vit_base_patch16_224": 17.58,

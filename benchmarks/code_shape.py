@@ -1,6 +1,11 @@
-"""The shape of the source tree: the longest functions and the import cycles between modules.
+"""The shape of the source tree: the longest functions, the import cycles between modules, and any
+import against the order of the package's layers.
 
     python benchmarks/code_shape.py [--top 10] [--json]
+
+The layers of ``src/vitkit``, from the bottom up (``LAYERS``): a module may import from its own layer and
+those below it, never from one above. ``vitkit/__init__`` loads its public names lazily by their
+module's name (a string), so it has no edges; ``__main__`` is the command line's.
 
 Function length counts the lines from ``def`` to the function's last line (nested functions are part
 of their parent, and are listed on their own as well). An import cycle is a loop in the graph of
@@ -18,6 +23,26 @@ import json
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+
+# the layers of src/vitkit from the bottom up; a module's layer is its first package under vitkit
+LAYERS = ["core", "model", "io", "data", "infer", "train", "tools", "api", "cli", "__main__"]
+
+
+def layer(mod: str) -> int | None:
+    """The index in LAYERS of module ``mod`` (dotted), None for the package's own ``__init__``."""
+    parts = mod.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def against_layers(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports (module, imported) from a lower layer to a higher one."""
+    bad = []
+    for a, targets in graph.items():
+        for b in targets:
+            la, lb = layer(a), layer(b)
+            if la is not None and lb is not None and lb > la:
+                bad.append((a, b))
+    return sorted(bad)
 
 
 def module_name(path: Path) -> str:
@@ -85,7 +110,7 @@ def scan(top: int):
         if v not in index:
             strong(v)
     pairs = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph.get(b, ())})
-    return funcs[:top], comps, pairs
+    return funcs[:top], comps, pairs, against_layers(graph), [m for m in mods if layer(m) is None and m != "vitkit"]
 
 
 def main() -> None:
@@ -93,9 +118,10 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    funcs, comps, pairs = scan(a.top)
+    funcs, comps, pairs, upward, unlayered = scan(a.top)
     if a.json:
-        print(json.dumps({"longest": funcs, "cycles": comps, "mutual": pairs}))
+        print(json.dumps({"longest": funcs, "cycles": comps, "mutual": pairs, "against_layers": upward,
+                          "unlayered": unlayered}))
         return
     print("longest functions (lines):")
     for n, where in funcs:
@@ -106,6 +132,12 @@ def main() -> None:
     print(f"modules that import each other: {len(pairs)}")
     for a_, b in pairs:
         print(f"  {a_} <-> {b}")
+    print(f"imports against the layer order ({' < '.join(LAYERS)}): {len(upward)}")
+    for a_, b in upward:
+        print(f"  {a_} -> {b}")
+    print(f"top-level modules outside the layers: {len(unlayered)}")
+    for m in unlayered:
+        print(f"  {m}")
 
 
 if __name__ == "__main__":

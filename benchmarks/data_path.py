@@ -36,9 +36,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 import vitkit
+from vitkit.core.hardware import usable_cpus
 from vitkit.data import AugmentConfig, BatchAugment, open_dataset
 from vitkit.io.atomic import atomic_write_text
-from vitkit.runtime import usable_cpus
 from vitkit.train.build import decode_short_side
 from vitkit.train.loader import BatchLoader, loader_workers
 

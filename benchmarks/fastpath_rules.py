@@ -1,4 +1,4 @@
-"""The measurements behind ``vitkit.fastpath``'s rules, on this machine: which path pays, by work size.
+"""The measurements behind ``vitkit.infer.fastpath``'s rules, on this machine: which path pays, by work size.
 
     PYTHONPATH=src python benchmarks/fastpath_rules.py [--threads 2] [--compile] [--only channels_last]
 
@@ -11,7 +11,7 @@ machine hits both alike) and the median ratio of images per second is kept (> 1:
   demo's batch (64; and 32 on one thread, what each of the demo's two processes runs) and for the
   small-data recipe's whitening-stem model at batch 128;
 - fused / foreach AdamW, one training step;
-- int8 (``vitkit.quantize.quantize_int8``) / fp32 inference;
+- int8 (``vitkit.infer.quantize.quantize_int8``) / fp32 inference;
 - with ``--compile``: torch.compile / eager, a training step and inference, and the compile time.
 JSON goes to benchmarks/results/fastpath_rules.json with the hardware features the rules read; ``--only
 QUESTION`` (e.g. channels_last) times that question alone, into a file of its own (--out).
@@ -29,13 +29,12 @@ import time
 from pathlib import Path
 
 import torch
+from model_vs_timm import step_fn  # the same steps as the comparison with timm (benchmarks/ is on sys.path)
 
 import vitkit
-from vitkit.fastpath import vit_flops
-from vitkit.quantize import quantize_int8
-from vitkit.runtime import detect_hardware
-
-from model_vs_timm import step_fn  # the same steps as the comparison with timm (benchmarks/ is on sys.path)
+from vitkit.infer.fastpath import vit_flops
+from vitkit.infer.paths import detect_hardware
+from vitkit.infer.quantize import quantize_int8
 
 MODELS = [  # (name, overrides, batch)
     ("vit_hybrid_mini_patch4_28", {}, 64),

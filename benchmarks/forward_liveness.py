@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from profile_vs_timm import seconds_per_batch  # benchmarks/ is on sys.path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "forward_liveness.jsonl"
@@ -39,7 +38,7 @@ def earlier_block_forward(self, x):
 
 def earlier_attention_forward(self, x):
     """The attention's forward before: q, k, v and the per-head output stayed alive through the projection."""
-    q, k, v = self._split_heads(x)
+    q, k, v = self.split_heads(x)
     out = F.scaled_dot_product_attention(q, k, v)
     B, H, T, hd = out.shape
     merged = out.transpose(1, 2).reshape(B, T, H * hd)

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
+from vitkit.infer.paths import autocast
 from vitkit.io.atomic import atomic_write_text
-from vitkit.runtime import autocast
 
 RESULTS = Path(__file__).parent / "results" / "grad_ckpt_memory.json"
 

@@ -1,4 +1,4 @@
-"""int8 inference on oneDNN's kernels against fbgemm's (``vitkit.quantize``, kernel='onednn' / 'fbgemm'), same model.
+"""int8 inference on oneDNN's kernels against fbgemm's (``vitkit.infer.quantize``, kernel='onednn' / 'fbgemm'), same model.
 
     PYTHONPATH=src python benchmarks/int8_kernels.py      # the demo model, ViT-Ti/S/B/16 at batch 1 and 16
     PYTHONPATH=src python benchmarks/int8_kernels.py --cases vit_small_patch16_224:16 --repeats 15
@@ -10,9 +10,9 @@ sets it (``keep_freed_memory``). Each ratio is the median [range] over the round
 / the way's time, taken round by round, so that a machine whose speed drifts hits both alike. Also the
 largest logit difference of each from fp32 eager and their top-1 agreement with it on 500 demo digits
 (random weights with a head that separates classes: a harsher test than a trained model's, whose logits
-are rarely near ties). The rule ``vitkit.fastpath.int8_kernel`` takes its figures
+are rarely near ties). The rule ``vitkit.infer.fastpath.int8_kernel`` takes its figures
 (``INT8_ONEDNN_MEASURED``) from the batch-16 rows of results/int8_kernels_<cpu>.json, <cpu> being the
-CPU's kind (``vitkit.runtime.cpu_bf16_kind``).
+CPU's kind (``vitkit.infer.paths.cpu_bf16_kind``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import json
 import statistics
 
 import torch
-
 from model_vs_timm import cpu_cases, race, ratio, step_fn, write_rows
+
+from vitkit.core.hardware import cpu_bf16_kind
 from vitkit.data import eval_batch, open_dataset
-from vitkit.quantize import quantize_int8
-from vitkit.runtime import cpu_bf16_kind
+from vitkit.infer.quantize import quantize_int8
 
 DEFAULT_CASES = ("vit_hybrid_mini_patch4_28:1,vit_hybrid_mini_patch4_28:16,vit_tiny_patch16_224:1,vit_tiny_patch16_224:16,vit_small_patch16_224:1,"
                  "vit_small_patch16_224:16,vit_base_patch16_224:1,vit_base_patch16_224:16")

@@ -13,12 +13,12 @@ repeat after repeat (the order rotating), so that load on a shared machine hits 
 the median over the repeats of timm eager's time / the way's time (> 1: faster than timm eager), with
 its range:
 - vitkit eager: fp32, no compile (the same computation as timm's);
-- vitkit default: the path vitkit's tools take (``vitkit.runtime.inference_path`` for inference,
+- vitkit default: the path vitkit's tools take (``vitkit.infer.paths.inference_path`` for inference,
   ``pick_precision('auto', ...)`` for training), named in the table;
-- vitkit int8 (inference, ``--int8``): ``vitkit.quantize`` on the kernel the tools pick at the case's batch
+- vitkit int8 (inference, ``--int8``): ``vitkit.infer.quantize`` on the kernel the tools pick at the case's batch
   (named in the row), with its top-1 agreement with vitkit fp32 on 500 demo test digits (the benchmark's
   random weights, with a random head); with ``--own-process`` also as the commands run it;
-- vitkit ORT (inference, ``--ort``): fp32 on ONNX Runtime (``vitkit.onnxrt.OrtModel``, the engine of
+- vitkit ORT (inference, ``--ort``): fp32 on ONNX Runtime (``vitkit.infer.onnxrt.OrtModel``, the engine of
   ``--engine onnxruntime``; its export and session time is left out of the timing, and given); n/a
   where onnxruntime is not installed;
 - timm compiled (``--compile``): torch.compile(timm) (its compile time is left out of the timing);
@@ -57,8 +57,8 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.fastpath import vit_flops
-from vitkit.runtime import apply_path, autocast, inference_path, pick_precision
+from vitkit.infer.fastpath import vit_flops
+from vitkit.infer.paths import apply_path, autocast, inference_path, pick_precision
 
 TRAIN_MODEL = ("vit_tiny_patch4_32", {"depth": 6})  # patch 4, width 192, depth 6, 32 px
 DEFAULT_CASES = "infer:vit_small_patch16_224:16,train:vit_tiny_patch4_32:128"
@@ -126,7 +126,7 @@ def default_way(ours, mode: str, x: torch.Tensor, device: torch.device):
 def ort_way(ours, x: torch.Tensor, device: torch.device, ways: dict) -> str:
     """Add the "vitkit ORT" way (fp32 on ONNX Runtime) to ``ways`` where it can run; what it cost to set up,
     or why it is n/a."""
-    from vitkit.onnxrt import OrtModel, onnxruntime_available
+    from vitkit.infer.onnxrt import OrtModel, onnxruntime_available
 
     if device.type != "cpu" or not onnxruntime_available():
         return f"n/a: {'onnxruntime is not installed' if device.type == 'cpu' else 'CPU only'}"
@@ -143,7 +143,7 @@ def _process_worker(rank: int, world: int, name: str, mode: str, batch: int, thr
     command line sets it, ``threads`` threads, the case's model (the same weights) on ``batch`` images; in
     training a DDP replica when ``world`` > 1, in inference the path ``inference_path`` picks at
     ``precision``. Runs as many steps as the pipe asks, then says so."""
-    from vitkit.runtime import keep_freed_memory
+    from vitkit.core.hardware import keep_freed_memory
     from vitkit.train.distributed import DistInfo, process_group
 
     keep_freed_memory()  # as every vitkit command does (the command line sets it)
@@ -233,7 +233,7 @@ def cpu_cases(args):
     """The cases of a CPU benchmark of vitkit's paths (``args.cases``: model:batch, comma-separated), in this
     process with the allocator set as every command sets it and ``args.threads`` threads: (case, model
     name, batch, the model in eval mode, a fixed random batch) for each."""
-    from vitkit.runtime import keep_freed_memory
+    from vitkit.core.hardware import keep_freed_memory
 
     keep_freed_memory()
     torch.set_num_threads(args.threads)
@@ -247,7 +247,7 @@ def cpu_cases(args):
 def write_rows(args, script: str, rows: list[dict], **meta) -> None:
     """``rows`` and what they were measured with to ``args.out`` (JSON), after every case: a run cut short
     keeps what it measured."""
-    from vitkit.runtime import detect_hardware
+    from vitkit.infer.paths import detect_hardware
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -265,7 +265,7 @@ def top1_agreement(ours, device: torch.device, kernel: str, n: int = 500) -> flo
     """Share of the first ``n`` demo test digits (at the model's size and channels, through its own
     preprocessing) on which vitkit int8 (on ``kernel``) and fp32 predict the same class."""
     from vitkit.data import eval_batch, open_dataset
-    from vitkit.quantize import quantize_int8
+    from vitkit.infer.quantize import quantize_int8
 
     c = ours.cfg
     test = open_dataset(None, channels=c.in_chans, img_size=c.img_size).test

@@ -1,11 +1,11 @@
-"""ONNX Runtime against torch for fp32 inference on the CPU: what ``vitkit.fastpath.ORT_MEASURED`` rests on.
+"""ONNX Runtime against torch for fp32 inference on the CPU: what ``vitkit.infer.fastpath.ORT_MEASURED`` rests on.
 
     PYTHONPATH=src python benchmarks/ort_vs_torch.py [--threads 2] [--repeats 5] [--batches 1,16]
 
 For each model (random weights, seed 0: the demo's conv-stem model, ViT-Ti/16, ViT-S/16, ViT-B/16) and
 batch, three ways are timed in alternation, repeat after repeat, the order rotating (so that load on a
 shared machine hits all alike), on the same number of threads:
-- onnxruntime: ``vitkit.onnxrt.OrtModel``, the engine the tools use (fp32);
+- onnxruntime: ``vitkit.infer.onnxrt.OrtModel``, the engine the tools use (fp32);
 - torch eager: fp32, no compile;
 - torch default: the path the tools took before the engine existed (``inference_path(engine='torch')``:
   bf16 where the CPU and the model's size make it pay, else fp32; never compiled on a CPU).
@@ -32,13 +32,13 @@ import time
 from pathlib import Path
 
 import torch
+from model_vs_timm import race, ratio, step_fn  # the timing of the comparison with timm (benchmarks/ is on sys.path)
 
 import vitkit
-from vitkit.fastpath import vit_flops
-from vitkit.onnxrt import OrtModel
-from vitkit.runtime import apply_path, detect_hardware, inference_path, keep_freed_memory
-
-from model_vs_timm import race, ratio, step_fn  # the timing of the comparison with timm (benchmarks/ is on sys.path)
+from vitkit.core.hardware import keep_freed_memory
+from vitkit.infer.fastpath import vit_flops
+from vitkit.infer.onnxrt import OrtModel
+from vitkit.infer.paths import apply_path, detect_hardware, inference_path
 
 MODELS = ("vit_hybrid_mini_patch4_28", "vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 
@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--out", default="benchmarks/results/ort_vs_torch.json")
     ap.add_argument("--allocator", choices=["kept", "default"], default="kept", help="glibc's allocator as every "
-                    "vitkit command sets it (runtime.keep_freed_memory), or as it comes")
+                    "vitkit command sets it (core.hardware.keep_freed_memory), or as it comes")
     args = ap.parse_args()
     if args.allocator == "kept":
         keep_freed_memory()

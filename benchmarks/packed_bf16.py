@@ -1,4 +1,4 @@
-"""bf16 inference on a packed bf16 copy (``vitkit.packed.Bf16Inference``) against bf16 autocast, same model;
+"""bf16 inference on a packed bf16 copy (``vitkit.infer.packed.Bf16Inference``) against bf16 autocast, same model;
 and the packed copy with its residual stream in bf16 (``stream='bfloat16'``) against it in float32.
 
     PYTHONPATH=src python benchmarks/packed_bf16.py                      # ViT-Ti/S/B/16 at batch 1 and 16
@@ -13,9 +13,9 @@ the bf16 stream's). With ``--compile``, also
 torch.compile (inductor, its weights frozen as constants: ``torch._inductor.config.freezing``) under bf16
 autocast, with its compile time (left out of the timing) and its speed over the packed copy. Also the largest logit difference
 of each bf16 way from fp32 eager, and the time to build the packed copy. The rule
-``vitkit.fastpath.packed_pays`` takes its figures (``PACKED_MEASURED``, one table per kind of CPU) from the
+``vitkit.infer.fastpath.packed_pays`` takes its figures (``PACKED_MEASURED``, one table per kind of CPU) from the
 batch-16 rows of results/packed_bf16_<cpu>.json, <cpu> being "amx" or "avx512bf16" (the CPU's bf16
-instructions, ``vitkit.runtime.cpu_bf16_kind``), and so does ``STREAM_MEASURED`` (the bf16 stream over the
+instructions, ``vitkit.infer.paths.cpu_bf16_kind``), and so does ``STREAM_MEASURED`` (the bf16 stream over the
 float32 stream).
 """
 
@@ -27,10 +27,10 @@ import statistics
 import time
 
 import torch
-
 from model_vs_timm import cpu_cases, race, ratio, step_fn, write_rows
-from vitkit.packed import Bf16Inference
-from vitkit.runtime import cpu_bf16_kind
+
+from vitkit.core.hardware import cpu_bf16_kind
+from vitkit.infer.packed import Bf16Inference
 
 DEFAULT_CASES = ("vit_tiny_patch16_224:1,vit_tiny_patch16_224:16,vit_small_patch16_224:1,"
                  "vit_small_patch16_224:16,vit_base_patch16_224:1,vit_base_patch16_224:16")

@@ -4,8 +4,8 @@
     PYTHONPATH=src python benchmarks/path_agreement.py RUN --data DIR --split val --seed S  # e.g. a CIFAR-10 carve
 
 For every test image: the top-1 class of fp32 eager against bf16 autocast, bf16 on the packed bf16 copy
-(``vitkit.packed``, where oneDNN runs bf16; its residual stream in float32, and in bf16: "bf16_stream") and
-int8 (``vitkit.quantize``, on each of its kernels that runs here: "int8_onednn", "int8_fbgemm") (the share
+(``vitkit.infer.packed``, where oneDNN runs bf16; its residual stream in float32, and in bf16: "bf16_stream") and
+int8 (``vitkit.infer.quantize``, on each of its kernels that runs here: "int8_onednn", "int8_fbgemm") (the share
 that agree), and the largest logit difference of the fp32 paths (channels-last, for a conv
 stem) from eager. One JSON line to stdout, appended to benchmarks/results/path_agreement.jsonl.
 """
@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 
 from vitkit.data import eval_batch, open_dataset
-from vitkit.fastpath import FastPath
-from vitkit.packed import onednn_bf16_available
-from vitkit.quantize import fbgemm_available, onednn_int8_available
-from vitkit.runtime import apply_path, autocast, load_model
+from vitkit.infer.fastpath import FastPath
+from vitkit.infer.packed import onednn_bf16_available
+from vitkit.infer.paths import apply_path, autocast
+from vitkit.infer.quantize import fbgemm_available, onednn_int8_available
+from vitkit.tools.loading import load_model
 
 
 def logits_of(net, x: torch.Tensor, precision: str = "fp32", batch: int = 250) -> torch.Tensor:

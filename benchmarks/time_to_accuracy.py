@@ -58,7 +58,7 @@ def threads(args) -> int:
     if args.threads:
         return args.threads
     sys.path.insert(0, str(ROOT / "src"))
-    from vitkit.runtime import usable_cpus
+    from vitkit.core.hardware import usable_cpus
 
     return usable_cpus()
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageEnhance, ImageOps
 
 import vitkit
-from vitkit.errors import ConfigError, ShapeError
+from vitkit.core.errors import ConfigError, ShapeError
 from vitkit.data import AugmentConfig, BatchAugment, eval_batch
 from vitkit.data import augment as A
 

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.bench import bench, count_flops, format_table, vit_flops
-from vitkit.cli import main
-
+from vitkit.cli.main import main
+from vitkit.tools.bench import bench, count_flops, format_table, vit_flops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -66,10 +65,10 @@ def test_bench_rows_for_each_mode_dtype_and_batch():
 
 
 def test_auto_is_the_precision_the_tools_pick(monkeypatch):
-    from vitkit import runtime
-    from vitkit.fastpath import Hardware
+    from vitkit.infer import paths
+    from vitkit.infer.fastpath import Hardware
 
-    monkeypatch.setattr(runtime, "detect_hardware", lambda dev: Hardware("cpu", cpu_bf16_kind="avx512bf16"))  # AVX512-BF16
+    monkeypatch.setattr(paths, "detect_hardware", lambda dev: Hardware("cpu", cpu_bf16_kind="avx512bf16"))  # AVX512-BF16
     res = bench("vit_test", batch_sizes=(1,), dtypes=("auto", "fp32"), repeats=1, warmup=0, peak=False)
     assert res["auto_dtype"] == "fp32"  # a tiny model: bf16 would not pay without AMX
     assert [r["dtype"] for r in res["rows"]] == ["fp32"]  # measured once
@@ -113,14 +112,14 @@ def test_cli_table_and_json(tmp_path, capsys):
 def test_each_row_runs_the_path_the_tools_take(monkeypatch):
     """bf16 inference on a CPU where packed weights pay runs the packed copy, as predict and eval do; a conv
     stem runs channels-last where that pays, on a copy; each row names its path, and the table lists them."""
-    from vitkit import packed, runtime
-    from vitkit.fastpath import Hardware
+    from vitkit.infer import packed, paths
+    from vitkit.infer.fastpath import Hardware
 
     can_pack = packed.onednn_bf16_available()  # where oneDNN cannot, the rule keeps autocast
     amx = Hardware("cpu", cpu_bf16_kind="amx", onednn_bf16=can_pack)
-    monkeypatch.setattr(runtime, "detect_hardware", lambda dev: amx)
+    monkeypatch.setattr(paths, "detect_hardware", lambda dev: amx)
     built = []
-    monkeypatch.setattr(runtime, "Bf16Inference", lambda m, stream: built.append(m) or packed.Bf16Inference(m, stream))
+    monkeypatch.setattr(paths, "Bf16Inference", lambda m, stream: built.append(m) or packed.Bf16Inference(m, stream))
     m = vitkit.create_model("vit_test", seed=0, stem="conv", stem_width=8)
     before = {k: v.clone() for k, v in m.state_dict().items()}
     res = bench(m, batch_sizes=(2,), dtypes=("fp32", "bf16"), modes=("infer", "train"), repeats=1, warmup=0,
@@ -138,11 +137,11 @@ def test_each_row_runs_the_path_the_tools_take(monkeypatch):
 
 
 def test_compile_is_forced_on_every_inference_path_and_replaces_the_packed_copy(monkeypatch):
-    from vitkit import runtime
-    from vitkit.bench import bench_path
-    from vitkit.fastpath import Hardware
+    from vitkit.infer import paths
+    from vitkit.infer.fastpath import Hardware
+    from vitkit.tools.bench import bench_path
 
-    monkeypatch.setattr(runtime, "detect_hardware",
+    monkeypatch.setattr(paths, "detect_hardware",
                         lambda dev: Hardware("cpu", cpu_bf16_kind="amx", onednn_bf16=True))
     m, cpu = vitkit.create_model("vit_tiny_patch16_224"), torch.device("cpu")
     assert bench_path(m, "infer", "bf16", 2, 3, False, cpu).packed

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vitkit import ConfigError, ViTConfig
-from vitkit.cli import available_commands, main, parse_args
+from vitkit.cli.main import available_commands, main, parse_args
 
 
 def run_cli(*argv):
@@ -134,7 +134,7 @@ def test_fuzz_config_loader_raises_only_config_errors(data):
 
 
 def test_override_none_is_a_string_choice_or_null_by_field_type():
-    from vitkit.strict import apply_overrides, coerce, parse_override
+    from vitkit.core.strict import apply_overrides, coerce, parse_override
 
     assert parse_override("augment.auto=none") == (["augment", "auto"], "none")
     assert parse_override("x=null") == (["x"], None)

@@ -5,14 +5,13 @@ from functools import partial
 
 import pytest
 import torch
+from helpers import assert_same_logits, random_model
 
 import vitkit
-from vitkit.cli import main
-from vitkit.errors import CheckpointError
+from vitkit.cli.main import main
+from vitkit.core.errors import CheckpointError
 from vitkit.io.convert import from_hf, to_hf
 from vitkit.io.hf import to_hf_state
-
-from helpers import assert_same_logits, random_model
 
 # vit_test with 4 heads and 3 classes (what config.json and the key counts below say), every weight random
 rand_model = partial(random_model, num_heads=4, num_classes=3)

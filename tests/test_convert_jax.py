@@ -11,11 +11,10 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from vitkit.errors import CheckpointError
-from vitkit.io.convert import convert, from_jax
-
 from helpers import assert_same_logits
+
+from vitkit.core.errors import CheckpointError
+from vitkit.io.convert import convert, from_jax
 
 TOL = 1e-5
 BLOCK = {  # sub-module names inside an encoder block, as each codebase names them
@@ -287,7 +286,7 @@ def test_refuses_pickles_and_other_files(tmp_path):
 
 def test_convert_jax_to_vitkit_checkpoint_at_new_resolution(tmp_path):
     import vitkit
-    from vitkit.layers import resample_pos_embed
+    from vitkit.model.layers import resample_pos_embed
 
     a = make_npz("vit_jax")
     report = convert(save(tmp_path, a), tmp_path / "ckpt", "jax", img_size=48)
@@ -301,7 +300,7 @@ def test_convert_jax_to_vitkit_checkpoint_at_new_resolution(tmp_path):
 def test_cli_jax_straight_to_hf(tmp_path, capsys):
     import json
 
-    from vitkit.cli import main
+    from vitkit.cli.main import main
     from vitkit.io.convert import from_hf
 
     a = make_npz("big_vision", D=32, H=4)

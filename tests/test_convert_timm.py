@@ -5,16 +5,15 @@ import pickle
 
 import pytest
 import torch
-
-import vitkit
-from vitkit import ViTConfig, VisionTransformer
-from vitkit.cli import main
-from vitkit.errors import CheckpointError, ConfigError
-from vitkit.io.convert import from_timm, to_timm
-from vitkit.io.timm import save_timm
-
 from helpers import Payload, assert_same_logits, randomize
 from helpers import random_model as rand_model  # vit_test (2 heads, 10 classes), every weight random
+
+import vitkit
+from vitkit import VisionTransformer, ViTConfig
+from vitkit.cli.main import main
+from vitkit.core.errors import CheckpointError, ConfigError
+from vitkit.io.convert import from_timm, to_timm
+from vitkit.io.timm import save_timm
 
 
 @pytest.mark.parametrize("kw", [
@@ -233,7 +232,7 @@ def test_cli_timm_to_vitkit_and_back(tmp_path, capsys):
 
 
 def test_cli_resamples_to_a_new_size(tmp_path, capsys):
-    from vitkit.layers import resample_pos_embed
+    from vitkit.model.layers import resample_pos_embed
 
     model = rand_model()
     vitkit.save(model, tmp_path / "ckpt")

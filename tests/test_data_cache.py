@@ -8,13 +8,12 @@ import stat
 
 import pytest
 import torch
+from helpers import FAST_TRAIN_ARGS, image_folder, noise_image
 
 import vitkit.data.datasets as datasets
-from vitkit.cli import main
+from vitkit.cli.main import main
+from vitkit.core.errors import DataError
 from vitkit.data import open_dataset
-from vitkit.errors import DataError
-
-from helpers import FAST_TRAIN_ARGS, image_folder, noise_image
 
 
 def _folder(root, n=5):

@@ -7,18 +7,17 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import image_folder, tiny_run_config, tiny_splits
 from PIL import Image
 
-from vitkit.config import Preprocess
+from vitkit.core.errors import ConfigError, DataError
+from vitkit.core.hardware import usable_cpus
 from vitkit.data import AugmentConfig, BatchAugment, eval_batch, open_dataset
 from vitkit.data.images import resize_center_crop
-from vitkit.errors import ConfigError, DataError
+from vitkit.model.config import Preprocess
 from vitkit.train.build import decode_short_side, eval_crop, open_data
 from vitkit.train.config import resolve_config
 from vitkit.train.loader import MAX_WORKERS, BatchLoader, loader_workers
-from vitkit.runtime import usable_cpus
-
-from helpers import image_folder, tiny_run_config, tiny_splits
 
 RED = (255, 0, 0)
 PLAIN = Preprocess(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # the output is pixel / 255

@@ -8,13 +8,12 @@ import struct
 import numpy as np
 import pytest
 import torch
+from helpers import idx_bytes
 from PIL import Image
 
-from vitkit.errors import DataError
+from vitkit.core.errors import DataError
 from vitkit.data import open_dataset
 from vitkit.data.datasets import DEMO_DIR, ImageSet, safe_unpickle
-
-from helpers import idx_bytes
 
 
 def _img(path, value, size=(8, 8), mode="RGB"):

@@ -5,15 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import idx_bytes, image_folder, tiny_model
 from PIL import Image
 
 import vitkit
-from vitkit.cli import main
+from vitkit.cli.main import main
 from vitkit.data import decode_image, eval_batch
-from vitkit.evaluate import evaluate
-
-from helpers import idx_bytes, image_folder, tiny_model
-
+from vitkit.tools.evaluate import evaluate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -89,7 +87,7 @@ def _mirror_symmetric_model():
 
 
 def test_flip_tta_averages_the_logits_of_the_image_and_its_mirror(tmp_path, data):
-    from vitkit.runtime import model_logits
+    from vitkit.infer.paths import model_logits
 
     model = _model()
     x = torch.randn(4, 3, 32, 32)

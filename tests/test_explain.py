@@ -9,14 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers import noise_image, tiny_model
 from PIL import Image
 
 import vitkit
-from vitkit.cli import main
-from vitkit.explain import TokenLayout, attention_rollout, class_relevance, colormap, explain, gradient_rollout
-
-from helpers import noise_image, tiny_model
-
+from vitkit.cli.main import main
+from vitkit.tools.explain import TokenLayout, attention_rollout, class_relevance, colormap, explain, gradient_rollout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,13 +4,11 @@ import json
 
 import pytest
 import torch
-
-import vitkit
-from vitkit.cli import main
-from vitkit.export import ExportError, export
-
 from helpers import tiny_model
 
+import vitkit
+from vitkit.cli.main import main
+from vitkit.tools.export import ExportError, export
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,7 +48,7 @@ def test_onnx_matches_eager_with_onnxruntime(tmp_path):
 
 
 def test_failed_check_reports_the_figure_and_leaves_no_file(tmp_path, monkeypatch):
-    import vitkit.export as ex
+    import vitkit.tools.export as ex
 
     ckpt, _ = _tiny(tmp_path)
     real = ex._runner

@@ -9,13 +9,13 @@ import pytest
 import torch
 from helpers import assert_same_logits, random_images, tiny_model
 
-from vitkit import runtime
-from vitkit.errors import ConfigError, ExportError, VitkitWarning
-from vitkit.fastpath import (
+from vitkit.core.errors import ConfigError, ExportError, VitkitWarning
+from vitkit.infer import paths
+from vitkit.infer.fastpath import (
     BF16_MIN_FLOPS,
+    CHANNELS_LAST_MEASURED,
     ORT_MEASURED,
     ORT_MIN_GAIN,
-    CHANNELS_LAST_MEASURED,
     FastPath,
     Hardware,
     Work,
@@ -27,8 +27,8 @@ from vitkit.fastpath import (
     ort_pays,
     vit_flops,
 )
-from vitkit.onnxrt import onnxruntime_available
-from vitkit.quantize import Int8Linear, int8_available, quantize_int8
+from vitkit.infer.onnxrt import onnxruntime_available
+from vitkit.infer.quantize import Int8Linear, int8_available, quantize_int8
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -66,7 +66,7 @@ def test_compile_never_pays_where_measured_no_faster_and_is_off_where_unmeasured
 
 
 def test_compile_pays_only_for_long_work(monkeypatch):
-    import vitkit.fastpath as fp
+    import vitkit.infer.fastpath as fp
 
     monkeypatch.setitem(fp.COMPILE_MEASURED, ("cpu", "train"), (100.0, 1.25, 1e10))
     short, long = Work("train", 1e9, images=1_000), Work("train", 1e9, images=1_000_000)
@@ -96,7 +96,7 @@ def test_a_training_run_says_why_it_trains_channels_last_or_not():
 
 
 def test_the_channels_last_rule_follows_its_measurements(monkeypatch):
-    import vitkit.fastpath as fp
+    import vitkit.infer.fastpath as fp
 
     conv = Work("train", DEMO_FLOPS, conv_stem=True)
     monkeypatch.setitem(fp.CHANNELS_LAST_MEASURED, ("cpu", "train"), 0.9)
@@ -107,15 +107,15 @@ def test_the_channels_last_rule_follows_its_measurements(monkeypatch):
 def test_the_training_path_of_a_model():
     cpu = torch.device("cpu")
     demo = tiny_model("vit_hybrid_mini_patch4_28").cfg
-    path = runtime.training_path(demo, cpu, "fp32")
+    path = paths.training_path(demo, cpu, "fp32")
     assert (path.precision, path.compile, path.channels_last) == ("fp32", False, True)
-    assert runtime.training_path(demo, cpu, "fp32", sharded=True).channels_last is False
-    assert runtime.training_path(demo, cpu, "fp32", channels_last=False).channels_last is False
-    assert runtime.training_path(tiny_model().cfg, cpu, "fp32").channels_last is False  # a patch stem
-    assert runtime.training_path(demo, cpu, "fp32", compile=True).compile is True
-    assert runtime.training_path(demo, cpu).precision == "fp32"  # auto: too small for bf16 on every CPU
+    assert paths.training_path(demo, cpu, "fp32", sharded=True).channels_last is False
+    assert paths.training_path(demo, cpu, "fp32", channels_last=False).channels_last is False
+    assert paths.training_path(tiny_model().cfg, cpu, "fp32").channels_last is False  # a patch stem
+    assert paths.training_path(demo, cpu, "fp32", compile=True).compile is True
+    assert paths.training_path(demo, cpu).precision == "fp32"  # auto: too small for bf16 on every CPU
     with pytest.raises(ConfigError, match="^precision: 'fp16' needs a CUDA device"):
-        runtime.training_path(demo, cpu, "fp16")
+        paths.training_path(demo, cpu, "fp16")
 
 
 def test_int8_is_opt_in_and_for_cpu_inference_only():
@@ -136,7 +136,7 @@ def test_the_path_says_what_it_took_and_why():
 
 def _measured(monkeypatch, at1: float, at16: float, setup_s: float = 2.0):
     """One measured model of 1 GFLOP/image: onnxruntime's gain at batch 1 and 16, its setup seconds."""
-    import vitkit.fastpath as fp
+    import vitkit.infer.fastpath as fp
 
     monkeypatch.setattr(fp, "ORT_MEASURED", {"m": (1e9, at1, at16, setup_s)})
 
@@ -214,10 +214,10 @@ def test_named_precisions_are_kept():
 
 
 def test_auto_precision_of_the_trainer_weighs_the_model(monkeypatch):
-    monkeypatch.setattr(runtime, "cpu_bf16_kind", lambda: "avx512bf16")
+    monkeypatch.setattr(paths, "cpu_bf16_kind", lambda: "avx512bf16")
     cpu = torch.device("cpu")
-    assert runtime.pick_precision("auto", cpu, DEMO_FLOPS) == "fp32"
-    assert runtime.pick_precision("auto", cpu, TI16_FLOPS) == "bf16"
+    assert paths.pick_precision("auto", cpu, DEMO_FLOPS) == "fp32"
+    assert paths.pick_precision("auto", cpu, TI16_FLOPS) == "bf16"
 
 
 def test_vit_flops_of_vit_ti16():
@@ -230,17 +230,17 @@ def test_channels_last_fp32_matches_eager():
     x = random_images(model.cfg, n=4)
     want = model(x)
     path = FastPath("fp32", channels_last=True)
-    assert_same_logits(runtime.apply_path(model, path)(x), want, tol=1e-4)
+    assert_same_logits(paths.apply_path(model, path)(x), want, tol=1e-4)
 
 
 def test_the_tools_path_is_fp32_eager_for_a_tiny_model():  # on every CPU, bf16 or not
     model = tiny_model(head_std=0.5)
-    path = runtime.inference_path(model, torch.device("cpu"), images=8)
+    path = paths.inference_path(model, torch.device("cpu"), images=8)
     assert (path.precision, path.compile, path.channels_last) == ("fp32", False, False)
     with pytest.raises(ConfigError, match="^--precision: 'fp16' is not one of auto, fp32, bf16, int8$"):
-        runtime.inference_path(model, torch.device("cpu"), "fp16")
+        paths.inference_path(model, torch.device("cpu"), "fp16")
     with pytest.raises(ConfigError, match="^--engine: 'ort' is not one of auto, torch, onnxruntime$"):
-        runtime.inference_path(model, torch.device("cpu"), engine="ort")
+        paths.inference_path(model, torch.device("cpu"), engine="ort")
 
 
 # ------------------------------------------------------------------------------------ onnxruntime
@@ -250,11 +250,11 @@ needs_ort = pytest.mark.skipif(not onnxruntime_available(), reason="onnxruntime 
 @needs_ort
 @pytest.mark.parametrize("over", [{}, dict(stem="conv", stem_width=8)], ids=["patch stem", "conv stem"])
 def test_onnxruntime_matches_eager(over, tmp_path, monkeypatch):
-    from vitkit.onnxrt import OrtModel
+    from vitkit.infer.onnxrt import OrtModel
 
     monkeypatch.chdir(tmp_path)
     model = tiny_model(head_std=0.5, **over)
-    net = runtime.apply_path(model, FastPath("fp32", engine="onnxruntime", engine_asked=True))
+    net = paths.apply_path(model, FastPath("fp32", engine="onnxruntime", engine_asked=True))
     assert isinstance(net, OrtModel)
     for n in (1, 5):  # a dynamic batch
         x = random_images(model.cfg, n=n, seed=n)
@@ -268,7 +268,7 @@ def test_onnxruntime_off_from_eager_falls_back_or_fails_when_forced():
     model = tiny_model(head_std=0.5)
     x = random_images(model.cfg, n=3)
     auto = FastPath("fp32", engine="onnxruntime", why=("onnxruntime: measured",))
-    net = runtime.apply_path(model, auto)
+    net = paths.apply_path(model, auto)
     real = net.run
     net.run = lambda images: real(images) + 1e-3
     with pytest.warns(VitkitWarning, match="^onnxruntime: logits differ from eager by 0.001 > 0.0001 on the first "
@@ -277,9 +277,9 @@ def test_onnxruntime_off_from_eager_falls_back_or_fails_when_forced():
             got = net(x)
     with torch.no_grad():
         assert torch.equal(got, model(x)) and torch.equal(net(x), model(x))  # eager from then on
-    assert runtime.path_taken(auto, net) == ("fp32, eager (onnxruntime: measured; onnxruntime: logits differ from "
+    assert paths.path_taken(auto, net) == ("fp32, eager (onnxruntime: measured; onnxruntime: logits differ from "
                                              "eager by 0.001 > 0.0001 on the first batch; ran torch instead)")
-    forced = runtime.apply_path(model, replace(auto, engine_asked=True))
+    forced = paths.apply_path(model, replace(auto, engine_asked=True))
     forced.run = net.run
     with pytest.raises(ExportError, match="^engine: onnxruntime: logits differ from eager by 0.001 > 0.0001 on"):
         with torch.no_grad():
@@ -288,7 +288,7 @@ def test_onnxruntime_off_from_eager_falls_back_or_fails_when_forced():
 
 @needs_ort
 def test_a_failed_export_falls_back_to_torch_in_one_line(monkeypatch):
-    import vitkit.onnxrt as onnxrt
+    import vitkit.infer.onnxrt as onnxrt
 
     def broken(model, opset=18):
         raise RuntimeError("unsupported operator\nsecond line")
@@ -297,7 +297,7 @@ def test_a_failed_export_falls_back_to_torch_in_one_line(monkeypatch):
     model = tiny_model(head_std=0.5)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        net = runtime.apply_path(model, FastPath("fp32", engine="onnxruntime"))
+        net = paths.apply_path(model, FastPath("fp32", engine="onnxruntime"))
     assert [str(w.message) for w in seen] == [
         "onnxruntime: export or session failed: RuntimeError: unsupported operator; ran torch instead"]
     x = random_images(model.cfg, n=2)
@@ -305,7 +305,7 @@ def test_a_failed_export_falls_back_to_torch_in_one_line(monkeypatch):
         assert torch.equal(net(x), model(x))
     with pytest.raises(ExportError, match="^engine: onnxruntime: export or session failed: RuntimeError: unsupported "
                                           "operator$"):
-        runtime.apply_path(model, FastPath("fp32", engine="onnxruntime", engine_asked=True))
+        paths.apply_path(model, FastPath("fp32", engine="onnxruntime", engine_asked=True))
 
 
 @pytest.mark.skipif(not int8_available(), reason="no int8 kernels in this torch build")
@@ -332,6 +332,6 @@ def test_bf16_agrees_with_fp32_on_top1():
     x = random_images(model.cfg, n=200, seed=3)
     with torch.no_grad():
         ref = model(x)
-        with runtime.autocast(torch.device("cpu"), "bf16"):
+        with paths.autocast(torch.device("cpu"), "bf16"):
             got = model(x).float()
     assert (ref.argmax(-1) == got.argmax(-1)).float().mean() >= 0.97

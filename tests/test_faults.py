@@ -19,12 +19,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import assert_same_weights, image_folder
 
 import vitkit
-from vitkit.cli import main
+from vitkit.cli.main import main
 from vitkit.train import checkpoint as tck
-
-from helpers import assert_same_weights, image_folder
 
 ARGS = ["--model", "vit_test", "--epochs", "2", "--batch-size", "8", "--ckpt-every", "2", "--threads", "1",
         "--device", "cpu", "--precision", "fp32", "--set", "plots=false", "--set", "log_every=1",
@@ -51,11 +50,11 @@ DRIVER = textwrap.dedent(r'''
     import json, os, signal, sys, time, shutil, subprocess
     import torch
     torch.set_num_threads(1)
-    import vitkit.cli, vitkit.train.trainer as trainer, vitkit.train.checkpoint as tck, vitkit.io.checkpoint as cio
+    import vitkit.cli.main, vitkit.train.trainer as trainer, vitkit.train.checkpoint as tck, vitkit.io.checkpoint as cio
     from vitkit.io.atomic import atomic_path
     # import now what a run imports lazily (torch._dynamo through the first optimizer: seconds), so that
     # each forked child starts warm; no torch computation happens in this process (fork-safe)
-    import torch._dynamo, safetensors.torch, vitkit.data, vitkit.variants, vitkit.train.optim, vitkit.commands.train
+    import torch._dynamo, safetensors.torch, vitkit.data, vitkit.model.variants, vitkit.train.optim, vitkit.cli.commands.train
     from PIL import Image, PngImagePlugin
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
 
@@ -192,7 +191,7 @@ DRIVER = textwrap.dedent(r'''
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
                 if event:
                     install(event, n, run, log)
-                code = vitkit.cli.main(argv)
+                code = vitkit.cli.main.main(argv)
             except SystemExit as e:
                 code = e.code
             except BaseException:

@@ -6,14 +6,13 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import noise_image, png_header_only
 from PIL import Image, features
 
 import vitkit
-from vitkit.errors import DataError, ShapeError
+from vitkit.core.errors import DataError, ShapeError
 from vitkit.data import decode_image, list_images, to_model_input
 from vitkit.data.images import DEFAULT_MAX_PIXELS, show_path
-
-from helpers import noise_image, png_header_only
 
 
 def _save(path, im, **kw):

@@ -13,16 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from vitkit.cli import main
-from vitkit.commands import launch as launch_mod
-from vitkit.commands.train import check_processes
-from vitkit.errors import ConfigError
-from vitkit.train.checkpoint import checkpoint_step
-
 from helpers import FAST_TRAIN_ARGS as FAST
 from helpers import image_folder, step_losses
+from safetensors.torch import load_file
+
+from vitkit.cli.commands import launch as launch_mod
+from vitkit.cli.commands.train import check_processes
+from vitkit.cli.main import main
+from vitkit.core.errors import ConfigError
+from vitkit.train.checkpoint import checkpoint_step
 
 # no augmentation, no label smoothing: the 2-process run then follows the 1-process run (same global batch)
 PLAIN = ["--set", "augment.crop=none", "--set", "augment.label_smoothing=0", "--set", "augment.hflip=0"]

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from vitkit.layers import (
+from vitkit.model.layers import (
     Attention,
-    Block,
     AttentionPool,
+    Block,
     PatchEmbed,
     PatchWhitening,
     PerHeadAttention,
@@ -71,7 +71,7 @@ def test_attention_fused_manual_per_head_agree(bias, qk_norm):
 
 
 def _sdpa_calls(monkeypatch) -> list:
-    import vitkit.layers.attention as mod
+    import vitkit.model.layers.attention as mod
 
     calls, sdpa = [], mod.F.scaled_dot_product_attention
     monkeypatch.setattr(mod.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
@@ -111,7 +111,7 @@ def test_qk_norm_normalises_each_head_with_one_shared_norm():
     for p in attn.q_norm.parameters():
         p.data.normal_()
     x = torch.randn(2, 5, 32)
-    q, _, _ = attn._split_heads(x)
+    q, _, _ = attn.split_heads(x)
     raw = attn.qkv(x)[..., :32].reshape(2, 5, 4, 8).transpose(1, 2)  # (B, H, T, hd) before the norm
     ref = torch.nn.functional.layer_norm(raw, (8,), attn.q_norm.weight, attn.q_norm.bias, attn.q_norm.eps)
     torch.testing.assert_close(q, ref, atol=ATOL, rtol=0)
@@ -327,7 +327,7 @@ def test_the_whitening_conv_runs_in_float32_under_bf16_autocast():
 
 def test_a_whitening_conv_stem_builds_from_the_config_and_is_set_from_data():
     import vitkit
-    from vitkit.errors import ConfigError
+    from vitkit.core.errors import ConfigError
 
     m = vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_width=8, stem_whiten=True,
                             stem_bn_momentum=0.5)

@@ -7,13 +7,12 @@ import re
 import time
 
 import pytest
-
-from vitkit.cli import main
-from vitkit.train import train
-from vitkit.train.metrics import CSV_COLUMNS, csv_row
-
 from helpers import tiny_run_config as cfg  # vit_test, 2 epochs of 4 steps (batch 8) on tiny_splits()
 from helpers import tiny_splits
+
+from vitkit.cli.main import main
+from vitkit.train import train
+from vitkit.train.metrics import CSV_COLUMNS, csv_row
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -117,7 +116,7 @@ def test_loggers_are_recorded_in_the_run_config(tmp_path, capsys):
 def test_a_missing_logger_package_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, nproc):
     import importlib.util
 
-    import vitkit.commands.launch as launch
+    import vitkit.cli.commands.launch as launch
 
     started = []
     monkeypatch.setattr(launch, "launch", lambda argv, n: started.append(n) or 0)

@@ -3,12 +3,11 @@ from functools import partial
 
 import pytest
 import torch
+from helpers import tiny_model
 
 import vitkit
-from vitkit import ConfigError, ShapeError, ViTConfig, VisionTransformer
-from vitkit.variants import REGISTRY
-
-from helpers import tiny_model
+from vitkit import ConfigError, ShapeError, VisionTransformer, ViTConfig
+from vitkit.model.variants import REGISTRY
 
 ATOL = 1e-5
 
@@ -218,14 +217,14 @@ def test_register_tokens_order_shapes_and_positions():
     assert (m.num_prefix_tokens, m.num_reg_tokens, tuple(m.reg_token.shape)) == (4, 3, (1, 3, 32))
     assert m.pos_embed.shape == (1, 4 + 16, 32)  # a slot for every token (timm's default layout)
     x = torch.randn(2, 3, 32, 32)
-    tokens = m._pos_embed(m.patch_embed(x), (4, 4))  # [cls], registers, patches
+    tokens = m.embed_positions(m.patch_embed(x), (4, 4))  # [cls], registers, patches
     torch.testing.assert_close(tokens[:, 0], (m.cls_token + m.pos_embed[:, :1])[:, 0].expand(2, -1))
     torch.testing.assert_close(tokens[:, 1:4], (m.reg_token + m.pos_embed[:, 1:4]).expand(2, -1, -1))
     assert m.forward_features(x).shape == (2, 4 + 16, 32)
     assert [a.shape for a in m.attention_maps(x)] == [(2, 2, 20, 20)] * 2  # every token, registers included
     patch_only = tiny(reg_tokens=3, no_embed_class=True)  # DINOv2 with registers: no position on the prefix
     assert patch_only.pos_embed.shape == (1, 16, 32)
-    tokens = patch_only._pos_embed(patch_only.patch_embed(x), (4, 4))
+    tokens = patch_only.embed_positions(patch_only.patch_embed(x), (4, 4))
     assert torch.equal(tokens[:, 1:4], patch_only.reg_token.expand(2, -1, -1))
 
 
@@ -267,8 +266,8 @@ def test_qk_norm_is_one_layernorm_over_the_head_dim():
     logits, maps = fused.forward_with_attention(x)
     torch.testing.assert_close(logits, fused(x), atol=ATOL, rtol=0)
     # the maps come from the normalised queries and keys
-    tokens = fused._pos_embed(fused.patch_embed(x), (4, 4))
-    q, k, _ = attn._split_heads(fused.blocks[0].norm1(tokens))
+    tokens = fused.embed_positions(fused.patch_embed(x), (4, 4))
+    q, k, _ = attn.split_heads(fused.blocks[0].norm1(tokens))
     ref = (q @ k.transpose(-2, -1) * attn.scale).softmax(-1)
     torch.testing.assert_close(maps[0], ref, atol=ATOL, rtol=0)
 

@@ -1,4 +1,4 @@
-"""bf16 inference on a packed bf16 copy (vitkit.packed): the same numbers as bf16, the model left alone,
+"""bf16 inference on a packed bf16 copy (vitkit.infer.packed): the same numbers as bf16, the model left alone,
 and the rule that picks it."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from helpers import random_images, tiny_model
 
-from vitkit import runtime
-from vitkit.fastpath import FastPath, Hardware, Work, choose_path, packed_pays
-from vitkit.packed import Bf16Inference, PackedLinear, onednn_bf16_available, pack_linears
+from vitkit.infer import paths
+from vitkit.infer.fastpath import FastPath, Hardware, Work, choose_path, packed_pays
+from vitkit.infer.packed import Bf16Inference, PackedLinear, onednn_bf16_available, pack_linears
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_onednn = pytest.mark.skipif(not onednn_bf16_available(), reason="no oneDNN bf16 on this CPU or build")
@@ -22,7 +22,7 @@ TI16_FLOPS = 2_507_366_400
 
 # -------------------------------------------------------------------------------------------- rule
 def test_packed_is_for_bf16_inference_on_a_cpu_where_it_was_measured(monkeypatch):
-    import vitkit.fastpath as fp
+    import vitkit.infer.fastpath as fp
 
     monkeypatch.setattr(fp, "PACKED_MEASURED", {"amx": {"a": 1.3, "b": 1.5}, "avx512bf16": {"a": 1.1}})
     path = choose_path(AMX, Work("infer", TI16_FLOPS, images=100, batch=16))
@@ -37,7 +37,7 @@ def test_packed_is_for_bf16_inference_on_a_cpu_where_it_was_measured(monkeypatch
 
 
 def test_packed_follows_its_measurements(monkeypatch):
-    import vitkit.fastpath as fp
+    import vitkit.infer.fastpath as fp
 
     monkeypatch.setattr(fp, "PACKED_MEASURED", {"amx": {"a": 0.98, "b": 1.5}})  # slower at one size: never
     assert packed_pays(AMX, Work("infer", TI16_FLOPS), "bf16", False) == (
@@ -50,7 +50,7 @@ def test_packed_follows_its_measurements(monkeypatch):
 
 
 def test_the_measured_table_has_a_gain_at_every_size():
-    from vitkit.fastpath import PACKED_MEASURED
+    from vitkit.infer.fastpath import PACKED_MEASURED
 
     assert set(PACKED_MEASURED) == {"amx", "avx512bf16"}
     for table in PACKED_MEASURED.values():
@@ -93,7 +93,7 @@ def test_packed_bf16_agrees_with_fp32_and_leaves_the_model_alone():
     with torch.inference_mode():
         ref = model(x)
         got = net(x)
-        with runtime.autocast(torch.device("cpu"), "bf16"):
+        with paths.autocast(torch.device("cpu"), "bf16"):
             amp = model(x).float()
             under_amp = net(x)  # as the tools call it: inside autocast
     assert got.dtype == torch.float32 and got.shape == ref.shape
@@ -120,7 +120,7 @@ def test_pack_linears_replaces_plain_linears_only():
 def test_packed_bf16_of_a_whitened_conv_stem_is_autocasts():
     model = tiny_model("vit_hybrid_whiten_patch4_32", head_std=0.5)
     x = random_images(model.cfg, n=16, seed=3)
-    with torch.inference_mode(), runtime.autocast(torch.device("cpu"), "bf16"):
+    with torch.inference_mode(), paths.autocast(torch.device("cpu"), "bf16"):
         amp = model(x).float()
         got = Bf16Inference(model)(x)
     assert (got - amp).abs().max() <= 1e-3 * amp.abs().max()
@@ -129,9 +129,9 @@ def test_packed_bf16_of_a_whitened_conv_stem_is_autocasts():
 @needs_onednn
 def test_apply_path_runs_the_packed_copy():
     model = tiny_model(head_std=0.5)
-    net = runtime.apply_path(model, FastPath("bf16", packed=True))
+    net = paths.apply_path(model, FastPath("bf16", packed=True))
     assert isinstance(net, Bf16Inference)
-    assert runtime.apply_path(model, FastPath("bf16")) is model
+    assert paths.apply_path(model, FastPath("bf16")) is model
 
 
 # -------------------------------------------------------------------------------------------- bf16 stream
@@ -160,7 +160,7 @@ def test_the_bf16_stream_agrees_with_fp32_and_leaves_the_model_alone(over):
     with torch.inference_mode():
         ref = model(x)
         got = net(x)
-        with runtime.autocast(torch.device("cpu"), "bf16"):
+        with paths.autocast(torch.device("cpu"), "bf16"):
             amp = model(x).float()
             under_amp = net(x)
     assert got.dtype == torch.float32 and got.shape == ref.shape
@@ -184,7 +184,7 @@ def test_blocks_of_another_kind_keep_the_float32_stream():
 
 
 def test_the_bf16_stream_follows_its_measurements(monkeypatch):
-    import vitkit.fastpath as fp
+    import vitkit.infer.fastpath as fp
 
     work = Work("infer", TI16_FLOPS, batch=16)
     monkeypatch.setattr(fp, "STREAM_MEASURED", {"amx": {"a": 1.05, "b": 1.2}})
@@ -202,16 +202,16 @@ def test_the_bf16_stream_follows_its_measurements(monkeypatch):
 @needs_onednn
 def test_apply_path_runs_the_stream_the_path_names():
     model = tiny_model(head_std=0.5)
-    assert runtime.apply_path(model, FastPath("bf16", packed=True, stream="bfloat16")).stream == "bfloat16"
-    assert runtime.apply_path(model, FastPath("bf16", packed=True)).stream == "float32"
+    assert paths.apply_path(model, FastPath("bf16", packed=True, stream="bfloat16")).stream == "bfloat16"
+    assert paths.apply_path(model, FastPath("bf16", packed=True)).stream == "float32"
 
 
 @needs_onednn
 def test_the_path_says_when_blocks_of_another_kind_keep_the_float32_stream():
     post = tiny_model(head_std=0.5, norm="post")
     path = FastPath("bf16", packed=True, stream="bfloat16", why=("asked",))
-    net = runtime.apply_path(post, path)
-    assert runtime.path_taken(path, net) == ("bf16, eager, packed bf16 weights (asked; float32 residual stream: the "
+    net = paths.apply_path(post, path)
+    assert paths.path_taken(path, net) == ("bf16, eager, packed bf16 weights (asked; float32 residual stream: the "
                                              "model has blocks of another kind than the plain pre-LN one)")
     pre = tiny_model(head_std=0.5)
-    assert runtime.path_taken(path, runtime.apply_path(pre, path)) == path.describe()
+    assert paths.path_taken(path, paths.apply_path(pre, path)) == path.describe()

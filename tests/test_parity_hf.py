@@ -2,12 +2,11 @@
 
 import pytest
 import torch
-
-from vitkit import ViTConfig, VisionTransformer
-from vitkit.errors import CheckpointError
-from vitkit.io.convert import from_hf, to_hf
-
 from helpers import assert_same_logits, random_images, randomize
+
+from vitkit import VisionTransformer, ViTConfig
+from vitkit.core.errors import CheckpointError
+from vitkit.io.convert import from_hf, to_hf
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,13 +5,12 @@ timm is not in the main environment: these tests skip there. `bash benchmarks/pa
 
 import pytest
 import torch
+from helpers import assert_same_logits, random_images, randomize
 
-from vitkit import ViTConfig, VisionTransformer
-from vitkit.errors import CheckpointError
+from vitkit import VisionTransformer, ViTConfig
+from vitkit.core.errors import CheckpointError
 from vitkit.io.convert import from_timm, to_timm
 from vitkit.io.timm import save_timm, timm_model_kwargs
-
-from helpers import assert_same_logits, random_images, randomize
 
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
 

@@ -8,15 +8,13 @@ import re
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_model
 from PIL import Image
 
 import vitkit
-from vitkit.cli import main
+from vitkit.cli.main import main
 from vitkit.data import decode_image, to_model_input
-from vitkit.predict import predict
-
-from helpers import tiny_model
-
+from vitkit.tools.predict import predict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -129,12 +127,12 @@ def test_onnxruntime_gives_the_same_top1_and_says_so(ckpt, images, capsys):
 
 
 def test_engine_errors_are_one_line(ckpt, images, capsys, monkeypatch):
-    from vitkit import runtime
+    from vitkit.infer import paths
 
     assert main(["predict", str(ckpt), str(images), "--engine", "onnxruntime", "--precision", "int8"]) == 1
     err = capsys.readouterr().err
     assert err == "vitkit: error: engine: onnxruntime runs fp32, not int8 (use precision auto or fp32 with it)\n"
-    monkeypatch.setattr(runtime, "onnxruntime_available", lambda: False)
+    monkeypatch.setattr(paths, "onnxruntime_available", lambda: False)
     assert main(["predict", str(ckpt), str(images), "--engine", "onnxruntime"]) == 1
     want = "vitkit: error: engine: onnxruntime is not installed: pip install 'vitkit[onnx]'\n"
     assert capsys.readouterr().err == want

@@ -5,11 +5,10 @@ import io
 import re
 
 import pytest
-
-from vitkit.cli import main
-from vitkit.progress import Progress, ProgressBar, ProgressLines, eta_seconds, make_progress
-
 from helpers import FAST_TRAIN_ARGS, image_folder, tiny_model, tiny_run_config, tiny_splits
+
+from vitkit.cli.main import main
+from vitkit.core.progress import Progress, ProgressBar, ProgressLines, eta_seconds, make_progress
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -153,8 +152,8 @@ def test_decoding_a_folder_is_counted(tmp_path):
 
 
 def test_eval_and_predict_count_their_images(tmp_path):
-    from vitkit.evaluate import evaluate
-    from vitkit.predict import predict
+    from vitkit.tools.evaluate import evaluate
+    from vitkit.tools.predict import predict
 
     data = image_folder(tmp_path / "data", classes=("a", "b"), n=4, test=10)
     model = tiny_model(num_classes=2, labels=["a", "b"])

@@ -1,4 +1,4 @@
-"""int8 dynamic quantization (vitkit.quantize): each kernel's numbers against the float product of the same
+"""int8 dynamic quantization (vitkit.infer.quantize): each kernel's numbers against the float product of the same
 int8 weights, the MLP's activation inside fc1, inputs the activations' scale cannot cover, and the rule that
 picks the kernel."""
 
@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from helpers import random_images, tiny_model
 
-from vitkit import runtime
-from vitkit.errors import ConfigError
-from vitkit.fastpath import INT8_ONEDNN_MEASURED, FastPath, Hardware, Work, choose_path, int8_kernel
-from vitkit.quantize import Int8Linear, fbgemm_available, onednn_int8_available, quantize_int8
+from vitkit.core.errors import ConfigError
+from vitkit.infer import paths
+from vitkit.infer.fastpath import INT8_ONEDNN_MEASURED, FastPath, Hardware, Work, choose_path, int8_kernel
+from vitkit.infer.quantize import Int8Linear, fbgemm_available, onednn_int8_available, quantize_int8
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,7 +109,7 @@ def test_a_quantized_model_joins_each_mlp_activation_to_its_first_linear(kernel)
 
 # -------------------------------------------------------------------------------------------- the rule
 def test_the_kernel_follows_its_measurements_by_size_and_batch(monkeypatch):
-    import vitkit.fastpath as fp
+    import vitkit.infer.fastpath as fp
 
     monkeypatch.setattr(fp, "INT8_ONEDNN_MEASURED", {"amx": {"small": (1e9, 0.9, 1.2), "big": (1e10, 1.1, 1.3)}})
     assert int8_kernel(AMX, Work("infer", 1e9, batch=16)) == (
@@ -145,5 +145,5 @@ def test_the_measured_table_covers_the_demo_and_the_vit_sizes():
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_the_tools_run_the_kernel_the_path_names(kernel):
     model = tiny_model(head_std=0.5)
-    net = runtime.apply_path(model, FastPath("int8", int8_kernel=kernel))
+    net = paths.apply_path(model, FastPath("int8", int8_kernel=kernel))
     assert {m.kernel for m in net.modules() if isinstance(m, Int8Linear)} == {kernel}

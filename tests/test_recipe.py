@@ -6,14 +6,24 @@ import pickle
 
 import numpy as np
 import pytest
-
-from vitkit.cli import main
-from vitkit.train.config import load_toml, resolve_config
-from vitkit.train.recipe import (CLOCK_EPOCHS, SHORT_MINUTES, SHORT_RUN, SMALL_DATA, SMALL_DATA_MINUTES, SMALL_IMAGES,
-                                 SMALL_SIDE, DataFacts, choose_recipe, probe_data, recipe_for)
-
 from helpers import FAST_TRAIN_ARGS as FAST
 from helpers import idx_bytes, image_folder
+
+from vitkit.cli.main import main
+from vitkit.train.config import load_toml, resolve_config
+from vitkit.train.recipe import (
+    CLOCK_EPOCHS,
+    SHORT_MINUTES,
+    SHORT_RUN,
+    SMALL_DATA,
+    SMALL_DATA_MINUTES,
+    SMALL_IMAGES,
+    SMALL_SIDE,
+    DataFacts,
+    choose_recipe,
+    probe_data,
+    recipe_for,
+)
 
 CIFAR = DataFacts("folder", (32, 32), 3, 50_000, 10)
 

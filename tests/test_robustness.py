@@ -23,16 +23,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import Payload, idx_bytes, image_folder, noise_image, png_header_only, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
 import vitkit
-from vitkit.cli import main
-from vitkit.errors import CheckpointError, ConfigError, DataError
-
-from helpers import Payload, idx_bytes, image_folder, noise_image, png_header_only, tiny_model
-
+from vitkit.cli.main import main
+from vitkit.core.errors import CheckpointError, ConfigError, DataError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -245,7 +243,7 @@ def test_predict_whole_corpus_folder_skips_bad_keeps_good(corpus, ckpt, capsys, 
 
 
 def test_predict_api_collects_errors_and_predictions(corpus, ckpt):
-    from vitkit.predict import predict
+    from vitkit.tools.predict import predict
 
     res = predict(ckpt, list(corpus.values()), top_k=1, num_workers=2)
     assert sorted(p["path"] for p in res["predictions"]) == sorted(corpus[n] for n in GOOD_IMAGES)
@@ -772,7 +770,7 @@ MISSING_REQUIRED = {"finetune": [], "eval": [], "predict": ["ck"], "explain": ["
 
 
 def _usage_cases():
-    from vitkit.cli import available_commands
+    from vitkit.cli.main import available_commands
 
     have = set(available_commands())
     cases = []
@@ -801,7 +799,7 @@ def test_usage_errors_exit_2_with_a_usage_line(cmd, argv, capsys):
 
 
 def test_every_subcommand_has_usage_cases():
-    from vitkit.cli import available_commands
+    from vitkit.cli.main import available_commands
 
     for cmd in available_commands():
         assert cmd in ILL_TYPED and cmd in MISSING_VALUE, cmd
@@ -1008,7 +1006,7 @@ def test_fuzz_train_config_file(text):
     reaches the training loop (stubbed here)."""
     import contextlib
 
-    import vitkit.commands.launch as launch
+    import vitkit.cli.commands.launch as launch
     import vitkit.train.build as build
     import vitkit.train.loop as loop
 

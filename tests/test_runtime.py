@@ -12,23 +12,16 @@ import torch
 from torch import nn
 
 import vitkit
-from vitkit import runtime
-from vitkit.commands import image_size
-from vitkit.config import ViTConfig
-from vitkit.errors import ConfigError, DataError
-from vitkit.runtime import (
-    autocast,
-    count_params,
-    cpu_bf16_kind,
-    cpu_has_fast_bf16,
-    detect_hardware,
-    label_names,
-    load_model,
-    pick_precision,
-    resolve_device,
-    usable_cpus,
-)
-from vitkit.strict import to_hw
+from vitkit.cli.commands import image_size
+from vitkit.core import hardware
+from vitkit.core.errors import ConfigError, DataError
+from vitkit.core.hardware import cpu_bf16_kind, cpu_has_fast_bf16, resolve_device, usable_cpus
+from vitkit.core.strict import to_hw
+from vitkit.infer import paths
+from vitkit.infer.paths import autocast, detect_hardware, pick_precision
+from vitkit.model.config import ViTConfig
+from vitkit.model.vit import count_params
+from vitkit.tools.loading import label_names, load_model
 
 
 def _one_line(e: pytest.ExceptionInfo) -> str:
@@ -110,9 +103,9 @@ def test_a_cuda_index_is_kept_and_checked(two_gpus):
 def test_auto_precision_on_the_cpu_follows_its_bf16_support(monkeypatch):
     cpu = torch.device("cpu")
     for kind in ("amx", "avx512bf16"):
-        monkeypatch.setattr(runtime, "cpu_bf16_kind", lambda: kind)
+        monkeypatch.setattr(paths, "cpu_bf16_kind", lambda: kind)
         assert pick_precision("auto", cpu) == "bf16"
-    monkeypatch.setattr(runtime, "cpu_bf16_kind", lambda: "none")
+    monkeypatch.setattr(paths, "cpu_bf16_kind", lambda: "none")
     assert pick_precision("auto", cpu) == "fp32"
 
 
@@ -266,10 +259,10 @@ def test_the_size_parser_behind_the_config_and_the_command_line():
 
 def test_each_command_keeps_freed_memory_for_reuse(monkeypatch, capsys):
     """keep_freed_memory acts on the whole process, so the command line sets it, once per command."""
-    from vitkit.cli import main
+    from vitkit.cli.main import main
 
     calls = []
-    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(hardware, "keep_freed_memory", lambda: calls.append(1) or True)
     assert main(["list"]) == 0 and calls == [1]
     assert main(["--version"]) == 0 and calls == [1]  # no command ran
     capsys.readouterr()
@@ -280,7 +273,7 @@ def test_keep_freed_memory_applies_on_glibc_only():
     import subprocess
     import sys
 
-    probe = "import vitkit.runtime as r; print(r.keep_freed_memory())"  # a fresh process: this one stays as it is
+    probe = "import vitkit.core.hardware as r; print(r.keep_freed_memory())"  # a fresh process: this one stays as it is
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert done.stdout.split() == [str(glibc)]

@@ -3,12 +3,11 @@
 import json
 
 import pytest
-
-from vitkit.cli import main
-
 from helpers import FAST_TRAIN_ARGS as FAST
 from helpers import image_folder as make_folder
 from helpers import step_losses
+
+from vitkit.cli.main import main
 
 
 def last_json(capsys):
@@ -154,7 +153,7 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
 def test_a_bad_augment_key_is_one_error_before_any_process_starts(tmp_path, capsys, monkeypatch, override, message):
     import re
 
-    import vitkit.commands.launch as launch
+    import vitkit.cli.commands.launch as launch
 
     started = []
     monkeypatch.setattr(launch, "launch", lambda argv, n: started.append(n) or 0)
@@ -172,9 +171,9 @@ FT = ["--epochs", "2", "--batch-size", "8", "--threads", "1", "--device", "cpu",
 
 
 def test_finetune_from_timm_weights_equals_convert_then_finetune(tmp_path, capsys):
-    from vitkit.io.timm import save_timm
-
     from helpers import assert_same_weights, random_model, step_losses
+
+    from vitkit.io.timm import save_timm
 
     data = make_folder(tmp_path / "data", classes=("a", "b", "c"))
     weights = tmp_path / "vit.safetensors"
@@ -258,8 +257,8 @@ def test_a_run_replayed_from_its_config_gives_the_same_metrics(tmp_path, capsys)
 
 # ------------------------------------------------------------------------------------------- familiar flags
 def test_timm_style_flags_set_their_config_keys(tmp_path, capsys):
-    from vitkit.cli import parse_args
-    from vitkit.commands.train import flags_from_args, overrides_from_args
+    from vitkit.cli.commands.train import flags_from_args, overrides_from_args
+    from vitkit.cli.main import parse_args
     from vitkit.train.config import resolve_config
 
     args = parse_args(["train", "--img-size", "48", "--weight-decay", "0.01", "--drop-path", "0.1", "--smoothing",
@@ -277,8 +276,8 @@ def test_timm_style_flags_set_their_config_keys(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag, key", [("sync-bn", "sync_bn"), ("channels-last", "channels_last")])
 def test_on_off_flags_set_their_key_and_their_absence_leaves_it_automatic(flag, key):
-    from vitkit.cli import parse_args
-    from vitkit.commands.train import flags_from_args, overrides_from_args
+    from vitkit.cli.commands.train import flags_from_args, overrides_from_args
+    from vitkit.cli.main import parse_args
     from vitkit.train.config import resolve_config
 
     for flags, expected in (([], None), ([f"--{flag}"], True), ([f"--no-{flag}"], False)):

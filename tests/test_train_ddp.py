@@ -170,7 +170,7 @@ def gloo_group():
 
 
 def test_collectives_refuse_a_device_the_group_cannot_serve(gloo_group):
-    from vitkit.errors import TrainingError
+    from vitkit.core.errors import TrainingError
     from vitkit.train.distributed import DistInfo, all_reduce_sum, broadcast_buffers, check_served, served_device_types
 
     assert served_device_types() == ("cpu", "cuda")  # gloo takes CPU and CUDA tensors

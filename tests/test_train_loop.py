@@ -13,14 +13,13 @@ import warnings
 
 import pytest
 import torch
-
-import vitkit
-from vitkit.errors import CheckpointError, DataError, TrainingError
-from vitkit.train import RunConfig, Trainer, train
-from vitkit.train import checkpoint as tck
-
 from helpers import assert_same_logits, assert_same_weights, run_weights, step_losses, tiny_set, tiny_splits
 from helpers import tiny_run_config as cfg  # vit_test, 2 epochs of 4 steps (batch 8) on tiny_splits()
+
+import vitkit
+from vitkit.core.errors import CheckpointError, DataError, TrainingError
+from vitkit.train import RunConfig, Trainer, train
+from vitkit.train import checkpoint as tck
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,9 +75,9 @@ def test_finetune_new_head_new_resolution(tmp_path):
 
 
 def test_finetune_from_hf_weights_reads_them_as_convert_does(tmp_path):
-    from vitkit.io.convert import from_hf, to_hf
-
     from helpers import random_model
+
+    from vitkit.io.convert import from_hf, to_hf
 
     to_hf(random_model(), tmp_path / "hf")  # HF's config.json tells the heads and eps
     said = []
@@ -189,9 +188,9 @@ def test_stop_request_saves_and_resumes_exactly(tmp_path):
 
 
 def test_resume_of_a_finetune_from_timm_weights_does_not_read_them(tmp_path):
-    from vitkit.io.timm import save_timm
-
     from helpers import random_model
+
+    from vitkit.io.timm import save_timm
 
     weights = tmp_path / "vit.safetensors"
     save_timm(random_model(), weights)

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.errors import CheckpointError, ConfigError, TrainingError
+from vitkit.core.errors import CheckpointError, ConfigError, TrainingError
 from vitkit.train import checkpoint as tck
-from vitkit.train.config import OptimConfig, RunConfig, ScheduleConfig, resolve_config
 from vitkit.train import distributed
+from vitkit.train.config import OptimConfig, RunConfig, ScheduleConfig, resolve_config
 from vitkit.train.distributed import DistInfo, collectives_for
 from vitkit.train.loader import BatchLoader
 from vitkit.train.optim import build_optimizer, param_groups

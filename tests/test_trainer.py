@@ -5,11 +5,12 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_run_config as cfg
+from helpers import tiny_splits
 
 import vitkit
-from helpers import tiny_run_config as cfg, tiny_splits
+from vitkit.core.errors import ConfigError, TrainingError
 from vitkit.data import AugmentConfig
-from vitkit.errors import ConfigError, TrainingError
 from vitkit.io import checkpoint as ckpt_io
 from vitkit.train import EMA, RunConfig, StepResult, Trainer, TrainerState, model_config, preflight
 from vitkit.train.build import build_model, prepare_model
@@ -272,7 +273,7 @@ def test_alternating_flips_flip_each_image_once_in_two_epochs(tmp_path):
 
 def test_a_whitening_stem_is_set_from_the_training_images(tmp_path):
     from vitkit.data import eval_batch
-    from vitkit.layers import patch_whitening
+    from vitkit.model.layers import patch_whitening
 
     t = make_trainer(tmp_path, model_args=dict(stem="conv", patch_size=4, stem_width=8, stem_whiten=True))
     model = t.model
@@ -285,7 +286,7 @@ def test_a_whitening_stem_is_set_from_the_training_images(tmp_path):
 
 def test_validation_with_tta_scores_the_mean_of_both_views(tmp_path):
     from vitkit.data import eval_batch
-    from vitkit.runtime import model_logits
+    from vitkit.infer.paths import model_logits
     from vitkit.train.trainer import evaluate_split
 
     t = make_trainer(tmp_path, tta=True)

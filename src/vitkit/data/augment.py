@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, DataError, ShapeError
-from ..strict import from_dict, to_dict, to_hw
+from ..core.errors import ConfigError, DataError, ShapeError
+from ..core.strict import from_dict, to_dict, to_hw
 from .images import check_uint8, norm_consts, resize_center_crop
 
 

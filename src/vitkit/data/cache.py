@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import VitkitError
+from ..core.errors import VitkitError
 from ..io.atomic import atomic_path
 
 VERSION = 1  # of the entry format and of what decoding gives; a change makes every old entry a miss
@@ -112,7 +112,7 @@ class DecodeCache:
 
 def check_outside(cache_dir: str | os.PathLike, data_root: str | os.PathLike) -> None:
     """A DataError unless ``cache_dir`` lies outside the data folder (which may be read-only)."""
-    from ..errors import DataError
+    from ..core.errors import DataError
 
     cache, root = Path(cache_dir).expanduser().resolve(), Path(data_root).expanduser().resolve()
     if cache == root or root in cache.parents:

@@ -13,8 +13,8 @@ Every error is a one-line DataError naming the file or folder at fault.
 
 from __future__ import annotations
 
-import gzip
 import dataclasses
+import gzip
 import math
 import os
 import pickle
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DataError
-from ..progress import Progress, Task
-from ..runtime import usable_cpus
-from ..strict import to_hw
+from ..core.errors import DataError
+from ..core.hardware import usable_cpus
+from ..core.progress import Progress, Task
+from ..core.strict import to_hw
 from .cache import DecodeCache, check_outside
 from .images import (
     DEFAULT_MAX_PIXELS,

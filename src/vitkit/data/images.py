@@ -22,8 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import DataError
-from ..strict import to_hw
+from ..core.errors import DataError
+from ..core.strict import to_hw
 
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own limit (about 9459 x 9459); larger images are refused as
 #   possible decompression bombs unless the caller passes a larger max_pixels (or None = no limit)
@@ -459,7 +459,7 @@ def norm_consts(pre, channels: int, device, dtype=torch.float32):
 
 def check_uint8(img: torch.Tensor, ndim: int, what: str) -> None:
     """ShapeError (naming ``what``) unless ``img`` is a uint8 tensor of ``ndim`` dimensions."""
-    from ..errors import ShapeError
+    from ..core.errors import ShapeError
 
     if not isinstance(img, torch.Tensor) or img.ndim != ndim:
         shape = tuple(img.shape) if isinstance(img, torch.Tensor) else type(img).__name__

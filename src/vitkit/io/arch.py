@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..config import ViTConfig
-from ..errors import CheckpointError, ConfigError
-from ..strict import parse_override, to_hw
-from ..variants import SIZES, get_config
+from ..core.errors import CheckpointError, ConfigError
+from ..core.strict import parse_override, to_hw
+from ..model.config import ViTConfig
+from ..model.variants import SIZES, get_config
 
 # Fields that name the network's structure: a named model (--model) must agree with the weights on them.
 STRUCTURAL = ("embed_dim", "depth", "patch_size", "in_chans", "mlp_ratio")

@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..core.errors import CheckpointError
 
 
 def fsync_dir(path: Path) -> None:

@@ -15,9 +15,9 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..config import Preprocess, ViTConfig
-from ..errors import CheckpointError, ConfigError
-from ..strict import read_json_object
+from ..core.errors import CheckpointError, ConfigError
+from ..core.strict import read_json_object
+from ..model.config import Preprocess, ViTConfig
 from .atomic import atomic_write_bytes, atomic_write_text
 
 WEIGHTS = "model.safetensors"
@@ -225,7 +225,7 @@ def model_from_state(cfg: ViTConfig, state: Mapping[str, torch.Tensor], source: 
 
     The model is built on the meta device, so no memory goes to weights that are replaced at once.
     """
-    from ..model import VisionTransformer
+    from ..model.vit import VisionTransformer
 
     with torch.device("meta"):
         model = VisionTransformer(cfg)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..config import ViTConfig
-from ..errors import CheckpointError, ConfigError
-from ..runtime import count_params
+from ..core.errors import CheckpointError, ConfigError
+from ..model.config import ViTConfig
+from ..model.vit import count_params
 from .arch import parse_overrides
 from .checkpoint import CONFIG, WEIGHTS, load, resolve_checkpoint, save
 from .hf import read_hf, write_hf

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import Preprocess, ViTConfig
-from ..errors import CheckpointError
-from ..strict import read_json_object
+from ..core.errors import CheckpointError
+from ..core.strict import read_json_object
+from ..model.config import Preprocess, ViTConfig
 from .arch import mlp_ratio_for, resolve_config
 from .atomic import atomic_write_bytes, atomic_write_text
 from .checkpoint import load_state_dict_file

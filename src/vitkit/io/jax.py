@@ -27,8 +27,8 @@ from typing import Mapping
 
 import torch
 
-from ..config import ViTConfig
-from ..errors import CheckpointError
+from ..core.errors import CheckpointError
+from ..model.config import ViTConfig
 from .arch import heads_from_width, mlp_ratio_for, resolve_config
 from .checkpoint import load_state_dict_file
 from .keys import Rule, assemble, build, expected_state, same

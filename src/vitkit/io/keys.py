@@ -16,8 +16,8 @@ from typing import Callable, Mapping
 
 import torch
 
-from ..config import ViTConfig
-from ..errors import CheckpointError
+from ..core.errors import CheckpointError
+from ..model.config import ViTConfig
 from .checkpoint import load_weights, model_from_state, raise_misfit
 
 # A rule makes one vitkit tensor from source tensors: (source keys, function of those tensors).
@@ -76,7 +76,7 @@ def _apply(fn: Callable[..., torch.Tensor], tensors: list[torch.Tensor]) -> torc
 
 def expected_state(cfg: ViTConfig) -> dict[str, torch.Size]:
     """The vitkit state dict's keys and shapes for ``cfg`` (built on the meta device: no memory)."""
-    from ..model import VisionTransformer
+    from ..model.vit import VisionTransformer
 
     with torch.device("meta"):
         model = VisionTransformer(cfg)
@@ -103,7 +103,7 @@ def learned_pos_table(model) -> torch.Tensor | None:
     prepended. A class slot of zeros gives exactly what vitkit computes. None without a class slot
     to fill and nothing to add.
     """
-    from ..layers import sincos_1d, sincos_2d
+    from ..model.layers import sincos_1d, sincos_2d
 
     cfg = model.cfg
     D, prefix = cfg.embed_dim, cfg.num_prefix_tokens

@@ -23,13 +23,12 @@ from typing import Mapping
 
 import torch
 
-from ..config import ViTConfig
-from ..errors import CheckpointError
+from ..core.errors import CheckpointError
+from ..model.config import ViTConfig
 from .arch import heads_from_width, mlp_ratio_for, resolve_config
 from .atomic import atomic_path
 from .checkpoint import load_state_dict_file
 from .keys import assemble, build, expected_state, learned_pos_table, refuse, same
-
 
 TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")  # the files a timm state dict is read from and written to
 

@@ -1,6 +1,6 @@
 """Training: run config, optimizer and schedule, resumable checkpoints, distributed setup, the trainer.
 
-    from vitkit.train import RunConfig, train
+    from . import RunConfig, train
     summary = train(RunConfig(epochs=5), "runs/demo")   # the demo recipe on the built-in digits
 """
 

@@ -18,13 +18,14 @@ from typing import Callable
 
 import torch
 
-from ..config import Preprocess, ViTConfig
+from ..core.errors import ConfigError, DataError, TrainingError
+from ..core.hardware import resolve_device
+from ..core.progress import Progress
 from ..data import eval_batch
-from ..errors import ConfigError, DataError, TrainingError
+from ..infer.paths import pick_precision
 from ..io import checkpoint as ckpt_io
-from ..model import VisionTransformer
-from ..progress import Progress
-from ..runtime import count_params, pick_precision, resolve_device
+from ..model.config import Preprocess, ViTConfig
+from ..model.vit import VisionTransformer, count_params
 from .checkpoint import find_checkpoint
 from .config import RunConfig
 from .metrics import check_loggers
@@ -37,7 +38,7 @@ def model_config(cfg: RunConfig, init: tuple[VisionTransformer, dict] | None = N
     ``init``: the foreign ``init_from`` weights already read (``read_init``), so that they are read once.
     ``resume_from``: the checkpoint a resumed run continues from, whose config replaces the model's name
     or the ``init_from`` weights (which are then not read at all)."""
-    from ..variants import get_config
+    from ..model.variants import get_config
 
     args = _model_args(cfg)
     if cfg.init_from or resume_from is not None:

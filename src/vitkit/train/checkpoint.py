@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, TrainingError
+from ..core.errors import CheckpointError, TrainingError
 from ..io import checkpoint as ckpt_io
-from ..io.atomic import fsync_dir, atomic_path
+from ..io.atomic import atomic_path, fsync_dir
 
 TRAINER_STATE = "trainer.pt"
 LOCK = ".lock"

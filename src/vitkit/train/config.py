@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..core.errors import ConfigError
+from ..core.strict import apply_overrides, from_dict, parse_override, read_json_object, to_dict
 from ..data import AugmentConfig
-from ..errors import ConfigError
-from ..strict import apply_overrides, from_dict, parse_override, read_json_object, to_dict
 
 
 @dataclass
@@ -119,10 +119,10 @@ class RunConfig:
     #   among this machine's processes. A run's config.json records the number it ran with
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # autocast dtype; auto: bf16 where the
     #   hardware has fast bf16 (CUDA with bf16, CPUs with AMX/AVX512-BF16) and the model is large enough for it
-    #   to pay (vitkit.fastpath.auto_precision), else fp32; fp16 needs CUDA
+    #   to pay (vitkit.infer.fastpath.auto_precision), else fp32; fp16 needs CUDA
     compile: bool = False  # torch.compile the model
     channels_last: bool | None = None  # the conv stem's weights and the input batches channels-last (NHWC); None =
-    #   auto: where it was measured to pay (vitkit.fastpath.channels_last_pays: a conv stem on the CPU), never under
+    #   auto: where it was measured to pay (vitkit.infer.fastpath.channels_last_pays: a conv stem on the CPU), never under
     #   FSDP. Numerics as contiguous within float rounding; checkpoints are contiguous either way
     grad_checkpointing: bool = False  # recompute each block's activations in the backward pass instead of keeping
     #   them (VisionTransformer.set_grad_checkpointing): less memory for about one more forward pass per step

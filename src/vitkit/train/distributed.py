@@ -17,7 +17,7 @@ from typing import Mapping
 
 import torch
 
-from ..errors import ConfigError, TrainingError
+from ..core.errors import ConfigError, TrainingError
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from typing import Iterator
 
 import torch
 
-from ..errors import ConfigError, DataError
-from ..runtime import usable_cpus
+from ..core.errors import ConfigError, DataError
+from ..core.hardware import usable_cpus
 from .distributed import DistInfo
 
 MAX_WORKERS = 8  # the most DataLoader workers a process starts by default

@@ -21,11 +21,12 @@ from typing import Callable
 
 import torch
 
-from ..errors import TrainingError
-from ..fastpath import FastPath
+from ..core.errors import TrainingError
+from ..core.hardware import resolve_device
+from ..core.progress import Progress
+from ..infer.fastpath import FastPath
+from ..infer.paths import pick_precision, training_path
 from ..io.atomic import ensure_dir
-from ..progress import Progress
-from ..runtime import pick_precision, resolve_device, training_path
 from .build import check_classes, check_run_dir, init_format, model_config, open_data, prepare_model, read_init
 from .checkpoint import RunLock, checkpoint_step, cleanup_temp, find_checkpoint, resume_point
 from .config import RunConfig

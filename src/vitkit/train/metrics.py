@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import ConfigError, TrainingError
+from ..core.errors import ConfigError, TrainingError
 from ..io.atomic import atomic_path, atomic_write_text
 
 

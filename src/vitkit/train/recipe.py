@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import DataError
 from ..data.datasets import detect_format, read_idx, safe_unpickle
 from ..data.images import header_size, show_path, walk_images
-from ..errors import DataError
 
 SMALL_SIDE = 64  # images whose longer side is at most this many pixels are "small" (rules 1 and 2)
 SMALL_IMAGES = 100_000  # ... and a colour set of at most this many training images takes 'small-data'

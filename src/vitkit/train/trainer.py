@@ -32,12 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.errors import TrainingError
+from ..core.progress import Progress
 from ..data import BatchAugment, eval_batch
 from ..data.augment import alternating_flips, first_flips, move_batch
-from ..errors import TrainingError
+from ..infer.paths import autocast, model_logits
 from ..io import checkpoint as ckpt_io
-from ..progress import Progress
-from ..runtime import autocast, count_params, model_logits
+from ..model.vit import count_params
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers

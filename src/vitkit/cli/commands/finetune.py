@@ -1,0 +1,33 @@
+"""`vitkit finetune SOURCE --data DIR [--img-size 384]`: fine-tune pretrained weights on new data: a new
+head for the data's classes, position embeddings resampled to the new resolution, the fine-tuning recipe
+(SGD + momentum, no weight decay, warmup + cosine).
+
+SOURCE is a vitkit checkpoint or run directory (its best model), or timm, HF or JAX weights: the
+container tells the format (``io.convert.detect_format``) and the architecture is read from the weights
+as `vitkit convert` reads it; what they do not show comes from --model NAME and --set model_args.KEY=VALUE,
+else from defaults, and the run prints what it assumed."""
+
+from __future__ import annotations
+
+from .train import add_common, execute
+
+
+def register(p):
+    p.add_argument("checkpoint", metavar="SOURCE", help="a vitkit checkpoint or run directory, an HF model folder, "
+                   "a JAX .npz file or a timm .pth/.bin/.safetensors file")
+    p.add_argument("--model", dest="init_model", metavar="NAME",
+                   help="timm, HF or JAX weights: a named model (`vitkit list`) that supplies what the weights do not "
+                        "show (heads, eps, pooling); single fields: --set model_args.KEY=VALUE")
+    p.add_argument("--layer-decay", type=float, metavar="D",
+                   help="layer-wise lr decay: block i of L gets lr * D^(L - i) (default: off)")
+    add_common(p, finetune=True)
+
+
+def run(args) -> int:
+    from ...core.errors import ConfigError
+    from ...train.config import FINETUNE_DEFAULTS
+
+    if not args.resume and not args.data:
+        raise ConfigError("--data: fine-tuning needs a dataset (a folder, MNIST or CIFAR directory)")
+    extra = {"init_from": args.checkpoint, "init_model": args.init_model, "optim.layer_decay": args.layer_decay}
+    return execute(args, base=FINETUNE_DEFAULTS, extra_flags=extra)

@@ -1,0 +1,353 @@
+"""Start the processes of a distributed run with torch's elastic launcher, the one `torchrun` runs.
+
+`vitkit train --nproc N` hands N copies of its own command line to
+``torch.distributed.launcher.api.elastic_launch``, which sets RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in each, so that a launched process takes the same
+distributed path as one that `torchrun` starts. Where the processes meet (a ``LaunchPlan``):
+
+- one machine: a rendezvous on a port of this machine that the system picks (`torchrun --standalone`);
+- several machines (``--nnodes N`` or ``MIN:MAX``): the same command on each, meeting at
+  ``--rdzv-endpoint HOST:PORT``. With the c10d rendezvous (the default) the first machine to arrive
+  there hosts it and the rendezvous orders the machines; with ``--rdzv-backend static`` each machine
+  names its place (``--node-rank``), and machine 0, which holds the run's rank 0, hosts the
+  rendezvous at its own address.
+
+What a launch looks like:
+
+- On each machine, local rank 0 keeps the terminal (its progress bar, its messages); the other
+  processes write to files in a temporary folder, shown only when one of them fails.
+- Ctrl-C (SIGINT) and SIGTERM reach the launcher, which passes them on to every process (each runs
+  in a session of its own): they agree on the step, rank 0 saves, all exit (torch's shutdown timeout,
+  30 s by default, bounds how long they may take). A second Ctrl-C ends the launcher at once; its
+  processes finish stopping on their own. If the launcher dies, its processes get SIGTERM (Linux;
+  ``follow_launcher``), so none is left running on its own.
+- When a process fails, the launcher stops the others and reports it (``report_failure``): a
+  process's one-line vitkit error is recorded in its error file (``record_error``), so the report
+  shows each error once.
+- No silent restarts: ``--max-restarts K`` (default 0) lets the launcher start every process again
+  after a failure, up to K times; a restarted attempt continues from the run's last checkpoint (the
+  launcher passes ``--auto-resume`` to processes that may start again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...core.errors import ConfigError, TrainingError, VitkitError
+
+RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")  # torch's rendezvous backends
+DEFAULT_RDZV_ID = "vitkit"  # the run id of a rendezvous on several machines unless --rdzv-id names one
+TAIL_LINES = 20  # the lines of a failed process's output that its report shows
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How many processes a run has and where they meet: ``nproc`` on this machine, on ``min_nodes`` to
+    ``max_nodes`` machines, at a rendezvous; ``max_restarts``: how often a failed run is started again."""
+
+    nproc: int = 1
+    min_nodes: int = 1
+    max_nodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str = "c10d"
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+
+    @property
+    def needs_launcher(self) -> bool:
+        """Whether the run is started by the launcher: several processes or machines, or restarts."""
+        return self.nproc > 1 or self.max_nodes > 1 or self.max_restarts > 0
+
+    @property
+    def may_restart(self) -> bool:
+        """Whether the processes may be started again: after a failure (--max-restarts), or when a
+        machine joins an elastic run (MIN < MAX machines; torch does not count that as a restart)."""
+        return self.max_restarts > 0 or self.min_nodes < self.max_nodes
+
+    @property
+    def standalone(self) -> bool:
+        """One machine and no endpoint given: the rendezvous is on a free port of this machine."""
+        return self.max_nodes == 1 and self.rdzv_endpoint is None
+
+
+def launch_plan(nproc: int, nnodes: str | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
+                rdzv_backend: str | None = None, rdzv_id: str | None = None,
+                max_restarts: int | None = None) -> LaunchPlan:
+    """The LaunchPlan of the command line's flags, checked: each error is one line naming its flag."""
+    min_nodes, max_nodes = parse_nnodes(nnodes) if nnodes is not None else (1, 1)
+    backend = rdzv_backend or "c10d"
+    if backend not in RDZV_BACKENDS:
+        raise ConfigError(f"--rdzv-backend: unknown {backend!r}; one of: {', '.join(RDZV_BACKENDS)}")
+    if max_restarts is not None and max_restarts < 0:
+        raise ConfigError(f"--max-restarts: must be >= 0, got {max_restarts}")
+    if rdzv_endpoint is not None:
+        parse_endpoint(rdzv_endpoint)
+    elif max_nodes > 1:
+        raise ConfigError(f"--rdzv-endpoint: a run on several machines (--nnodes {nnodes}) needs the address they "
+                          "meet at, HOST:PORT (a port of one of them)")
+    if rdzv_id is not None and not rdzv_id.strip():
+        raise ConfigError("--rdzv-id: must not be empty")
+    check_node_rank(node_rank, backend, min_nodes, max_nodes)
+    return LaunchPlan(nproc=nproc, min_nodes=min_nodes, max_nodes=max_nodes, node_rank=node_rank,
+                      rdzv_endpoint=rdzv_endpoint, rdzv_backend=backend, rdzv_id=rdzv_id,
+                      max_restarts=max_restarts or 0)
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """--nnodes: 'N' -> (N, N); 'MIN:MAX' -> (MIN, MAX), an elastic run on MIN to MAX machines."""
+    parts = text.split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
+    except ValueError:
+        lo = hi = 0
+    if not 1 <= lo <= hi:
+        raise ConfigError(f"--nnodes: expected a number of machines N or MIN:MAX (1 <= MIN <= MAX), got {text!r}")
+    return lo, hi
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """--rdzv-endpoint: 'HOST:PORT' -> (HOST, PORT); an IPv6 host in brackets ('[::1]:29500')."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"--rdzv-endpoint: expected HOST:PORT with a port in 1..65535, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def check_resolves(endpoint: str) -> None:
+    """A one-line error for an endpoint whose host has no address (a typo), at once: torch's store
+    would retry it for minutes."""
+    import socket
+
+    host, port = parse_endpoint(endpoint)
+    try:
+        socket.getaddrinfo(host, port)
+    except OSError as e:
+        raise ConfigError(f"--rdzv-endpoint {endpoint}: no address for host {host!r} ({e.strerror or e})") from None
+
+
+def check_node_rank(node_rank: int | None, backend: str, min_nodes: int, max_nodes: int) -> None:
+    """--node-rank places this machine in a static rendezvous, which needs one on each machine."""
+    if backend == "static":
+        if min_nodes != max_nodes:
+            raise ConfigError(f"--nnodes {min_nodes}:{max_nodes}: the static rendezvous needs a fixed number of "
+                              "machines; use --rdzv-backend c10d for an elastic range")
+        if max_nodes > 1 and node_rank is None:
+            raise ConfigError("--node-rank: the static rendezvous needs this machine's rank, 0 on the machine "
+                              "at --rdzv-endpoint")
+    if node_rank is None:
+        return
+    if backend != "static":
+        raise ConfigError(f"--node-rank: only the static rendezvous takes it (--rdzv-backend static); {backend} "
+                          "orders the machines itself")
+    if not 0 <= node_rank < max_nodes:
+        raise ConfigError(f"--node-rank: must be in [0, {max_nodes}) for --nnodes {max_nodes}, got {node_rank}")
+
+
+# ------------------------------------------------------------------------------------------- the launch
+def launch(argv: list[str], plan: LaunchPlan) -> int:
+    """Run ``vitkit ARGV`` as ``plan`` says; return the exit code (0, 130 when stopped by a signal, or the
+    failure's)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import (  # noqa: F401
+        RendezvousError,
+        c10d_rendezvous_backend,
+        dynamic_rendezvous,
+        static_tcp_rendezvous,  # noqa: F401 - their loggers, quietened
+    )
+    from torch.distributed.launcher.api import elastic_launch
+
+    if plan.rdzv_endpoint is not None:
+        check_resolves(plan.rdzv_endpoint)
+    with tempfile.TemporaryDirectory(prefix="vitkit-ranks-") as log_dir, _elastic_quiet(), _signals_kept(), \
+            _fresh_store_each_attempt():
+        logs = rank_logs(log_dir, plan.nproc)
+        try:
+            elastic_launch(launch_config(plan, logs), sys.executable)("-m", "vitkit", *argv)
+        except ChildFailedError as e:
+            return report_failure(e.failures, logs)
+        except SignalException:
+            return 130  # every process got the signal: they stopped at the same step, rank 0 saved
+        except RendezvousError as e:
+            where = plan.rdzv_endpoint or "this machine"
+            raise TrainingError(f"--rdzv-endpoint {where}: the rendezvous failed ({_first_line(e)})") from None
+    return 0
+
+
+def launch_config(plan: LaunchPlan, logs) -> "LaunchConfig":  # noqa: F821 - torch's, imported here
+    """torch's LaunchConfig for ``plan``; ``logs``: where the processes write (``rank_logs``)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    backend = "c10d" if plan.standalone else plan.rdzv_backend
+    return LaunchConfig(
+        min_nodes=plan.min_nodes, max_nodes=plan.max_nodes, nproc_per_node=plan.nproc,
+        run_id=uuid.uuid4().hex if plan.standalone else plan.rdzv_id or DEFAULT_RDZV_ID,
+        rdzv_backend=backend, rdzv_endpoint="localhost:0" if plan.standalone else plan.rdzv_endpoint,
+        rdzv_configs={"rank": plan.node_rank or 0} if backend == "static" else {},
+        max_restarts=plan.max_restarts, logs_specs=logs,
+    )
+
+
+def rank_logs(log_dir: str, nproc: int):
+    """Where the processes write: local rank 0 to this terminal, the others to files under ``log_dir``.
+    Remembers the files of the latest attempt (``.latest``) and the world size, for ``report_failure``."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsDest, Std
+
+    class RankLogs(DefaultLogsSpecs):
+        def __init__(self):
+            super().__init__(log_dir=log_dir, redirects={r: Std.NONE if r == 0 else Std.ALL for r in range(nproc)})
+            self.latest, self.world_size = LogsDest(), nproc
+
+        def reify(self, envs):
+            self.latest = super().reify(envs)
+            self.world_size = int(envs[0]["WORLD_SIZE"]) if envs else nproc
+            return self.latest
+
+    return RankLogs()
+
+
+@contextlib.contextmanager
+def _elastic_quiet():
+    """No log records of torch's launcher on the terminal (its rendezvous and process notes, the
+    failures it sees): what matters reaches the user as vitkit's own report. Its loggers (each with a
+    level of its own, feeding torch's handler) are switched off while it runs, and back on after."""
+    names = [n for n in logging.root.manager.loggerDict if n.startswith(("torch.distributed.elastic",
+                                                                           "torch.distributed.launcher"))]
+    loggers = [logging.getLogger(n) for n in names]
+    was = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        yield
+    finally:
+        for lg, w in zip(loggers, was):
+            lg.disabled = w
+
+
+@contextlib.contextmanager
+def _fresh_store_each_attempt():
+    """A new store for the processes of each attempt (restarts, machines joining an elastic run), with
+    torch's own switch: the store the rendezvous shares by default outlives an attempt, and the next
+    one's processes could read the previous one's addresses from it and fail to connect."""
+    key, was = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if was is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = was
+
+
+@contextlib.contextmanager
+def _signals_kept():
+    """The launcher takes over SIGINT, SIGTERM, SIGHUP and SIGQUIT while it runs; give them back after."""
+    sigs = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None),
+                        getattr(signal, "SIGQUIT", None)) if s is not None]
+    old = {s: signal.getsignal(s) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def follow_launcher() -> None:
+    """Make this launched process end with its launcher. torch's launcher starts each process in a
+    session of its own, out of reach of a signal to the launcher's group; on Linux the kernel then
+    sends the process SIGTERM (a stop at the next step, as any SIGTERM) when the launcher dies, so that
+    none keeps running on its own."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - no prctl here
+        return
+    if os.getppid() == 1:  # the launcher died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+# ------------------------------------------------------------------------------------------- failures
+def record_error(error_file: str | None, message: str) -> None:
+    """A launched process's one-line vitkit error, written to its error file (TORCHELASTIC_ERROR_FILE,
+    which the command line passes), in the layout torch's ProcessFailure reads: the launcher then
+    knows what the process printed. Nothing without an error file (not launched)."""
+    if error_file:
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
+
+
+@contextlib.contextmanager
+def errors_recorded(error_file: str | None):
+    """Record (``record_error``) a VitkitError that ends this launched process, and let it go on."""
+    try:
+        yield
+    except VitkitError as e:
+        record_error(error_file, str(e))
+        raise
+
+
+def report_failure(failures: dict, logs) -> int:
+    """The exit code of a launch in which processes failed (``failures``: torch's ProcessFailure by
+    global rank), after showing the failure unless the terminal shows it already.
+
+    Local rank 0 writes to the terminal: when it ended on a vitkit error (its error file exists) that
+    one line is the report. Otherwise the cause is shown: the failure that recorded an error, else one
+    that ended on its own rather than stopped by the launcher's signal, the earliest; as its one-line
+    error, or as the last lines of its output."""
+    terminal = logs.latest.error_files.get(0)
+    own = next((f.exitcode for f in failures.values() if f.local_rank == 0 and f.exitcode > 0), None)
+    if terminal and os.path.isfile(terminal):
+        return own or 1
+    others = {rank: f for rank, f in failures.items() if f.local_rank != 0}
+    if own is not None and all(f.exitcode < 0 and not _recorded(f) for f in others.values()):
+        return own  # local rank 0 failed on its own (its output is on the terminal); the others were stopped
+    candidates = others or failures  # local rank 0 alone, killed (by the system: the launcher stops no one first)
+    rank, f = min(candidates.items(), key=lambda rf: (not _recorded(rf[1]), rf[1].exitcode < 0, rf[1].timestamp,
+                                                      rf[0]))
+    where = f"process {rank} of {logs.world_size}"
+    if _recorded(f):
+        print(f"vitkit: error: {where}: {f.message}", file=sys.stderr)
+        return max(f.exitcode, 1)
+    ended = f"exit code {f.exitcode}" if f.exitcode >= 0 else f"killed by {f.signal_name()}"
+    print(f"vitkit: error: {where} failed ({ended})", file=sys.stderr)
+    for line in _tail(logs.latest.stderrs.get(f.local_rank)):
+        print(f"  [rank {rank}] {line}", file=sys.stderr)
+    return f.exitcode if f.exitcode > 0 else 128 - f.exitcode
+
+
+def _recorded(failure) -> bool:
+    """Whether the process recorded its error (``record_error``) before it ended."""
+    return isinstance(failure.message, str) and bool(failure.message) and os.path.isfile(failure.error_file)
+
+
+def _tail(path: str | None) -> list[str]:
+    try:
+        text = Path(path).read_bytes().decode("utf-8", "replace") if path else ""
+    except OSError:
+        return []
+    return text.strip().splitlines()[-TAIL_LINES:]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+__all__ = ["LaunchPlan", "launch_plan", "parse_nnodes", "parse_endpoint", "check_resolves", "launch", "launch_config",
+           "rank_logs", "follow_launcher", "record_error", "errors_recorded", "report_failure", "RDZV_BACKENDS",
+           "DEFAULT_RDZV_ID"]

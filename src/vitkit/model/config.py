@@ -1,0 +1,241 @@
+"""The model configuration: one dataclass, every field commented and validated. No torch import.
+
+A ``ViTConfig`` describes the architecture only. How images are prepared for the model (mean, std,
+resize) is a ``Preprocess``; both are saved in a checkpoint's config.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from ..core.errors import ConfigError
+from ..core.strict import from_dict, to_dict, to_hw
+
+Pool = Literal["token", "avg", "map", "none"]
+PosEmbed = Literal["learn", "sincos1d", "sincos2d", "none"]
+
+
+def _bad(name: str, msg: str):
+    raise ConfigError(f"ViTConfig.{name}: {msg}")
+
+
+@dataclass
+class ViTConfig:
+    # --- input -----------------------------------------------------------------------------------
+    img_size: int | tuple[int, int] = 224  # training resolution, H = W or (H, W); the grid is H/P x W/P
+    patch_size: int = 16  # side P of the square patches (the "/16" in ViT-B/16)
+    in_chans: int = 3  # image channels: 3 for RGB, 1 for grey
+    num_classes: int = 1000  # classes of the linear head; 0 = no head (forward returns pooled features)
+    # --- width and depth -------------------------------------------------------------------------
+    embed_dim: int = 768  # token width D ("hidden size")
+    depth: int = 12  # number of encoder blocks
+    num_heads: int = 12  # attention heads; D must be divisible by it
+    mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio * D (the tutorial's MNIST model uses 1.0)
+    qkv_bias: bool = True  # bias in the q, k, v projections (True in ViT, False in some variants)
+    qk_norm: bool = False  # LayerNorm on the queries and keys of every head before their dot product, one
+    #   norm over the head dimension shared by the heads (ViT-22B; timm's qk_norm)
+    # --- tokens and pooling ----------------------------------------------------------------------
+    class_token: bool = True  # prepend a learnable [cls] token (initialised to zeros)
+    reg_tokens: int = 0  # register tokens (Darcet et al. 2023, "Vision Transformers Need Registers"):
+    #   learned tokens after the [cls] token and before the patches, in every block's attention but
+    #   never pooled (timm's reg_tokens; the DINOv2 models with registers have 4)
+    global_pool: Pool = "token"  # 'token': the [cls] token; 'avg': mean of patch tokens; 'map': attention
+    #   pooling, a learned probe attending over the patch tokens (big_vision's MAP head; the [cls] token,
+    #   if any, is not pooled, as timm); 'none': all tokens
+    fc_norm: bool | None = None  # LayerNorm after pooling instead of before; None = on for 'avg' (as timm)
+    pos_embed: PosEmbed = "learn"  # 'learn' (trunc normal, std .02), 'sincos1d' (tutorial: one index per
+    #   token, class token included), 'sincos2d' (big_vision / MoCo v3: row and column, patches only), 'none'
+    no_embed_class: bool = False  # learned position embeddings cover the patches only, and the class and
+    #   register tokens are added after them (big_vision, DINOv2 with registers); False = one slot per
+    #   token, prefix tokens included (timm)
+    dynamic_img_size: bool = False  # resample position embeddings per input, so any multiple of P runs
+    # --- block ------------------------------------------------------------------------------------
+    norm: Literal["pre", "post"] = "pre"  # LayerNorm before each sub-block (ViT) or after the residual
+    #   sum (the original Transformer, "post-LN"; no final norm then)
+    norm_eps: float = 1e-6  # LayerNorm epsilon (JAX, timm and torchvision use 1e-6; HF defaults to 1e-12)
+    act: Literal["gelu", "gelu_tanh", "relu"] = "gelu"  # MLP activation (exact GELU as the paper; ReLU as
+    #   one tutorial)
+    drop_rate: float = 0.0  # dropout after every dense layer and after adding position embeddings
+    attn_drop_rate: float = 0.0  # dropout on the attention probabilities
+    drop_path_rate: float = 0.0  # stochastic depth, rising linearly from 0 to this over the blocks
+    layer_scale: float | None = None  # LayerScale on both residual branches, gamma initialised to this
+    #   value (CaiT / DeiT III; timm's init_values); None = off
+    attn_impl: Literal["fused", "manual"] = "fused"  # F.scaled_dot_product_attention, or an explicit
+    #   softmax(QK^T/sqrt(d))V; both share weights and results; attention maps always use the manual path
+    # --- stem -------------------------------------------------------------------------------------
+    patch_embed: Literal["conv", "linear"] = "conv"  # Conv2d(kernel = stride = P), or space-to-depth
+    #   reshape + Linear; both hold the same (D, C, P, P) weight, so either loads the other's checkpoint
+    stem: Literal["patch", "conv"] = "patch"  # 'patch': the linear patch projection; 'conv': a hybrid
+    #   convolutional stem (3x3 stride-2 conv + BatchNorm + ReLU, log2(P) times, then a 1x1 conv to D)
+    stem_width: int = 32  # channels of the first conv of the 'conv' stem (doubling at each stride-2 conv)
+    stem_convs: int = 0  # extra 3x3 stride-1 conv + BatchNorm + ReLU layers of the 'conv' stem, at the
+    #   grid resolution before the 1x1 projection (more local features for small data)
+    stem_whiten: bool = False  # the 'conv' stem's first stride-2 conv is a frozen 2x2 patch-whitening filter
+    #   bank (2*C*4 channels: the eigenvectors of the training data's 2x2 patch covariance over sqrt(eigenvalue),
+    #   and their negatives; airbench), set from the data when a run starts from scratch
+    stem_bn_momentum: float = 0.1  # running-statistics momentum of the 'conv' stem's BatchNorm layers (torch's
+    #   0.1; higher tracks a short run's changing statistics more closely)
+    # --- head -------------------------------------------------------------------------------------
+    representation_size: int | None = None  # pre-logits Linear + tanh before the head (the paper's
+    #   ImageNet-21k models); None = no pre-logits layer
+    head_drop_rate: float = 0.0  # dropout just before the head
+    init: Literal["jax", "timm"] = "jax"  # weight init: 'jax' as the paper (xavier uniform, lecun normal
+    #   patch projection, zero head), 'timm' (trunc normal std .02 for every Linear)
+
+    def __post_init__(self):
+        self.img_size = to_hw(self.img_size, "ViTConfig.img_size")
+        self.validate()
+
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Patches per column and per row, (H/P, W/P)."""
+        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        gh, gw = self.grid_size
+        return gh * gw
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: the class token (if any), then the registers."""
+        return (1 if self.class_token else 0) + self.reg_tokens
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def use_fc_norm(self) -> bool:
+        return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
+
+    # ------------------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field out of range or inconsistent with another."""
+        self._check_sizes()
+        self._check_tokens()
+        self._check_layers()
+
+    def _check_sizes(self) -> None:
+        """Widths, counts and rates: each in its range; the image in whole patches, the width in whole heads."""
+        for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "stem_width"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                _bad(name, f"must be a positive integer, got {v!r}")
+        if not isinstance(self.num_classes, int) or self.num_classes < 0:
+            _bad("num_classes", f"must be an integer >= 0 (0 = no head), got {self.num_classes!r}")
+        h, w = self.img_size
+        p = self.patch_size
+        if h % p or w % p:
+            _bad("img_size", f"{h}x{w} is not divisible by patch_size {p}")
+        if self.embed_dim % self.num_heads:
+            _bad("num_heads", f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
+            _bad("mlp_ratio", f"must give an MLP width >= 1, got {self.mlp_ratio!r}")
+        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate", "head_drop_rate"):
+            v = getattr(self, name)
+            if not 0.0 <= v < 1.0:
+                _bad(name, f"must be in [0, 1), got {v!r}")
+        if not self.norm_eps > 0:
+            _bad("norm_eps", f"must be > 0, got {self.norm_eps!r}")
+
+    def _check_tokens(self) -> None:
+        """Prefix tokens, pooling and position tables: each pooling finds the tokens it reads."""
+        if not isinstance(self.reg_tokens, int) or isinstance(self.reg_tokens, bool) or self.reg_tokens < 0:
+            _bad("reg_tokens", f"must be an integer >= 0, got {self.reg_tokens!r}")
+        if self.global_pool == "token" and not self.class_token:
+            _bad("global_pool", "'token' pooling needs class_token=True (use 'avg' without a class token)")
+        if self.global_pool in ("avg", "map") and self.num_patches < 1:
+            _bad("global_pool", f"{self.global_pool!r} pooling needs at least one patch token")
+        if self.pos_embed == "sincos1d" and self.embed_dim % 2:
+            _bad("pos_embed", f"'sincos1d' needs an even embed_dim, got {self.embed_dim}")
+        if self.pos_embed == "sincos2d" and self.embed_dim % 4:
+            _bad("pos_embed", f"'sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
+        if self.no_embed_class and self.pos_embed != "learn":
+            _bad("no_embed_class", "only applies to learned position embeddings (pos_embed='learn')")
+        if self.dynamic_img_size and self.pos_embed == "sincos1d":
+            _bad("dynamic_img_size", "1D sin-cos embeddings have no 2D grid to resample")
+
+    def _check_layers(self) -> None:
+        """The stem, LayerScale, the pre-logits layer and the norms agree with each other."""
+        p = self.patch_size
+        if not isinstance(self.stem_convs, int) or isinstance(self.stem_convs, bool) or self.stem_convs < 0:
+            _bad("stem_convs", f"must be an integer >= 0, got {self.stem_convs!r}")
+        if self.stem_convs and self.stem != "conv":
+            _bad("stem_convs", "extra stem convolutions need stem='conv'")
+        if self.stem_whiten and self.stem != "conv":
+            _bad("stem_whiten", "the whitening layer is part of the conv stem; it needs stem='conv'")
+        if not 0 < self.stem_bn_momentum <= 1:
+            _bad("stem_bn_momentum", f"must be in (0, 1], got {self.stem_bn_momentum!r}")
+        if self.stem == "conv":
+            if p & (p - 1) or p < 2:
+                _bad("stem", f"the 'conv' stem needs a power-of-two patch_size >= 2, got {p}")
+            if self.patch_embed != "conv":
+                _bad("patch_embed", "the 'conv' stem has no linear form; use patch_embed='conv'")
+        if self.representation_size is not None and self.representation_size < 1:
+            _bad("representation_size", f"must be a positive integer or null, got {self.representation_size!r}")
+        if self.layer_scale is not None and not self.layer_scale > 0:
+            _bad("layer_scale", f"must be > 0 or null, got {self.layer_scale!r}")
+        if self.norm == "post" and self.fc_norm:
+            _bad("fc_norm", "post-LN blocks already end in a LayerNorm; fc_norm must be off")
+
+    # ------------------------------------------------------------------------------------------------
+    def replace(self, **changes) -> "ViTConfig":
+        """A copy with some fields changed (validated)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ConfigError(f"ViTConfig: unknown field(s) {', '.join(map(repr, unknown))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "ViTConfig") -> "ViTConfig":
+        return from_dict(cls, data, where)
+
+
+@dataclass
+class Preprocess:
+    """How an image becomes the model's input: resize, centre crop, scale to [0, 1], normalise."""
+
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # per-channel mean, subtracted after scaling to [0, 1]
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)  # per-channel std, divided by after the mean
+    crop_pct: float = 1.0  # resize the short side to size / crop_pct, then centre crop to size
+    interpolation: Literal["bilinear", "bicubic", "nearest"] = "bicubic"  # resize filter
+
+    def __post_init__(self):
+        if len(self.mean) != len(self.std):
+            raise ConfigError(f"Preprocess: mean has {len(self.mean)} values but std has {len(self.std)}")
+        if any(s <= 0 for s in self.std):
+            raise ConfigError(f"Preprocess.std: every value must be > 0, got {self.std}")
+        if not 0 < self.crop_pct <= 1:
+            raise ConfigError(f"Preprocess.crop_pct: must be in (0, 1], got {self.crop_pct}")
+
+    def for_channels(self, channels: int) -> "Preprocess":
+        """The same constants with one value per channel (a grey model gets the mean of RGB values)."""
+        if len(self.mean) == channels:
+            return self
+        if channels == 1:
+            m, s = sum(self.mean) / len(self.mean), sum(self.std) / len(self.std)
+            return dataclasses.replace(self, mean=(m,), std=(s,))
+        if len(self.mean) == 1:
+            return dataclasses.replace(self, mean=self.mean * channels, std=self.std * channels)
+        raise ConfigError(f"Preprocess: {len(self.mean)} mean values do not fit {channels} channels")
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "Preprocess") -> "Preprocess":
+        return from_dict(cls, data, where)
+
+
+__all__ = ["ViTConfig", "Preprocess"]
