@@ -17,7 +17,7 @@ from helpers import FAST_TRAIN_ARGS as FAST
 from helpers import image_folder, step_losses
 from safetensors.torch import load_file
 
-from vitkit.cli.commands import launch as launch_mod
+from vitkit.train import launch as launch_mod
 from vitkit.cli.commands.train import check_processes
 from vitkit.cli.main import main
 from vitkit.core.errors import ConfigError

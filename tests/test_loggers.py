@@ -116,7 +116,7 @@ def test_loggers_are_recorded_in_the_run_config(tmp_path, capsys):
 def test_a_missing_logger_package_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, nproc):
     import importlib.util
 
-    import vitkit.cli.commands.launch as launch
+    import vitkit.train.launch as launch
 
     started = []
     monkeypatch.setattr(launch, "launch", lambda argv, n: started.append(n) or 0)

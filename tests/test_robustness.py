@@ -1006,7 +1006,7 @@ def test_fuzz_train_config_file(text):
     reaches the training loop (stubbed here)."""
     import contextlib
 
-    import vitkit.cli.commands.launch as launch
+    import vitkit.train.launch as launch
     import vitkit.train.build as build
     import vitkit.train.loop as loop
 

@@ -153,7 +153,7 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
 def test_a_bad_augment_key_is_one_error_before_any_process_starts(tmp_path, capsys, monkeypatch, override, message):
     import re
 
-    import vitkit.cli.commands.launch as launch
+    import vitkit.train.launch as launch
 
     started = []
     monkeypatch.setattr(launch, "launch", lambda argv, n: started.append(n) or 0)

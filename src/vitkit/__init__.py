@@ -5,6 +5,7 @@
     vitkit.save(model, "ckpt/")
     model = vitkit.load("ckpt/")          # eval mode; float (B, C, H, W) -> logits
     model = vitkit.create_model(weights="vit_small.safetensors")   # timm, HF or JAX weights, told by the file
+    result = vitkit.fit("photos/", max_minutes=5, out="runs/photos")   # as `vitkit train --data photos/`
 
 The package's layers, each importing only from those before it: ``core`` (errors, strict parsing,
 progress, the hardware), ``model`` (the config, the ViT, its layers and named variants), ``io``
@@ -28,6 +29,8 @@ _EXPORTS = {
     "get_config": "vitkit.model.variants",
     "list_models": "vitkit.model.variants",
     "create_model": "vitkit.api",
+    "fit": "vitkit.api",
+    "FitResult": "vitkit.api",
     "load": "vitkit.io.checkpoint",
     "save": "vitkit.io.checkpoint",
     "VitkitError": "vitkit.core.errors",

@@ -1,4 +1,5 @@
-"""``create_model``: a named model with fresh weights, or a model read from weights on disk in any format.
+"""The entry points: ``create_model`` (a named model with fresh weights, or a model read from weights on disk
+in any format) and ``fit`` (a training run, resolved as `vitkit train` resolves it).
 
     model = vitkit.create_model("vit_small_patch16_224", seed=0)                  # random weights
     model = vitkit.create_model(weights="vit_small.safetensors")                   # timm weights
@@ -16,8 +17,11 @@ checking that it agrees with the weights on width, depth, patch size, channels a
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
-from .core.errors import ConfigError
+from .core.errors import ConfigError, TrainingError
 from .model.variants import build_model
 
 
@@ -43,4 +47,109 @@ def create_model(name: str | None = None, seed: int | None = None, *,
     return model
 
 
-__all__ = ["create_model"]
+
+# ------------------------------------------------------------------------------------------- fit
+@dataclass
+class FitResult:
+    """What ``fit`` returns: the run's summary (as summary.json holds it) and its directory."""
+
+    summary: dict
+    run_dir: Path
+
+    def __getitem__(self, key):
+        return self.summary[key]
+
+
+def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | None = None,
+        out: str | os.PathLike | None = None, max_minutes: float | None = None, epochs: int | None = None,
+        model: str | None = None, config: str | os.PathLike | None = None, resume: str | os.PathLike | None = None,
+        settings: dict[str, Any] | None = None, overrides: list[str] | None = None, loggers: list | None = None,
+        cache_dir: str | os.PathLike | None = None, log: Callable[[str], None] | None = print,
+        progress=None) -> FitResult:
+    """Train on ``data`` as ``vitkit train --data DATA`` does (or, with ``weights``, fine-tune them as
+    ``vitkit finetune WEIGHTS --data DATA`` does): the same request resolved the same way
+    (``train.resolve.resolve_run``: the recipe chosen from the data, or the fine-tuning defaults; the
+    processes, threads and precision for this machine), and the same run directory. Returns the summary
+    and the run's directory.
+
+        result = vitkit.fit("photos/", max_minutes=5, out="runs/photos")
+        result = vitkit.fit("photos/", weights="runs/photos/best", settings={"optim.lr": 0.003})
+
+    ``data``: a folder, split folder, MNIST or CIFAR directory (None: the built-in digits). ``settings``:
+    config keys (dotted, as ``--set`` takes them) and values; ``overrides``: 'KEY=VALUE' texts. ``model``:
+    a named model (`vitkit list`), or with foreign ``weights`` the named model that supplies what they do
+    not show. ``loggers``: objects with ``log_metrics(metrics: dict, step: int)`` (and optionally
+    ``close()``), fed every metrics.jsonl record; a run of several processes runs them in processes of
+    its own (started as `vitkit train --nproc N` starts them), whose records reach the loggers when it
+    ends. ``log``: where the run's lines go (None: nowhere); ``progress``: a ``core.progress.Progress``.
+    """
+    from .train.resolve import RunRequest, resolve_run
+
+    flags: dict[str, Any] = dict(settings or {})
+    flags.update({"max_minutes": max_minutes, "epochs": epochs})
+    flags["init_model" if weights is not None else "model"] = model
+    req = RunRequest(data=None if data is None else str(data), weights=None if weights is None else str(weights),
+                     config=None if config is None else str(config), flags=flags, overrides=list(overrides or []),
+                     out=None if out is None else str(out), resume=None if resume is None else str(resume))
+    if weights is not None and data is None and resume is None:
+        raise ConfigError("fit: fine-tuning needs data (a folder, MNIST or CIFAR directory)")
+    run = resolve_run(req)
+    say = log or (lambda m: None)
+    for note in run.notes:
+        say(note)
+    if run.cfg.processes > 1:
+        summary = _fit_launched(run, cache_dir, log is None)
+        _replay(run.run_dir, loggers)
+    else:
+        summary = _fit_here(run, cache_dir, loggers, say, progress)
+    return FitResult(summary, run.run_dir)
+
+
+def _fit_here(run, cache_dir, loggers, say, progress) -> dict:
+    """The resolved run trained in this process."""
+    from .train.loop import train
+
+    summary = train(run.cfg, run.run_dir, resume=run.resume, progress=progress, log=say, path=run.path,
+                    cache_dir=cache_dir)
+    _replay(run.run_dir, loggers)
+    return summary
+
+
+def _fit_launched(run, cache_dir, quiet: bool) -> dict:
+    """The resolved run trained by ``run.cfg.processes`` processes on this machine, started as
+    `vitkit train --nproc N` starts them: each reads the run from its config.json."""
+    import json
+
+    from .train.build import preflight
+    from .train.launch import launch, launch_plan
+    from .train.resolve import write_resolved
+
+    preflight(run.cfg, run.run_dir, run.resume)
+    write_resolved(run)
+    argv = ["train", "--out", str(run.run_dir), "--resolved", "--cache-dir", str(cache_dir or "none")]
+    argv += (["--resume", str(run.run_dir)] if run.resume else []) + (["--quiet"] if quiet else [])
+    code = launch(argv, launch_plan(run.cfg.processes))
+    summary_file = run.run_dir / "summary.json"
+    if code != 0 or not summary_file.is_file():
+        raise TrainingError(f"{run.run_dir}: the run's processes ended with exit code {code}; see the lines above "
+                            f"(continue with vitkit.fit(resume={str(run.run_dir)!r}))")
+    return json.loads(summary_file.read_text())
+
+
+def _replay(run_dir: Path, loggers: list | None) -> None:
+    """Feed the run's metrics.jsonl records to ``loggers`` (objects with ``log_metrics``), then close them."""
+    import json
+
+    if not loggers:
+        return
+    with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    for logger in loggers:
+        for rec in records:
+            logger.log_metrics(rec, int(rec.get("step", 0)))
+        close = getattr(logger, "close", None)
+        if close is not None:
+            close()
+
+
+__all__ = ["create_model", "fit", "FitResult"]

@@ -25,9 +25,8 @@ def register(p):
 
 def run(args) -> int:
     from ...core.errors import ConfigError
-    from ...train.config import FINETUNE_DEFAULTS
 
     if not args.resume and not args.data:
         raise ConfigError("--data: fine-tuning needs a dataset (a folder, MNIST or CIFAR directory)")
-    extra = {"init_from": args.checkpoint, "init_model": args.init_model, "optim.layer_decay": args.layer_decay}
-    return execute(args, base=FINETUNE_DEFAULTS, extra_flags=extra)
+    extra = {"init_model": args.init_model, "optim.layer_decay": args.layer_decay}
+    return execute(args, weights=args.checkpoint, extra_flags=extra)

@@ -16,8 +16,8 @@ import contextlib
 import signal
 import sys
 
+from ...train.launch import DEFAULT_RDZV_ID
 from . import seconds
-from .launch import DEFAULT_RDZV_ID
 
 
 def _h(text: str, key: str) -> str:
@@ -111,7 +111,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
 
 # ------------------------------------------------------------------------------- machines
 def add_launch_flags(p: argparse.ArgumentParser) -> None:
-    """The machines of a run and how its processes meet, as torchrun names them (commands/launch.py)."""
+    """The machines of a run and how its processes meet, as torchrun names them (train/launch.py)."""
     g = p.add_argument_group("several machines and restarts")
     g.add_argument("--nnodes", metavar="N|MIN:MAX", help="train on N machines (or MIN to MAX: elastic), each "
                    "running this command with --nproc processes (default: 1)")
@@ -127,11 +127,13 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
                    "again, up to K times, from the run's last checkpoint (default: 0, no restarts)")
     # what the launcher adds for runs that may start again: a checkpoint in --out is this launch's own
     g.add_argument("--auto-resume", action="store_true", help=argparse.SUPPRESS)
+    # what the launcher adds for the processes it starts: the run is resolved in --out's config.json
+    g.add_argument("--resolved", action="store_true", help=argparse.SUPPRESS)
 
 
 def launch_plan_from_args(args, nproc: int):
     """The run's LaunchPlan from the flags above and its processes on this machine."""
-    from .launch import launch_plan
+    from ...train.launch import launch_plan
 
     return launch_plan(nproc, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
                        rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id, max_restarts=args.max_restarts)
@@ -218,32 +220,6 @@ def config_keys() -> list[str]:
     return [k for k in leaves(RunConfig().to_dict()) if k != "model_args"] + fields
 
 
-def default_threads(local_procs: int) -> int:
-    """CPU threads per process: the cores not already busy (1-minute load average), shared among this
-    machine's processes. Threads competing with other work for a core spin and wait, which on small
-    models is several times slower than using fewer threads."""
-    import os
-
-    from ...core.hardware import usable_cpus
-
-    cpus = usable_cpus()
-    try:
-        free = cpus - int(round(os.getloadavg()[0]))
-    except OSError:  # pragma: no cover - no load average on this platform
-        free = cpus
-    return max(1, min(cpus, free) // max(local_procs, 1))
-
-
-def demo_base() -> dict:
-    """The demo's time budget, and its processes: 2 data-parallel processes of one thread on a CPU with 2 or
-    more cores (this small model keeps two processes busier than one process with two threads); 1
-    process where a GPU will be used."""
-    from ...train.config import DEMO_BUDGET
-
-    cpus = cpu_run_cpus(None)
-    return dict(DEMO_BUDGET, processes=1 if cpus is None else min(DEMO_BUDGET["processes"], cpus))
-
-
 def check_processes(n: int, device: str) -> None:
     """A clear error for process counts the device cannot host (one GPU per process on CUDA; none on MPS)."""
     import torch
@@ -259,95 +235,58 @@ def check_processes(n: int, device: str) -> None:
         raise ConfigError(f"processes: {n} processes cannot share MPS (no DDP there); use processes = 1 or --device cpu")
 
 
-def execute(args, base: dict | None = None, extra_flags: dict | None = None) -> int:
-    """Resolve the config; then start the processes of a launched run, or train in this one. A process
+def execute(args, weights: str | None = None, extra_flags: dict | None = None) -> int:
+    """Resolve the run once; then start the processes of a launched run, or train in this one. A process
     the launcher started records the one-line error that ends it, for the launcher's report."""
     import os
 
-    from .launch import errors_recorded, follow_launcher
+    from ...train.launch import errors_recorded, follow_launcher
 
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torch's launcher (vitkit's, or torchrun)
         follow_launcher()
     with errors_recorded(os.environ.get("TORCHELASTIC_ERROR_FILE")):
-        return resolve_and_run(args, base, extra_flags)
+        return resolve_and_run(args, weights, extra_flags)
 
 
-def resolve_and_run(args, base: dict | None, extra_flags: dict | None) -> int:
-    """The run's config (``base``: the recipe's defaults, if not the demo's or a resumed run's) and
-    directory; then the launch, or the training in this process."""
+def request_from_args(args, weights: str | None = None, extra_flags: dict | None = None):
+    """The command line's request (``train.resolve.RunRequest``): ``weights`` to fine-tune from, and the
+    flags of a subcommand of its own (``extra_flags``, dotted config keys)."""
+    from ...train.resolve import RunRequest
+
+    return RunRequest(data=args.data, data_format=args.data_format, weights=weights, config=args.config,
+                      flags={**flags_from_args(args), **(extra_flags or {})}, overrides=overrides_from_args(args),
+                      out=args.out, resume=args.resume)
+
+
+def resolve_and_run(args, weights: str | None, extra_flags: dict | None) -> int:
+    """The resolved run (``train.resolve.resolve_run``; a process vitkit's launcher started reads it from
+    the run's config.json instead); then the launch, or the training in this process."""
     import os
     from pathlib import Path
 
     from ...core.errors import ConfigError
-    from ...train.config import resolve_config
     from ...train.distributed import DistInfo
+    from ...train.resolve import read_resolved, resolve_run
 
     dist = DistInfo.from_env(os.environ)
-    overrides = overrides_from_args(args)
-    flags = {**flags_from_args(args), **(extra_flags or {})}
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
     if saved_by_this_launch(args):
         args.resume = args.out  # a restarted attempt continues from the run's last checkpoint
-    if args.resume:
+    run_dir = Path(args.resume or args.out or ".")
+    if launched and getattr(args, "resolved", False) and (run_dir / "config.json").is_file():
+        run = read_resolved(run_dir, resume=bool(args.resume))  # the launcher resolved it
+    else:
         # a rank other than 0, or the launcher of a run on several machines, may be where the run is not
-        base = saved_run_config(Path(args.resume), args.out, elsewhere=dist.rank > 0 or args.nnodes is not None)
-    recipe = None
-    if base is None and args.config is None:
-        if args.data is None:
-            base = demo_base()  # the demo: the built-in digits, within a fixed time, on up to 2 CPU processes
-        else:
-            recipe = data_recipe(args, flags, overrides)  # chosen from what the data is
-            base = recipe.base
-    cfg = resolve_config(args.config, flags, overrides, base=base)
-    run_dir = Path(args.resume) if args.resume else new_run_dir(cfg, args.out)
-    if not dist.enabled and "TORCHELASTIC_RUN_ID" not in os.environ:  # a launched process of one trains here
-        plan = launch_plan_from_args(args, cfg.processes)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or 0) or (dist.world_size if dist.enabled else None)
+        run = resolve_run(request_from_args(args, weights, extra_flags), local_processes=local,
+                          elsewhere=dist.rank > 0 or args.nnodes is not None)
+    if not dist.enabled and not launched:  # a launched process of one trains here
+        plan = launch_plan_from_args(args, run.cfg.processes)
         if plan.needs_launcher:  # start the processes; each comes back here as one rank
-            return launch_processes(args, cfg, run_dir, plan)
-    return train_here(args, cfg, run_dir, dist, recipe.line if recipe else None)
-
-
-def data_recipe(args, flags: dict, overrides: list[str]):
-    """The recipe for --data (train/recipe.py), told the budget the flags or overrides give."""
-    from ...core.strict import parse_override
-    from ...train.recipe import recipe_for
-
-    given = {k: v for k, v in flags.items() if v is not None}
-    for text in overrides:
-        key, value = parse_override(text)
-        given[".".join(key)] = value
-    return recipe_for(args.data, args.data_format, _number(given.get("max_minutes")), _number(given.get("epochs")),
-                      cpus=cpu_run_cpus(given.get("device")), processes=_whole(given.get("processes")))
-
-
-def cpu_run_cpus(device) -> int | None:
-    """The CPUs a run on ``device`` (a flag's value; None: auto) may use when it trains on the CPU; None
-    when it trains on a GPU."""
-    from ...core.errors import ConfigError
-    from ...core.hardware import resolve_device, usable_cpus
-
-    try:
-        on_cpu = resolve_device(device or "auto").type == "cpu"
-    except ConfigError:  # an unusable --device: the run reports it in its own words
-        return None
-    return usable_cpus() if on_cpu else None
-
-
-def _whole(value) -> int | None:
-    """An override's value as a whole number, or None when it is none or not one (resolve_config judges it)."""
-    number = _number(value)
-    return int(number) if number is not None and float(number).is_integer() else None
-
-
-def _number(value):
-    """An override's value as a number, or None when it is none (resolve_config judges it)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
+            return launch_processes(args, run, plan)
+    return train_here(args, run, dist)
 
 
 def saved_by_this_launch(args) -> bool:
@@ -375,62 +314,38 @@ def overrides_from_args(args) -> list[str]:
     return overrides
 
 
-def saved_run_config(run_dir, out: str | None, elsewhere: bool = False) -> dict:
-    """The config.json of the run that --resume continues (checked alone, so that an error names it).
-    ``elsewhere``: this process may be on a machine that does not see the run directory, which rank 0
-    alone writes: then a missing config.json is no error. Such a process starts from the command line's
-    values alone (an empty base), and the run's config comes from rank 0 once the processes meet
-    (``train.loop.main_config``)."""
-    from pathlib import Path
-
-    from ...core.errors import ConfigError
-    from ...train.config import checked_run_config, read_run_config
-
-    saved = run_dir / "config.json"
-    if not saved.is_file() and elsewhere:
-        return {}
-    if not saved.is_file():
-        raise ConfigError(f"--resume {run_dir}: no config.json there; not a vitkit run directory")
-    base = read_run_config(saved)
-    checked_run_config(base, saved)
-    if out and Path(out) != run_dir:
-        raise ConfigError("--out and --resume name different directories; --resume continues in place")
-    return base
-
-
-def new_run_dir(cfg, out: str | None):
-    """--out, or runs/<model or weights' name>-<date-time>."""
-    import time
-    from pathlib import Path
-
-    if out:
-        return Path(out)
-    name = cfg.model
-    if cfg.init_from:
-        init = Path(cfg.init_from)
-        name = init.stem if init.is_file() else init.name
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def launch_processes(args, cfg, run_dir, plan) -> int:
-    """Check the config once (one error line, not one per process), then start the processes ``plan``
-    says (cfg.processes on this machine)."""
+def launch_processes(args, run, plan) -> int:
+    """Check the run once (one error line, not one per process), write it to the run's config.json where
+    this machine holds rank 0, say what was chosen, then start the processes ``plan`` says
+    (run.cfg.processes on this machine), which read the run from that file."""
     from ...core.errors import ConfigError
     from ...train.build import preflight
-    from .launch import launch
+    from ...train.launch import launch
+    from ...train.resolve import write_resolved
 
-    preflight(cfg, run_dir, bool(args.resume))
-    check_processes(cfg.processes, cfg.device)
+    preflight(run.cfg, run.run_dir, run.resume)
+    check_processes(run.cfg.processes, run.cfg.device)
     argv = list(getattr(args, "argv", None) or [])
     if not argv:
         raise ConfigError("processes: a multi-process run is started from the command line (vitkit train)")
-    if not args.resume and not args.out:
-        argv += ["--out", str(run_dir)]  # every rank must agree on the run directory
+    if not run.resume and not args.out:
+        argv += ["--out", str(run.run_dir)]  # every rank must agree on the run directory
     if plan.may_restart:
         argv += ["--auto-resume"]  # a restarted attempt continues from the checkpoint an earlier one saved
-    if cfg.threads is None:  # ... and on the threads, counted once while the machine is not yet busy with them
-        argv += ["--threads", str(default_threads(cfg.processes))]
+    if plan.max_nodes == 1 or plan.node_rank == 0:  # this machine holds rank 0, which owns the run directory
+        write_resolved(run)
+        argv += ["--resolved"]
+    elif args.threads is None:  # elsewhere the processes resolve again (rank 0's config wins when they meet),
+        argv += ["--threads", str(run.cfg.threads)]  # on threads counted once while the machine is not busy
+    say_notes(args, run)
     return launch(argv, plan)
+
+
+def say_notes(args, run) -> None:
+    """The lines the main process prints before training: the recipe chosen for the data, and why."""
+    if not args.quiet:
+        for note in run.notes:
+            print(note, flush=True)
 
 
 @contextlib.contextmanager
@@ -465,30 +380,28 @@ def cache_dir(args, env) -> str | None:
     return os.path.join(base, "vitkit")
 
 
-def train_here(args, cfg, run_dir, dist, note: str | None = None) -> int:
-    """Train in this process (alone, or as one rank of a distributed run); report as the exit code says.
-    ``note``: a line the main process prints first (the recipe chosen for the data, and why)."""
+def train_here(args, run, dist) -> int:
+    """Train the resolved ``run`` in this process (alone, or as one rank of a distributed run); report as
+    the exit code says."""
     import os
 
     from ...train.distributed import destroy_process_group
     from ...train.loop import train
     from . import cli_progress
 
-    if cfg.threads is None:  # the run sets this many and records it in its config.json
-        cfg.threads = default_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or dist.world_size))
-    progress = cli_progress(args.quiet, cfg.progress_every)
+    progress = cli_progress(args.quiet, run.cfg.progress_every)
     log = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
-    if note and dist.is_main:
-        log(note)
+    if dist.is_main and not getattr(args, "resolved", False):  # a launcher said them already
+        say_notes(args, run)
     with stop_on_signals() as stop:
         try:
-            summary = train(cfg, run_dir, dist=dist, resume=bool(args.resume), progress=progress, stop=stop, log=log,
-                            cache_dir=cache_dir(args, os.environ))
+            summary = train(run.cfg, run.run_dir, dist=dist, resume=run.resume, progress=progress, stop=stop,
+                            log=log, cache_dir=cache_dir(args, os.environ), path=run.path)
         finally:
             destroy_process_group()
     if not dist.is_main:
         return 0 if summary.get("status") == "completed" else 130
-    return report(args, summary, run_dir)
+    return report(args, summary, run.run_dir)
 
 
 def report(args, summary: dict, run_dir) -> int:

@@ -43,7 +43,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...core.errors import ConfigError, TrainingError, VitkitError
+from ..core.errors import ConfigError, TrainingError, VitkitError
 
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")  # torch's rendezvous backends
 DEFAULT_RDZV_ID = "vitkit"  # the run id of a rendezvous on several machines unless --rdzv-id names one

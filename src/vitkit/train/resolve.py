@@ -1,0 +1,246 @@
+"""A run resolved once: a request (the command line's values, or keyword arguments from Python) becomes
+the run's config with every 'auto' settled, its model's config and its directory.
+
+    request -> the base (a resumed run's config.json; the fine-tuning defaults; the demo's budget; or the
+               recipe chosen from the data) <- --config <- flags <- overrides    (``train.config.resolve_config``)
+            -> threads and processes, then the model's config and the training path (precision,
+               channels-last) settled for this machine                            (``resolve_run``)
+            -> the run directory; config.json written once                         (``write_resolved``)
+
+``vitkit train``, ``vitkit finetune`` and ``vitkit.fit`` all go through ``resolve_run``, so the same
+request trains the same thing. Processes that a launcher starts read the run's config.json
+(``read_resolved``) instead of resolving again; a rank on another machine, which may not see the run
+directory, takes rank 0's config once the processes meet (``train.loop.main_config``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import ConfigError
+from ..core.hardware import resolve_device, usable_cpus
+from ..core.strict import parse_override
+from ..infer.fastpath import FastPath
+from ..infer.paths import training_path
+from .checkpoint import find_checkpoint, write_json
+from .config import DEMO_BUDGET, FINETUNE_DEFAULTS, RunConfig, checked_run_config, read_run_config, resolve_config
+
+RUN_CONFIG = "config.json"  # the resolved run, in its run directory
+
+# config keys that say what model a run trains: a resumed run keeps its own, so a request that names
+# other values is refused rather than recorded untruly
+MODEL_KEYS = ("model", "model_args", "img_size", "init_from", "init_model")
+
+
+@dataclass
+class RunRequest:
+    """What is asked of a run, before anything is settled. ``flags``: dotted config keys and values (None:
+    not given), as the command line's flags or ``vitkit.fit``'s keyword arguments give them;
+    ``overrides``: 'KEY=VALUE' texts, laid over the flags (a key given by both is an error)."""
+
+    data: str | None = None  # a folder, split folder, MNIST or CIFAR directory; None: the built-in digits
+    data_format: str | None = None  # force the dataset format; None: detected
+    weights: str | None = None  # fine-tune from these weights (the fine-tuning defaults apply)
+    config: str | None = None  # a TOML run config, or a run's config.json or directory to replay
+    flags: dict[str, Any] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
+    out: str | None = None  # the run directory; None: runs/<model>-<date-time>
+    resume: str | None = None  # continue the run in this directory from its last checkpoint
+
+
+@dataclass
+class ResolvedRun:
+    """A run with every choice made: ``cfg`` (no 'auto' left in threads, precision and channels-last),
+    ``run_dir``, whether it resumes, the training ``path`` (and why: printed once, and in the summary)
+    and ``notes``: what the main process prints first (the recipe chosen for the data, and why)."""
+
+    cfg: RunConfig
+    run_dir: Path
+    resume: bool = False
+    path: FastPath | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewhere: bool = False) -> ResolvedRun:
+    """The run ``req`` asks for, resolved once. ``local_processes``: the processes that share this machine's
+    CPUs (None: the run's own count), for the threads each gets. ``elsewhere``: this process may be on a
+    machine that does not see a resumed run's directory (a rank of a run on several machines); a missing
+    config.json is then no error, and rank 0's config replaces this one when the processes meet."""
+    flags = dict(req.flags)
+    if req.data is not None:
+        flags["data.path"] = req.data
+    if req.data_format is not None:
+        flags["data.format"] = req.data_format
+    if req.weights is not None:
+        flags["init_from"] = req.weights
+    base, notes, saved = _base(req, flags, elsewhere)
+    cfg = resolve_config(req.config, flags, req.overrides, base=base)
+    if saved:
+        check_same_model(saved, cfg, Path(req.resume))
+    if cfg.threads is None:
+        cfg.threads = default_threads(local_processes or cfg.processes)
+    run_dir = Path(req.resume) if req.resume else new_run_dir(cfg, req.out)
+    path = settle_path(cfg, run_dir if req.resume else None)
+    return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes)
+
+
+def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, list[str], dict | None]:
+    """The values a run starts from, the lines that say why, and (resuming) the run's saved config."""
+    if req.resume:
+        saved = saved_run_config(Path(req.resume), req.out, elsewhere)
+        return saved, [], saved or None
+    if req.weights is not None:
+        return FINETUNE_DEFAULTS, [], None
+    if req.config is not None:
+        return None, [], None
+    if req.data is None:
+        return demo_base(), [], None
+    recipe = data_recipe(req.data, req.data_format, flags, req.overrides)
+    return recipe.base, [recipe.line], None
+
+
+def settle_path(cfg: RunConfig, resume_dir: Path | None = None) -> FastPath | None:
+    """Settle ``cfg``'s precision and channels-last for this machine's device (in place) and return the
+    training path with the reasons of its choices. The model's config comes from the named model, the
+    weights it starts from or (``resume_dir``) the run's last checkpoint. Where the model cannot be
+    resolved here (weights this machine cannot read yet), the run settles them when it starts: None."""
+    from .build import model_config
+
+    resume_from = find_checkpoint(resume_dir, "last") if resume_dir is not None else None
+    mcfg = model_config(cfg, resume_from=resume_from)
+    device = resolve_device(cfg.device)
+    path = training_path(mcfg, device, cfg.precision, cfg.compile, cfg.channels_last,
+                         sharded=cfg.strategy == "fsdp")
+    cfg.precision, cfg.channels_last = path.precision, path.channels_last
+    return path
+
+
+def check_same_model(saved: dict, cfg: RunConfig, run_dir: Path) -> None:
+    """A resumed run trains the model it started with: a request whose model keys differ from the saved
+    run's is refused in one line (so config.json keeps describing what was trained)."""
+    asked = cfg.to_dict()
+    for key in MODEL_KEYS:
+        if key in saved and asked.get(key) != saved[key]:
+            raise ConfigError(f"{key}: {run_dir} trains {_show(saved[key])}, not {_show(asked.get(key))}; --resume "
+                              f"continues a run as it is (start a new run with another --out to train another)")
+
+
+def _show(value) -> str:
+    return "none" if value in (None, {}) else repr(value)
+
+
+# ------------------------------------------------------------------------------------- the bases
+def demo_base() -> dict:
+    """The demo's time budget, and its processes: 2 data-parallel processes of one thread on a CPU with 2
+    or more cores (this small model keeps two processes busier than one process with two threads); 1
+    process where a GPU will be used."""
+    cpus = cpu_run_cpus(None)
+    return dict(DEMO_BUDGET, processes=1 if cpus is None else min(DEMO_BUDGET["processes"], cpus))
+
+
+def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list[str]):
+    """The recipe for ``data`` (train/recipe.py), told the budget the flags or overrides give."""
+    from .recipe import recipe_for
+
+    given = {k: v for k, v in flags.items() if v is not None}
+    for text in overrides:
+        key, value = parse_override(text)
+        given[".".join(key)] = value
+    return recipe_for(data, data_format, _number(given.get("max_minutes")), _number(given.get("epochs")),
+                      cpus=cpu_run_cpus(given.get("device")), processes=_whole(given.get("processes")))
+
+
+def cpu_run_cpus(device) -> int | None:
+    """The CPUs a run on ``device`` (a flag's value; None: auto) may use when it trains on the CPU; None
+    when it trains on a GPU."""
+    try:
+        on_cpu = resolve_device(device or "auto").type == "cpu"
+    except ConfigError:  # an unusable device: the run reports it in its own words
+        return None
+    return usable_cpus() if on_cpu else None
+
+
+def _whole(value) -> int | None:
+    """An override's value as a whole number, or None when it is none or not one (resolve_config judges it)."""
+    number = _number(value)
+    return int(number) if number is not None and float(number).is_integer() else None
+
+
+def _number(value):
+    """An override's value as a number, or None when it is none (resolve_config judges it)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def saved_run_config(run_dir: Path, out: str | None, elsewhere: bool = False) -> dict:
+    """The config.json of the run that --resume continues (checked alone, so that an error names it).
+    ``elsewhere``: see ``resolve_run``; such a process starts from the request's values alone (an empty
+    base)."""
+    saved = run_dir / RUN_CONFIG
+    if not saved.is_file() and elsewhere:
+        return {}
+    if not saved.is_file():
+        raise ConfigError(f"--resume {run_dir}: no {RUN_CONFIG} there; not a vitkit run directory")
+    base = read_run_config(saved)
+    checked_run_config(base, saved)
+    if out and Path(out) != run_dir:
+        raise ConfigError("--out and --resume name different directories; --resume continues in place")
+    return base
+
+
+def new_run_dir(cfg: RunConfig, out: str | None) -> Path:
+    """``out``, or runs/<model or weights' name>-<date-time>."""
+    if out:
+        return Path(out)
+    name = cfg.model
+    if cfg.init_from:
+        init = Path(cfg.init_from)
+        name = init.stem if init.is_file() else init.name
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def default_threads(local_processes: int) -> int:
+    """CPU threads per process: the cores not already busy (1-minute load average), shared among this
+    machine's processes. Threads competing with other work for a core spin and wait, which on small
+    models is several times slower than using fewer threads."""
+    cpus = usable_cpus()
+    try:
+        free = cpus - int(round(os.getloadavg()[0]))
+    except OSError:  # pragma: no cover - no load average on this platform
+        free = cpus
+    return max(1, min(cpus, free) // max(local_processes, 1))
+
+
+# ------------------------------------------------------------------------------------ the record
+def write_resolved(run: ResolvedRun) -> Path:
+    """Write the resolved run to its directory's config.json (atomically), for the processes a launcher
+    starts; return the file. (A resumed run's record is the run continued: its config with what the
+    request changes, such as a longer budget, as the run itself writes it when it starts.)"""
+    from ..io.atomic import ensure_dir
+
+    file = run.run_dir / RUN_CONFIG
+    ensure_dir(run.run_dir)
+    write_json(file, run.cfg.to_dict())
+    return file
+
+
+def read_resolved(run_dir: Path, resume: bool = False) -> ResolvedRun:
+    """The run a launcher resolved and wrote to ``run_dir`` (``write_resolved``), as a process it started
+    takes it: nothing is resolved again."""
+    file = Path(run_dir) / RUN_CONFIG
+    data = read_run_config(file)
+    cfg = checked_run_config(data, file)
+    return ResolvedRun(cfg, Path(run_dir), resume=resume)
+
+
+__all__ = ["RunRequest", "ResolvedRun", "resolve_run", "write_resolved", "read_resolved", "settle_path",
+           "check_same_model", "demo_base", "data_recipe", "saved_run_config", "new_run_dir", "default_threads",
+           "cpu_run_cpus", "MODEL_KEYS", "RUN_CONFIG"]

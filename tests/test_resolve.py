@@ -1,0 +1,127 @@
+"""A run resolved once (train/resolve.py): the command line and ``vitkit.fit`` resolve the same request
+the same way, every 'auto' is settled in the run's config.json, processes that a launcher starts read
+that file, a resumed run keeps its model; and the shape of the package that the layers promise."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import FAST_TRAIN_ARGS as FAST
+from helpers import TINY_MODEL, image_folder
+
+import vitkit
+from vitkit.cli.main import main
+from vitkit.core.errors import ConfigError
+from vitkit.train.config import FINETUNE_DEFAULTS, RunConfig
+from vitkit.train.resolve import RunRequest, read_resolved, resolve_run, write_resolved
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"model": TINY_MODEL, "batch_size": 8, "threads": 1, "device": "cpu", "plots": False}
+
+
+def _request(**kw) -> RunRequest:
+    flags = dict(TINY)
+    flags.update(kw.pop("flags", {}))
+    return RunRequest(flags=flags, **kw)
+
+
+# ------------------------------------------------------------------------------------- resolution
+def test_every_auto_is_settled_once(tmp_path):
+    data = image_folder(tmp_path / "data")
+    run = resolve_run(_request(data=str(data), flags={"epochs": 1, "threads": None}, out=str(tmp_path / "run")))
+    cfg = run.cfg
+    assert cfg.precision in ("fp32", "bf16") and isinstance(cfg.channels_last, bool)
+    assert cfg.threads >= 1 and cfg.processes >= 1
+    assert run.path is not None and run.path.precision == cfg.precision
+    assert run.notes and run.notes[0].startswith("recipe ")  # the recipe chosen from the data, and why
+    assert run.run_dir == tmp_path / "run" and not run.resume
+
+
+def test_the_written_run_is_what_a_launched_process_reads(tmp_path):
+    run = resolve_run(_request(flags={"epochs": 1}, out=str(tmp_path / "run")))
+    file = write_resolved(run)
+    saved = json.loads(file.read_text())
+    assert saved["precision"] != "auto" and saved["channels_last"] is not None and saved["threads"] == 1
+    back = read_resolved(tmp_path / "run")
+    assert back.cfg.to_dict() == run.cfg.to_dict() and back.run_dir == run.run_dir
+
+
+def test_finetuning_takes_its_defaults_whatever_calls_it(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    vitkit.save(vitkit.create_model(TINY_MODEL, num_classes=2), ckpt)
+    data = image_folder(tmp_path / "data")
+    run = resolve_run(RunRequest(data=str(data), weights=str(ckpt), flags={"threads": 1, "device": "cpu"}))
+    want = RunConfig.from_dict(FINETUNE_DEFAULTS)
+    assert run.cfg.optim == want.optim and run.cfg.epochs == want.epochs
+    assert run.cfg.init_from == str(ckpt)
+
+
+def test_the_cli_and_fit_record_the_same_run(tmp_path, capsys):
+    data = image_folder(tmp_path / "data")
+    args = ["--data", str(data), "--epochs", "1", "--nproc", "1"]
+    assert main(["train", *args, *FAST, "--out", str(tmp_path / "cli")]) == 0
+    res = vitkit.fit(data, epochs=1, out=tmp_path / "py", model=TINY_MODEL, log=None,
+                     settings={"batch_size": 8, "threads": 1, "device": "cpu", "precision": "fp32", "plots": False,
+                               "processes": 1})
+    capsys.readouterr()
+    cli = json.loads((tmp_path / "cli" / "config.json").read_text())
+    py = json.loads((tmp_path / "py" / "config.json").read_text())
+    assert cli == py  # the same request, resolved the same way
+    cli_sum = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert res.summary["test_acc"] == cli_sum["test_acc"] and res.run_dir == tmp_path / "py"
+
+
+def test_fit_feeds_logger_objects(tmp_path):
+    class Collect:
+        def __init__(self):
+            self.records, self.closed = [], False
+
+        def log_metrics(self, metrics, step):
+            self.records.append((step, metrics.get("type")))
+
+        def close(self):
+            self.closed = True
+
+    data = image_folder(tmp_path / "data")
+    logger = Collect()
+    vitkit.fit(data, epochs=1, out=tmp_path / "run", model=TINY_MODEL, log=None, loggers=[logger],
+               settings={"batch_size": 8, "threads": 1, "device": "cpu", "plots": False, "processes": 1})
+    assert logger.closed and ("final" in {t for _, t in logger.records})
+
+
+def test_fit_without_data_for_weights_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="^fit: fine-tuning needs data"):
+        vitkit.fit(weights=tmp_path / "w.safetensors")
+
+
+# --------------------------------------------------------------------------------------- resume
+def test_resume_with_another_model_is_refused_and_the_record_kept(tmp_path, capsys):
+    data = image_folder(tmp_path / "data")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--epochs", "1", *FAST, "--out", str(run)]) == 0
+    before = (run / "config.json").read_text()
+    assert main(["train", "--resume", str(run), "--model", "vit_tiny_patch4_32", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vitkit: error: model: ") and "--resume continues a run as it is" in err
+    assert err.count("\n") == 1
+    assert (run / "config.json").read_text() == before  # config.json still says what was trained
+
+
+# ---------------------------------------------------------------------------------------- shape
+def test_help_imports_no_torch():
+    code = "import sys\nfrom vitkit.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n" \
+           "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_the_package_keeps_its_layers():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "code_shape.py"), "--json", "--top", "1"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    shape = json.loads(out.stdout)
+    assert shape["cycles"] == [] and shape["against_layers"] == [] and shape["unlayered"] == []
+    assert shape["longest"][0][0] <= 80
+    top = [p for p in (ROOT / "src" / "vitkit").glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert len(top) <= 6
