@@ -76,8 +76,12 @@ def unrecognized(extra: list[str], argv: list[str], parser: argparse.ArgumentPar
     if not eq:  # the value, as the next argument (which parses as a stray argument of its own)
         after = argv[argv.index(flag) + 1:argv.index(flag) + 2]
         value = after[0] if after and not after[0].startswith("-") else "VALUE"
+    from .commands.timm_flags import timm_hint
+
+    if (hint := timm_hint(name)) is not None:  # a timm flag: its vitkit form, never a look-alike
+        return f"{message}; {hint}"
     flags = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
-    hints = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+    hints = difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
     key = _closest_key(name[2:].replace("-", "_"), keys)
     if key and not (hints and hints[0][2:].replace("-", "_") == key.rsplit(".", 1)[-1]):
         hints.append(f"--set {key}={value}")

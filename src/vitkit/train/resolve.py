@@ -50,6 +50,7 @@ class RunRequest:
     overrides: list[str] = field(default_factory=list)
     out: str | None = None  # the run directory; None: runs/<model>-<date-time>
     resume: str | None = None  # continue the run in this directory from its last checkpoint
+    warmup_epochs: float | None = None  # warmup over this many epochs (a share of a run of fixed epochs)
 
 
 @dataclass
@@ -81,6 +82,8 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     cfg = resolve_config(req.config, flags, req.overrides, base=base)
     if saved:
         check_same_model(saved, cfg, Path(req.resume))
+    if req.warmup_epochs is not None:
+        notes.append(warmup_in_epochs(cfg, req.warmup_epochs))
     if cfg.threads is None:
         cfg.threads = default_threads(local_processes or cfg.processes)
     run_dir = Path(req.resume) if req.resume else new_run_dir(cfg, req.out)
@@ -117,6 +120,19 @@ def settle_path(cfg: RunConfig, resume_dir: Path | None = None) -> FastPath | No
                          sharded=cfg.strategy == "fsdp")
     cfg.precision, cfg.channels_last = path.precision, path.channels_last
     return path
+
+
+def warmup_in_epochs(cfg: RunConfig, epochs: float) -> str:
+    """Set ``cfg``'s warmup to ``epochs`` epochs of its run, as a share of it (schedule.warmup_fraction);
+    the line that says so. A run bounded by the clock has no number of epochs to count them in."""
+    if cfg.max_minutes:
+        raise ConfigError(f"--warmup-epochs: this run is bounded by the clock ({cfg.max_minutes:g} min), so its "
+                          "epochs are not known ahead; give the warmup as a share of the run: --set "
+                          "schedule.warmup_fraction=F")
+    if not 0 <= epochs < cfg.epochs:
+        raise ConfigError(f"--warmup-epochs: must be in [0, {cfg.epochs}) (the run's epochs), got {epochs:g}")
+    cfg.schedule.warmup_fraction = epochs / cfg.epochs
+    return f"warmup: {epochs:g} of {cfg.epochs} epochs (schedule.warmup_fraction={cfg.schedule.warmup_fraction:g})"
 
 
 def check_same_model(saved: dict, cfg: RunConfig, run_dir: Path) -> None:

@@ -17,6 +17,7 @@ import signal
 import sys
 
 from ...train.launch import DEFAULT_RDZV_ID
+from .timm_flags import add_timm_aliases, timm_flags
 from . import seconds
 
 
@@ -107,6 +108,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.set_defaults(config_keys=config_keys)
     add_progress_and_loggers(p)
+    add_timm_aliases(p)
 
 
 # ------------------------------------------------------------------------------- machines
@@ -199,6 +201,7 @@ def flags_from_args(args) -> dict:
         "skip_nonfinite": args.skip_nonfinite,
     }
     f.update(progress_and_loggers_flags(args))
+    f.update({k: v for k, v in timm_flags(args).items() if v is not None})
     return f
 
 
@@ -255,7 +258,7 @@ def request_from_args(args, weights: str | None = None, extra_flags: dict | None
 
     return RunRequest(data=args.data, data_format=args.data_format, weights=weights, config=args.config,
                       flags={**flags_from_args(args), **(extra_flags or {})}, overrides=overrides_from_args(args),
-                      out=args.out, resume=args.resume)
+                      out=args.out, resume=args.resume, warmup_epochs=args.warmup_epochs)
 
 
 def resolve_and_run(args, weights: str | None, extra_flags: dict | None) -> int:

@@ -1,0 +1,132 @@
+"""timm's train.py flags on `vitkit train` and `vitkit finetune`: the ones users type most, as aliases of
+vitkit's config keys, and a table of the others that says what vitkit takes instead, so that an unknown
+timm flag is never matched to an unrelated setting. docs/train.md holds the same table for readers.
+
+Where a name is shared but the meaning differs, the help says so: above all the batch (``-b`` /
+``--batch-size``: the global batch here, per process in timm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+# timm --opt name -> (optim.name, optim.nesterov): timm's 'sgd' is Nesterov momentum, 'momentum' is plain
+OPTIMIZERS = {"sgd": ("sgd", True), "nesterov": ("sgd", True), "momentum": ("sgd", False), "adamw": ("adamw", None),
+              "lion": ("lion", None)}
+SCHEDULES = ("cosine", "linear", "constant")  # schedule.decay; timm's step, multistep, plateau, poly, tanh: none
+EMA_DECAY = 0.9998  # --model-ema without --model-ema-decay: timm's default decay
+
+# timm flags vitkit has no alias for -> what to use instead (a flag, an override, or why there is none)
+TIMM_FORMS = {
+    "--momentum": "--set optim.momentum=M",
+    "--opt-eps": "--set optim.eps=EPS",
+    "--opt-betas": "--set optim.betas=[B1,B2]",
+    "--min-lr": "--set schedule.min_lr_ratio=R (a share of --lr, not a rate)",
+    "--warmup-lr": "none: warmup starts from 0 (--set schedule.warmup_steps=N or --warmup-epochs)",
+    "--lr-base": "--lr (the peak rate itself; vitkit does not scale it by the batch)",
+    "--drop": "--set model_args.drop_rate=P",
+    "--hflip": "--set augment.hflip=P",
+    "--scale": "--set augment.rrc_scale=[LO,HI]",
+    "--ratio": "--set augment.rrc_ratio=[LO,HI]",
+    "--mixup-prob": "--set augment.mix_prob=P",
+    "--crop-pct": "--set data.crop_pct=P",
+    "--input-size": "--img-size PX (the channels come from the data)",
+    "--in-chans": "none: the channels come from the data",
+    "--mean": "none: the mean and std are measured on the training images",
+    "--std": "none: the mean and std are measured on the training images",
+    "--data-dir": "--data PATH",
+    "--dataset": "--data-format FMT",
+    "--output": "--out RUN_DIR",
+    "--experiment": "--out RUN_DIR",
+    "--grad-accum-steps": "--accum-steps N",
+    "--log-interval": "--set log_every=N",
+    "--log-wandb": "--log wandb",
+    "--torchcompile": "--compile",
+    "--amp-dtype": "--precision bf16 or fp16",
+    "--layer-decay": "--set optim.layer_decay=D (a flag of vitkit finetune)",
+    "--decay-epochs": "none: the schedules are warmup then cosine, linear or constant (--sched)",
+    "--decay-rate": "none: the schedules are warmup then cosine, linear or constant (--sched)",
+    "--cooldown-epochs": "none: the schedules are warmup then cosine, linear or constant (--sched)",
+    "--color-jitter": "none: vitkit has no colour jitter (--aa rand-mM-nN for RandAugment)",
+    "--train-split": "--set data.val_fraction=F (or a folder with train/ and val/)",
+    "--val-split": "--set data.val_fraction=F (or a folder with train/ and val/)",
+}
+
+
+def add_timm_aliases(p: argparse.ArgumentParser) -> None:
+    """The timm train.py flags that vitkit takes, in a group of their own."""
+    g = p.add_argument_group("timm's train.py flags (aliases; docs/train.md compares every shared name)")
+    g.add_argument("-b", dest="batch_size", type=int, metavar="B", help="as --batch-size: the GLOBAL batch (all "
+                   "processes); in timm -b is per process")
+    g.add_argument("-j", dest="workers", type=int, metavar="N", help="as --workers")
+    g.add_argument("--opt", metavar="NAME", help="optimizer, timm's names: sgd (Nesterov momentum, as in timm), "
+                   "momentum (plain momentum), adamw, lion")
+    g.add_argument("--sched", metavar="NAME", help=f"the decay after warmup: {', '.join(SCHEDULES)}")
+    g.add_argument("--warmup-epochs", type=float, metavar="N", help="warmup over N epochs (a run bounded by the "
+                   "clock takes schedule.warmup_fraction instead)")
+    g.add_argument("--aa", metavar="POLICY", help="RandAugment as timm writes it: rand-mM-nN (magnitude M of 30, N "
+                   "ops an image)")
+    g.add_argument("--reprob", type=float, metavar="P", help="random erasing probability (augment.erase_prob)")
+    g.add_argument("--clip-grad", type=float, metavar="NORM", help="clip the global gradient norm (optim.clip_grad)")
+    g.add_argument("--model-ema", action="store_true", default=None, help=f"keep an EMA of the weights (decay "
+                   f"{EMA_DECAY} unless --model-ema-decay)")
+    g.add_argument("--model-ema-decay", type=float, metavar="DECAY", help="the EMA's decay (as --ema DECAY)")
+    g.add_argument("--amp", action="store_true", default=None, help="mixed precision: as --precision bf16 (timm "
+                   "defaults to float16: --precision fp16 on CUDA)")
+    g.add_argument("--initial-checkpoint", metavar="WEIGHTS", help="start from these weights, a new head for the "
+                   "data's classes (init_from)")
+    g.add_argument("--num-classes", type=int, metavar="N", help="refused: the classes come from the data")
+
+
+def timm_flags(args) -> dict:
+    """The config keys the aliases set (None: not given); a value vitkit lacks is a one-line ConfigError."""
+    from ...core.errors import ConfigError
+
+    if getattr(args, "num_classes", None) is not None:
+        raise ConfigError("--num-classes: the classes come from the data (its class folders or labels); drop it")
+    out: dict = {}
+    if args.opt is not None:
+        if args.opt.lower() not in OPTIMIZERS:
+            raise ConfigError(f"--opt: {args.opt!r} is not one vitkit has; use one of {', '.join(OPTIMIZERS)}")
+        out["optim.name"], nesterov = OPTIMIZERS[args.opt.lower()]
+        if nesterov is not None:
+            out["optim.nesterov"] = nesterov
+    if args.sched is not None:
+        if args.sched not in SCHEDULES:
+            raise ConfigError(f"--sched: {args.sched!r} is not one vitkit has; use one of {', '.join(SCHEDULES)}")
+        out["schedule.decay"] = args.sched
+    if args.aa is not None:
+        out.update(rand_augment(args.aa))
+    decay = args.model_ema_decay if args.model_ema_decay is not None else EMA_DECAY if args.model_ema else None
+    out.update({"augment.erase_prob": args.reprob, "optim.clip_grad": args.clip_grad, "ema": decay,
+                "precision": "bf16" if args.amp else None, "init_from": args.initial_checkpoint})
+    return out
+
+
+def rand_augment(text: str) -> dict:
+    """timm's --aa 'rand-m9-n2' -> RandAugment's config keys; other policies or options are refused."""
+    from ...core.errors import ConfigError
+
+    parts = text.split("-")
+    if parts[0] != "rand":
+        raise ConfigError(f"--aa: {text!r}: vitkit has RandAugment only, written rand-mM-nN (e.g. rand-m9-n2)")
+    keys = {"augment.auto": "randaugment"}
+    for part in parts[1:]:
+        m = re.fullmatch(r"([mn])(\d+)", part)
+        if m is None:
+            raise ConfigError(f"--aa: {text!r}: vitkit's RandAugment takes m (magnitude) and n (ops) only, not "
+                              f"{part!r}; e.g. rand-m9-n2")
+        keys["augment.ra_magnitude" if m.group(1) == "m" else "augment.ra_ops"] = int(m.group(2))
+    return keys
+
+
+def timm_hint(flag: str) -> str | None:
+    """What to use instead of timm's ``flag`` where vitkit has no alias for it, else None."""
+    form = TIMM_FORMS.get(flag)
+    if form is None:
+        return None
+    return f"timm's {flag} has no vitkit counterpart ({form[6:]})" if form.startswith("none: ") else f"use {form}"
+
+
+__all__ = ["add_timm_aliases", "timm_flags", "rand_augment", "timm_hint", "TIMM_FORMS", "OPTIMIZERS", "SCHEDULES"]
