@@ -1,7 +1,7 @@
 """vitkit against timm on the same model and weights, side by side, as ratios of images per second.
 
 Run in an environment with timm (see benchmarks/parity.sh for one), from the repository root:
-    PYTHONPATH=src .venv-ref/bin/python benchmarks/model_vs_timm.py            # the README's table
+    PYTHONPATH=src .venv-ref/bin/python benchmarks/model_vs_timm.py            # docs/performance.md's table
     python benchmarks/model_vs_timm.py --cases infer:vit_tiny_patch16_224:1,infer:vit_base_patch16_224:16
     python benchmarks/model_vs_timm.py --device cuda --cases train:vit_base_patch16_224:64
     python benchmarks/model_vs_timm.py --cases train:vit_tiny_patch4_32:128 --processes 2 --repeats 7

@@ -82,10 +82,9 @@ def keep_freed_memory() -> bool:
     """Have glibc's allocator keep freed memory for reuse: blocks up to ``KEEP_FREED_BYTES`` come from
     the heap rather than from fresh mappings, and the heap is not trimmed below that. By default glibc
     maps large blocks afresh and returns them when freed, so every forward pays page faults and zeroing
-    for the same few activation sizes again. Measured on a 2-core CPU (benchmarks/allocator.py): fp32
-    inference at batch 16 1.25x (ViT-Ti/16) and 1.15x (ViT-S/16), a training step 1.09-1.11x, peak RSS
-    2-3% higher. It acts on the whole process, so the command line calls it, not the library. True
-    where it applied (glibc); False elsewhere."""
+    for the same few activation sizes again. Measured by benchmarks/allocator.py ->
+    benchmarks/results/allocator.jsonl (the figures: docs/performance.md). It acts on the whole process,
+    so the command line calls it, not the library. True where it applied (glibc); False elsewhere."""
     import ctypes
     import platform
 

@@ -8,27 +8,22 @@ ONNX Runtime). Each tool says which path it took
 (``FastPath.describe``).
 
 The rules are thresholds measured on real hardware and kept with the benchmarks that measured them,
-never a timing race at run time (which would make a run's numerics depend on the machine's load):
+never a timing race at run time (which would make a run's numerics depend on the machine's load). Each
+table below cites, in one comment line, its benchmark script and results file (in benchmarks/results/);
+what each rule rests on, the machines and the earlier figures are in docs/performance.md, a heading per
+rule.
 
-- bf16 autocast pays only where the hardware multiplies bf16 matrices fast (CUDA, AMX or AVX512-BF16
-  CPUs) and the matrices are large enough for that to outweigh the casts around them. On a CPU with
-  AVX512-BF16 but no AMX, a training step of the demo's 0.014-GFLOP model ran at 0.59x fp32's speed, a
-  6-block ViT-Ti at 32 px (0.37 GFLOPs) at 1.18x and ViT-Ti/16 (2.5 GFLOPs) at 1.41x
-  (benchmarks/results/bench_demo_precision.json, bench_tiny_precision.json, fastpath_rules.json); on
-  an H200 the demo trained in 70.6 s in bf16 against 15.2 s in fp32. Hence ``BF16_MIN_FLOPS``, for
-  every device with fast bf16 (AMX CPUs included: their faster multiply leaves the casts around it,
-  which is what costs at small sizes).
-- torch.compile costs a minute or two of compilation on a CPU; it pays when the time it saves on the
-  whole run (its total FLOPs at the measured eager speed, times the measured gain) exceeds that
-  (``compile_pays``, ``COMPILE_MEASURED``). On this project's CPUs the gain measured about 1.0x, so a CPU
-  never compiles on its own; a device without measurements compiles only when asked.
-- channels_last: for a conv stem (patch stems have one strided conv, which gains nothing), measured on
-  the CPU (``CHANNELS_LAST_MEASURED``): the demo model's inference ran 1.5x as fast
-  (fastpath_rules.json); a training step, the batch made channels-last inside it as the trainer does,
-  1.09x for the demo model at batch 32 on one thread (each of the demo's two processes; 1.09-1.10 in
-  four runs) and 1.06-1.08x for the small-data recipe's whitening stem at batch 128 on one thread; on
-  two threads of a CPU that other work shared, 0.97-1.12 and 0.90-1.10, too noisy to tell from one
-  (benchmarks/results/fastpath_channels_last.json). Not under FSDP: it shards contiguous parameters only.
+- bf16 autocast only where the hardware multiplies bf16 matrices fast (CUDA, AMX or AVX512-BF16 CPUs)
+  and the model reaches ``BF16_MIN_FLOPS`` forward FLOPs per image, below which the casts around the
+  products cost more than the faster products save; on every device with fast bf16, AMX CPUs included
+  (``auto_precision``).
+- torch.compile where the time it saves on the whole run (its total FLOPs at the measured eager speed,
+  times the measured gain) exceeds its compile time (``compile_pays``, ``COMPILE_MEASURED``). The CPU's
+  measured gain is at most 1.0, so a CPU never compiles on its own; a device without measurements compiles only
+  when asked.
+- channels_last for a conv stem (patch stems have one strided conv, which gains nothing) where
+  ``CHANNELS_LAST_MEASURED`` has it faster (``channels_last_pays``). Not under FSDP: it shards
+  contiguous parameters only.
 - packed bf16 weights (``vitkit.infer.packed``): bf16 inference on a CPU with AMX or AVX512-BF16 runs a bf16
   copy of the model whose Linear weights are cast and packed for oneDNN once, instead of autocast casting
   and oneDNN reordering them on every call (``packed_pays``, ``PACKED_MEASURED``); and its encoder
@@ -58,43 +53,26 @@ from ..core.errors import ConfigError
 Mode = Literal["infer", "train"]
 ENGINES = ("auto", "torch", "onnxruntime")
 
+# benchmarks/fastpath_rules.py -> fastpath_rules.json; vitkit bench -> bench_{demo,tiny}_precision.json
 BF16_MIN_FLOPS = 3e8  # forward FLOPs per image from which bf16 beats fp32 on an AVX512-BF16 CPU, or on CUDA
 
-# (device, mode) -> (compile seconds, compiled / eager speed, eager FLOP/s per thread), measured on a shared
-# 2-core AVX512 CPU, torch 2.13: a 6-block ViT-Ti training step at 32 px (batch 128) compiled in 114 s and
-# ran at 0.99x eager; ViT-S/16 inference (batch 16) compiled in 75 s and ran at 1.05x, within the noise of
-# that machine, so taken as 1.0. Eager fp32 reaches ~20 GFLOP/s a thread (``vitkit bench``: ~30% of a
-# 133 GFLOP/s two-thread peak).
+# (device, mode) -> (compile s, compiled / eager, FLOP/s a thread): benchmarks/fastpath_rules.py --compile (no file)
 CPU_EAGER_RATE = 2e10  # eager fp32 FLOP/s a thread on that CPU
 COMPILE_MEASURED: dict[tuple[str, str], tuple[float, float, float]] = {
     ("cpu", "train"): (114.0, 0.99, CPU_EAGER_RATE),
     ("cpu", "infer"): (75.0, 1.0, CPU_EAGER_RATE),
 }
 
-# ONNX Runtime against torch eager, fp32 inference on the CPU, the same 2 threads, measured on an idle 2-core
-# AVX512 CPU with the allocator as every command sets it (runtime.keep_freed_memory; onnxruntime 1.32, torch
-# 2.13; `PYTHONPATH=src:benchmarks python benchmarks/ort_vs_torch.py`, 5 alternations,
-# benchmarks/results/ort_vs_torch.json): model -> (forward FLOPs per image, onnxruntime / torch eager speed
-# at batch 1 and at batch 16, seconds to export the model, build the session and make the first call).
-# Before the commands kept freed memory, torch ran slower and onnxruntime measured 1.04-1.20x for the ViT
-# sizes. Earlier runs on the same CPU under load from other work gave 1.04-26x for the same cells: torch's
-# spinning threads lose more to load than onnxruntime's, so only an idle machine's figures count.
+# model -> (FLOPs/image, ORT / torch at batch 1, at 16, setup s): benchmarks/ort_vs_torch.py -> ort_vs_torch.json
 ORT_MEASURED: dict[str, tuple[float, float, float, float]] = {
     "vit_hybrid_mini_patch4_28": (7_753_472, 2.20, 1.27, 0.32),  # the demo model
     "vit_tiny_patch16_224": (2_507_366_400, 1.17, 1.06, 0.55),
     "vit_small_patch16_224": (9_197_764_608, 1.03, 0.99, 0.96),
     "vit_base_patch16_224": (35_127_656_448, 1.16, 1.02, 4.49),
 }
-ORT_MIN_GAIN = 1.10  # below this onnxruntime is not chosen: each gain under 1.10 had an alternation at or near
-#   1.0 (ViT-Ti/16 at batch 16: 1.06 [0.86, 1.10]; ViT-B/16 at batch 16: 1.02 [0.97, 1.05]; ViT-S/16 at
-#   batch 1: 1.03 [1.01, 1.05]), the demo model's 1.27 at batch 16 had none under 1.20
+ORT_MIN_GAIN = 1.10  # below this onnxruntime is not chosen (from the same results)
 
-# CPU kind (runtime.cpu_bf16_kind) -> model -> speed of bf16 inference with packed Linear weights (vitkit.infer.packed)
-# over bf16 autocast on the same model: medians at batch 16, 2 threads, the allocator kept (torch 2.13;
-# `PYTHONPATH=src python benchmarks/packed_bf16.py`, benchmarks/results/packed_bf16_<kind>.json; AMX: 15
-# rounds of one batch on a machine whose speed drifted up to 2x with its neighbours' load, hence the wide ranges;
-# AVX512-BF16: 7 rounds of two). At batch 1, where casting the weights weighs most, the gain was larger: 1.25 (Ti),
-# 1.36 (S), 1.71 (B) with AMX, 1.12-1.21 with AVX512-BF16 alone. Packing took 0.03-0.74 s.
+# CPU kind -> model -> packed / autocast at batch 16: benchmarks/packed_bf16.py -> results/packed_bf16_<kind>.json
 PACKED_MEASURED: dict[str, dict[str, float]] = {
     "amx": {
         "vit_tiny_patch16_224": 1.15,  # [1.04, 1.23]
@@ -102,18 +80,13 @@ PACKED_MEASURED: dict[str, dict[str, float]] = {
         "vit_base_patch16_224": 1.13,  # [0.74, 1.46]
     },
     "avx512bf16": {
-        "vit_tiny_patch16_224": 1.12,  # [0.71, 1.47]: a shared machine; the other sizes' ranges stayed over 1
+        "vit_tiny_patch16_224": 1.12,  # [0.71, 1.47]
         "vit_small_patch16_224": 1.09,  # [1.03, 1.59]
         "vit_base_patch16_224": 1.10,  # [1.08, 1.14]
     },
 }
 
-# CPU kind -> model -> speed of the packed copy with its residual stream in bf16 (vitkit.infer.packed.Bf16Inference,
-# stream='bfloat16': LayerNorm in bf16, each residual sum inside the Linear that ends its branch) over the same copy
-# with the stream in float32, at batch 16, the same run as PACKED_MEASURED's (benchmarks/packed_bf16.py,
-# results/packed_bf16_<kind>.json); at batch 1: 1.11 (Ti), 1.07 (S), 1.09 (B). Top-1 agreement with fp32 on trained
-# models (benchmarks/path_agreement.py, results/path_agreement.jsonl), bf16 stream against autocast: the demo 100%
-# and 100%; a CIFAR-10 model of 2 blocks 99.84% and 99.86%, one of 8 blocks 99.58% and 99.56%.
+# CPU kind -> model -> bf16 / float32 stream at batch 16: benchmarks/packed_bf16.py -> results/packed_bf16_<kind>.json
 STREAM_MEASURED: dict[str, dict[str, float]] = {
     "amx": {
         "vit_tiny_patch16_224": 1.16,  # [1.09, 1.22]
@@ -122,13 +95,7 @@ STREAM_MEASURED: dict[str, dict[str, float]] = {
     },
 }
 
-# CPU kind (runtime.cpu_bf16_kind) -> model -> (forward FLOPs per image, speed of int8 inference on oneDNN's kernels
-# over fbgemm's at batch 1 and at batch 16): vitkit.infer.quantize's two kernels on the same int8 weights (oneDNN: 8-bit
-# activations, the MLP's GELU inside fc1's kernel; fbgemm: 7-bit activations, GELU a pass of its own), medians of 11
-# rounds, 2 threads, the allocator kept (torch 2.13; `PYTHONPATH=src python benchmarks/int8_kernels.py`,
-# benchmarks/results/int8_kernels_<kind>.json; an earlier run of the ViT rows gave 0.88 / 1.06, 1.06 / 1.17 and 1.17 /
-# 1.28). For the demo model and ViT-Ti/16 at batch 1 each call's fixed costs outweigh the faster product, so fbgemm
-# stays there. Not measured without AMX: there fbgemm stays.
+# kind -> model -> (FLOPs/image, oneDNN / fbgemm at batch 1, 16): benchmarks/int8_kernels.py -> int8_kernels_<kind>.json
 INT8_ONEDNN_MEASURED: dict[str, dict[str, tuple[float, float, float]]] = {
     "amx": {
         "vit_hybrid_mini_patch4_28": (7_753_472, 0.87, 0.94),  # [0.79, 0.96], [0.90, 0.98]: the demo model
@@ -138,10 +105,7 @@ INT8_ONEDNN_MEASURED: dict[str, dict[str, tuple[float, float, float]]] = {
     },
 }
 
-# (device, mode) -> channels-last / contiguous speed of a conv-stem model (its conv weights and input batches
-# channels-last), measured on a shared 2-core AVX512 CPU, torch 2.13: the demo model's inference (batch 64, 2
-# threads) ran 1.53x (fastpath_rules.json); its training step 1.09x (batch 32, one thread, as each of the
-# demo's processes runs it), the small-data recipe's model 1.06-1.08x (fastpath_channels_last.json; docstring)
+# (device, mode) -> channels-last / contiguous: benchmarks/fastpath_rules.py -> fastpath_{rules,channels_last}.json
 CHANNELS_LAST_MEASURED: dict[tuple[str, str], float] = {
     ("cpu", "infer"): 1.53,
     ("cpu", "train"): 1.09,

@@ -9,12 +9,10 @@ autocast's own. ``vitkit.infer.fastpath`` decides where it pays (``packed_pays``
 
 With ``stream='bfloat16'`` the copy runs its encoder blocks wholly in bf16 as well: LayerNorm reads and
 writes bf16, and each residual sum happens inside the Linear kernel that ends its branch (oneDNN's sum
-post-op, ``PackedLinear.add_to``), so the casts between the float32 stream and the bf16 products go. On an
-AMX CPU that ran 1.05-1.16x the float32 stream at batch 16 (benchmarks/packed_bf16.py), and its top-1
-agreement with fp32 on trained models stayed autocast's (benchmarks/path_agreement.py: 99.84% against
-99.86% on a 2-block CIFAR-10 model, 99.58% against 99.56% on an 8-block one, 100% on the demo). An earlier
-trial that cast the whole model, stem and head included, agreed on 99.50% of a CIFAR-10 carve against
-autocast's 99.78%; here the stem and the head stay as autocast runs them (a whitening conv in float32).
+post-op, ``PackedLinear.add_to``), so the casts between the float32 stream and the bf16 products go; the
+stem and the head stay as autocast runs them (a whitening conv in float32). ``vitkit.infer.fastpath``
+decides where it pays (``bf16_stream_pays``, ``STREAM_MEASURED``: benchmarks/packed_bf16.py; top-1
+agreement with fp32: benchmarks/path_agreement.py; the figures: docs/performance.md).
 
 For inference only: the packed weights have no gradient and are not parameters (``state_dict`` of the
 copy holds the other weights only); the original model is left as it was.

@@ -6,19 +6,18 @@ packed once for the CPU's int8 matrix kernels; the activations are quantized on 
 zero point per call (over the whole batch), and the output is float32. Everything else (patch
 embedding, norms, attention's softmax) stays in float32, and so does the first encoder block
 (``float_blocks``): its input, the patch embedding plus the positions, has the widest spread of values,
-and one activation scale per batch for all of it costs the most there. On a CIFAR-10 model (a conv
-tokenizer, 4 blocks of width 128), int8 agreed with float32 on the top-1 of 99.38% of a 5,000-image
-validation carve with every block quantized and 99.86% with the first kept in float32
-(benchmarks/path_agreement.py). About 80% of a ViT's time is in its Linear layers, which is where int8
-pays.
+and one activation scale per batch for all of it costs the most there (measured with
+benchmarks/path_agreement.py; the figures: docs/performance.md, "int8 keeps the first block in
+float32"). About 80% of a ViT's time is in its Linear layers, which is where int8 pays.
 
 Two kernels, the same weights (``KERNELS``):
 
 - ``onednn``: oneDNN's int8 matrix product (``torch.ops.onednn.qlinear_pointwise``, the kernel
   torch.compile's x86 backend lowers int8 Linear layers to), on plain uint8 / int8 tensors. The
   activations use all 8 bits (asymmetric, uint8), and an MLP's activation (GELU, ReLU) runs inside the
-  kernel, on its int32 sums dequantized, instead of as a pass of its own. On a CPU with AMX (its int8
-  tile multiply) ViT-S/16 ran faster than on fbgemm (``vitkit.infer.fastpath.INT8_ONEDNN_MEASURED``).
+  kernel, on its int32 sums dequantized, instead of as a pass of its own. Used where
+  ``vitkit.infer.fastpath.INT8_ONEDNN_MEASURED`` has it faster than fbgemm (a CPU with AMX, its int8
+  tile multiply, at the sizes and batches measured).
 - ``fbgemm`` (``qnnpack`` on ARM): torch's quantized engine (``torch.ops.quantized.linear_dynamic``),
   which quantizes the activations itself, to 7 bits (``reduce_range``): x86's int8 multiply-add without
   VNNI saturates at 16 bits otherwise.

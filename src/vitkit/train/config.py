@@ -312,12 +312,8 @@ __all__ = ["RunConfig", "STRATEGIES", "DataConfig", "OptimConfig", "ScheduleConf
 
 
 # `vitkit train` with neither --data nor --config (the demo on the built-in digits) is also capped in time,
-# and trains in fp32: its matrices are too small for bf16 to pay. On a CPU with AVX512-BF16 (no AMX), where
-# `precision = "auto"` picks bf16, the demo model's training step ran at 0.59x the speed of fp32 (638 vs
-# 1,083 img/s, batch 32, one thread), while ViT-Ti/16 at 224 px trained 1.41x faster in bf16:
-# `vitkit bench vit_hybrid_mini_patch4_28 --dtype fp32,bf16 --mode train,infer --batch-sizes 32 --threads 1`
-# and `vitkit bench vit_tiny_patch16_224 --dtype fp32,bf16 --mode train,infer --batch-sizes 16 --threads 2
-# --repeats 4 --warmup 1` (benchmarks/results/bench_demo_precision.json, bench_tiny_precision.json).
+# and trains in fp32: its matrices are too small for bf16 to pay (vitkit bench -> benchmarks/results/
+# bench_demo_precision.json; docs/performance.md, "The demo trains in fp32").
 DEMO_BUDGET: dict[str, Any] = {"max_minutes": 4.0, "processes": 2, "precision": "fp32"}
 
 # The fine-tuning recipe's defaults (`vitkit finetune`), laid over RunConfig's: SGD with momentum 0.9, no

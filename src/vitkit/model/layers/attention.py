@@ -32,12 +32,10 @@ def softmax_attention(q, k, v, scale: float, drop: nn.Module | None = None) -> t
 
 def math_attention_pays(q: torch.Tensor) -> bool:
     """Whether the written-out attention (``softmax_attention``) replaces the fused kernel for a call on
-    ``q``: a bf16 call on a CPU that autograd records (a training step). There the fused kernel's forward
-    and backward ran 2.3-8.3x slower at every length, on an AMX and an AVX512-BF16 CPU (`python
-    benchmarks/attention_backward.py`, benchmarks/results/attention_backward_{amx,avx512bf16}.json). In
-    float32 the written-out one was faster at 65 tokens (1.05-1.33x) but not at 197 (0.79-1.17x), and it
-    keeps the attention probabilities for the backward pass: on a CPU a float32 step keeps the fused
-    kernel, and with it a lower peak memory (the fused kernel saves no T x T matrix). Inference keeps it."""
+    ``q``: a bf16 call on a CPU that autograd records (a training step), where the fused kernel's forward
+    and backward measured slower. A float32 step and inference keep the fused kernel. Measured by
+    benchmarks/attention_backward.py -> benchmarks/results/attention_backward_{amx,avx512bf16}.json; the
+    figures: docs/performance.md, "The written-out attention in bf16 training"."""
     return q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.requires_grad and torch.is_grad_enabled()
 
 
