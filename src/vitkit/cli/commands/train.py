@@ -21,17 +21,38 @@ from .timm_flags import add_timm_aliases, timm_flags
 from . import seconds
 
 
-def _h(text: str, key: str) -> str:
-    """Help text with the recipe's default value of config field ``key`` (dotted)."""
-    from ...train.config import RunConfig
+def _h(text: str, key: str, finetune: bool = False) -> str:
+    """Help text with the default value the run takes for config field ``key`` (dotted): the fine-tuning
+    defaults for `vitkit finetune`; for `vitkit train`, RunConfig's, and where a recipe chosen for the
+    data sets the key, that it may."""
+    from ...train.config import FINETUNE_DEFAULTS, RunConfig, merge
 
-    node = RunConfig().to_dict()
+    node = merge(RunConfig().to_dict(), FINETUNE_DEFAULTS) if finetune else RunConfig().to_dict()
     for part in key.split("."):
         node = node[part]
+    if not finetune and key in recipe_keys():
+        return f"{text} (default: {node}, or what the recipe chosen for the data sets)"
     return f"{text} (default: {node})"
 
 
+def recipe_keys() -> set[str]:
+    """The dotted config keys that a recipe chosen for the data, or the demo's budget, may set."""
+    from ...train.config import DEMO_BUDGET
+    from ...train.recipe import SHORT_RUN, SMALL_DATA
+
+    def leaves(node: dict, prefix: str = "") -> set[str]:
+        keys = set()
+        for k, v in node.items():
+            keys |= leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "model_args" else {prefix + k}
+        return keys
+
+    return leaves(SMALL_DATA) | leaves(SHORT_RUN) | leaves(DEMO_BUDGET) | {"epochs", "max_minutes"}
+
+
 def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
+    def h(text: str, key: str) -> str:  # the defaults this command's run takes
+        return _h(text, key, finetune)
+
     g = p.add_argument_group("data and model")
     g.add_argument("--data", metavar="PATH", help="image folder, split folder, MNIST IDX or CIFAR folder "
                    "(default: the built-in demo digits)" if not finetune else "the data to fine-tune on")
@@ -44,7 +65,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                    "'none': no cache)")
     g.add_argument("--no-cache", action="store_true", help="neither read nor write the decoded-image cache")
     if not finetune:
-        g.add_argument("--model", metavar="NAME", help=_h("a named model (`vitkit list`)", "model"))
+        g.add_argument("--model", metavar="NAME", help=h("a named model (`vitkit list`)", "model"))
         g.add_argument("--img-size", type=int, metavar="PX", help="train at this resolution, the model's position "
                        "embeddings resampled (img_size; default: the model's)")
     else:
@@ -55,29 +76,30 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--config", metavar="FILE", help="a TOML run config (see configs/), or a run's config.json or run "
                    "directory to replay that run; flags override it")
     g = p.add_argument_group("schedule")
-    g.add_argument("--epochs", type=int, metavar="N", help=_h("training epochs", "epochs"))
+    g.add_argument("--epochs", type=int, metavar="N", help=h("training epochs", "epochs"))
     g.add_argument("--max-minutes", type=float, metavar="M",
                    help="wall-clock budget: the schedule is fitted to it and training stops when it is spent "
                    "(default: none; 4 for the demo on the built-in digits; 0 = none)")
-    g.add_argument("--batch-size", type=int, metavar="B", help=_h("images per optimizer step (all processes)", "batch_size"))
-    g.add_argument("--accum-steps", type=int, metavar="N", help=_h("gradient accumulation steps", "accum_steps"))
-    g.add_argument("--lr", type=float, help=_h("peak learning rate", "optim.lr"))
-    g.add_argument("--weight-decay", type=float, metavar="WD", help=_h("decoupled weight decay (optim.weight_decay)",
+    g.add_argument("--batch-size", type=int, metavar="B",
+                   help=h("images per optimizer step, across all processes (timm: per process)", "batch_size"))
+    g.add_argument("--accum-steps", type=int, metavar="N", help=h("gradient accumulation steps", "accum_steps"))
+    g.add_argument("--lr", type=float, help=h("peak learning rate", "optim.lr"))
+    g.add_argument("--weight-decay", type=float, metavar="WD", help=h("decoupled weight decay (optim.weight_decay)",
                                                                        "optim.weight_decay"))
-    g.add_argument("--seed", type=int, help=_h("random seed", "seed"))
+    g.add_argument("--seed", type=int, help=h("random seed", "seed"))
     g.add_argument("--ema", type=float, metavar="DECAY", help="keep and evaluate an EMA of the weights (e.g. 0.999)")
     g.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None, help="score validation and test "
                    "with test-time flip averaging: the mean logits of each image and its mirror (tta)")
-    g.add_argument("--smoothing", type=float, metavar="EPS", help=_h("label smoothing (augment.label_smoothing)",
+    g.add_argument("--smoothing", type=float, metavar="EPS", help=h("label smoothing (augment.label_smoothing)",
                                                                      "augment.label_smoothing"))
-    g.add_argument("--mixup", type=float, metavar="ALPHA", help=_h("mixup alpha, 0 = off (augment.mixup_alpha)",
+    g.add_argument("--mixup", type=float, metavar="ALPHA", help=h("mixup alpha, 0 = off (augment.mixup_alpha)",
                                                                    "augment.mixup_alpha"))
-    g.add_argument("--cutmix", type=float, metavar="ALPHA", help=_h("cutmix alpha, 0 = off (augment.cutmix_alpha)",
+    g.add_argument("--cutmix", type=float, metavar="ALPHA", help=h("cutmix alpha, 0 = off (augment.cutmix_alpha)",
                                                                     "augment.cutmix_alpha"))
     g = p.add_argument_group("hardware")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help=_h("device", "device"))
+    g.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help=h("device", "device"))
     g.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"],
-                   help=_h("autocast precision; fp16 (with a gradient scaler) on CUDA only", "precision"))
+                   help=h("autocast precision; fp16 (with a gradient scaler) on CUDA only", "precision"))
     g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None, help="a conv stem's "
                    "weights and the input batches channels-last (default: where it pays, a conv stem on the CPU)")
@@ -87,7 +109,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                    "(DDP), started by torch's elastic launcher as `torchrun --nproc-per-node=N` starts them (default: "
                    "1; the demo: 2 on a CPU with 2 or more cores)")
     add_launch_flags(p)
-    g.add_argument("--strategy", choices=["ddp", "fsdp"], help=_h("how the processes share the model: ddp, a "
+    g.add_argument("--strategy", choices=["ddp", "fsdp"], help=h("how the processes share the model: ddp, a "
                    "replica each; fsdp, a shard each of the weights, gradients and optimizer state (large models)",
                    "strategy"))
     g.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=None, help="with several "
@@ -98,7 +120,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<model>-<date-time>)")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     g.add_argument("--ckpt-every", type=int, metavar="N", help="also save last/ every N steps (default: each epoch)")
-    g.add_argument("--eval-every", type=int, metavar="N", help=_h("validate every N epochs (0: at the end)", "eval_every"))
+    g.add_argument("--eval-every", type=int, metavar="N", help=h("validate every N epochs (0: at the end)", "eval_every"))
     g.add_argument("--skip-nonfinite", type=int, metavar="N", help="skip up to N steps with a NaN/inf loss "
                    "instead of stopping (default: 0)")
     g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

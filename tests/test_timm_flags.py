@@ -1,0 +1,102 @@
+"""timm's train.py flags on `vitkit train`: the aliases set their config keys, values vitkit lacks are
+one-line errors, an unknown timm flag is told its vitkit form (never an unrelated flag), and the help
+shows the defaults each command's run takes."""
+
+import pytest
+from helpers import FAST_TRAIN_ARGS as FAST
+
+from vitkit.cli.main import main, parse_args
+from vitkit.cli.commands.train import flags_from_args, overrides_from_args
+from vitkit.train.config import resolve_config
+
+
+def _cfg(*argv):
+    args = parse_args(["train", *argv])
+    return resolve_config(None, flags_from_args(args), overrides_from_args(args))
+
+
+@pytest.mark.parametrize("argv, key, want", [
+    (["--opt", "sgd"], "optim", {"name": "sgd", "nesterov": True}),  # timm's sgd is Nesterov
+    (["--opt", "momentum"], "optim", {"name": "sgd", "nesterov": False}),
+    (["--opt", "adamw"], "optim", {"name": "adamw"}),
+    (["--sched", "linear"], "schedule", {"decay": "linear"}),
+    (["--aa", "rand-m7-n3"], "augment", {"auto": "randaugment", "ra_magnitude": 7, "ra_ops": 3}),
+    (["--reprob", "0.25"], "augment", {"erase_prob": 0.25}),
+    (["--clip-grad", "2.5"], "optim", {"clip_grad": 2.5}),
+    (["-b", "32", "-j", "3"], None, {"batch_size": 32}),
+])
+def test_aliases_set_their_keys(argv, key, want):
+    cfg = _cfg(*argv).to_dict()
+    node = cfg[key] if key else cfg
+    assert {k: node[k] for k in want} == want
+    if argv[0] == "-b":
+        assert cfg["data"]["workers"] == 3
+
+
+def test_ema_amp_and_initial_checkpoint():
+    assert _cfg("--model-ema").ema == 0.9998
+    assert _cfg("--model-ema", "--model-ema-decay", "0.99").ema == 0.99
+    assert _cfg("--ema", "0.95").ema == 0.95  # vitkit's own flag is kept when no alias is given
+    assert _cfg("--amp").precision == "bf16"
+    assert _cfg("--initial-checkpoint", "w.safetensors").init_from == "w.safetensors"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--opt", "rmsprop"], "--opt: 'rmsprop' is not one vitkit has; use one of sgd, nesterov, momentum, adamw, lion"),
+    (["--sched", "step"], "--sched: 'step' is not one vitkit has; use one of cosine, linear, constant"),
+    (["--aa", "rand-m9-mstd0.5-inc1"], "--aa: 'rand-m9-mstd0.5-inc1': vitkit's RandAugment takes m (magnitude) and n "
+                                       "(ops) only, not 'mstd0.5'; e.g. rand-m9-n2"),
+    (["--aa", "augmix-m5"], "--aa: 'augmix-m5': vitkit has RandAugment only, written rand-mM-nN (e.g. rand-m9-n2)"),
+    (["--num-classes", "10"], "--num-classes: the classes come from the data (its class folders or labels); drop it"),
+    (["--warmup-epochs", "2", "--max-minutes", "1"], "--warmup-epochs: this run is bounded by the clock (1 min), so "
+     "its epochs are not known ahead; give the warmup as a share of the run: --set schedule.warmup_fraction=F"),
+])
+def test_values_vitkit_lacks_are_one_line(tmp_path, capsys, argv, message):
+    assert main(["train", *argv, *FAST, "--out", str(tmp_path / "run")]) == 1
+    assert capsys.readouterr().err == f"vitkit: error: {message}\n"
+
+
+def test_warmup_epochs_become_a_share_of_the_run(tmp_path):
+    from vitkit.train.resolve import RunRequest, resolve_run
+
+    run = resolve_run(RunRequest(flags={"model": "vit_test", "epochs": 8, "threads": 1, "device": "cpu",
+                                        "max_minutes": 0}, warmup_epochs=2, out=str(tmp_path / "r")))
+    assert run.cfg.schedule.warmup_fraction == 0.25
+    assert "warmup: 2 of 8 epochs (schedule.warmup_fraction=0.25)" in run.notes
+
+
+@pytest.mark.parametrize("flag, hint", [
+    ("--momentum", "use --set optim.momentum=M"),
+    ("--min-lr", "use --set schedule.min_lr_ratio=R (a share of --lr, not a rate)"),
+    ("--color-jitter", "timm's --color-jitter has no vitkit counterpart"),
+    ("--data-dir", "use --data PATH"),
+])
+def test_unknown_timm_flags_get_their_vitkit_form(capsys, flag, hint):
+    with pytest.raises(SystemExit):
+        main(["train", flag, "0.1"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"vitkit train: error: unrecognized arguments: {flag}") and hint in err
+    assert "did you mean" not in err
+
+
+@pytest.mark.parametrize("flag", ["--pretrianed", "--schedd", "--warmup-epoch-count", "--ama"])
+def test_no_unrelated_suggestion(capsys, flag):
+    """Look-alikes of unrelated settings were suggested before (--amp -> --mixup, --sched -> --seed)."""
+    with pytest.raises(SystemExit):
+        main(["train", flag, "1"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    for unrelated in ("--precision", "--seed", "--mixup", "--nproc", "--out", "--data "):
+        assert f"did you mean {unrelated}" not in err
+
+
+def test_help_shows_the_defaults_the_run_takes(capsys):
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "peak learning rate (default: 0.01)" in out and "training epochs (default: 10)" in out
+    assert "label smoothing (augment.label_smoothing) (default: 0.0)" in out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "training epochs (default: 20, or what the recipe chosen for the data sets)" in out
+    assert "across all processes (timm: per process)" in out
