@@ -39,7 +39,7 @@ import vitkit
 from vitkit.core.hardware import usable_cpus
 from vitkit.data import AugmentConfig, BatchAugment, open_dataset
 from vitkit.io.atomic import atomic_write_text
-from vitkit.train.build import decode_short_side
+from vitkit.data.splits import decode_short_side
 from vitkit.train.loader import BatchLoader, loader_workers
 
 MODEL = "vit_tiny_patch16_224"

@@ -76,7 +76,7 @@ def test_library_error_is_one_line_exit_1(capsys):
     (["train", "--label-smoothing", "0.1"],
      "unrecognized arguments: --label-smoothing; did you mean --smoothing or --set augment.label_smoothing=0.1?"),
     (["finetune", "ck", "--erase-prob=0.25"],
-     "unrecognized arguments: --erase-prob=0.25; did you mean --set augment.erase_prob=0.25?"),
+     "unrecognized arguments: --erase-prob=0.25; did you mean --reprob or --set augment.erase_prob=0.25?"),
     (["eval", "ck", "--devcie", "cpu"], "unrecognized arguments: --devcie cpu; did you mean --device?"),
     (["predict", "ck", "x.png", "--topk", "3"], "unrecognized arguments: --topk 3; did you mean --top-k?"),
 ])

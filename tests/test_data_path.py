@@ -2,7 +2,6 @@
 whole image, mixed aspect ratios, the eval transform (resize to size / crop_pct + centre crop), the
 DataLoader workers' default, and the data options' errors."""
 
-import math
 
 import numpy as np
 import pytest
@@ -13,9 +12,9 @@ from PIL import Image
 from vitkit.core.errors import ConfigError, DataError
 from vitkit.core.hardware import usable_cpus
 from vitkit.data import AugmentConfig, BatchAugment, eval_batch, open_dataset
-from vitkit.data.images import resize_center_crop
+from vitkit.data.splits import decode_short_side
 from vitkit.model.config import Preprocess
-from vitkit.train.build import decode_short_side, eval_crop, open_data
+from vitkit.train.build import eval_crop, open_data
 from vitkit.train.config import resolve_config
 from vitkit.train.loader import MAX_WORKERS, BatchLoader, loader_workers
 

@@ -374,7 +374,7 @@ def test_cifar_pickle_never_runs_code(tmp_path, monkeypatch):
 
 
 def test_split_sizes_add_up():
-    from vitkit.data.datasets import split_stratified
+    from vitkit.data.splits import split_stratified
 
     for counts, frac in (([5, 7, 3], 0.3), ([2, 2, 2], 0.1), ([100, 1000, 10], 0.05), ([800] * 10, 0.1)):
         labels = torch.cat([torch.full((n,), c) for c, n in enumerate(counts)])

@@ -42,6 +42,7 @@ from .images import (
     walk_images,
 )
 from .ragged import RaggedImages
+from .splits import split_stratified
 
 FORMATS = ("folder", "split-folder", "mnist", "cifar10", "cifar100", "demo")
 DEMO_DIR = Path(__file__).resolve().parent / "demo"
@@ -761,37 +762,6 @@ def _open_cifar(root: Path, fmt: str, o: _Opts):
 
 
 # ==================================================================================================
-def split_stratified(images: ImageSet, fraction: float, seed: int, where: str = "dataset") -> tuple[ImageSet, ImageSet]:
-    """Split ``fraction`` of every class off as a validation set (at least one image per class), with a
-    seeded shuffle; both parts keep the original order. Needs 2+ images in every class."""
-    g = torch.Generator().manual_seed(int(seed))
-    counts = images.class_counts()
-    for c, n in enumerate(counts):
-        if n == 1:
-            raise DataError(f"{where}: class {images.classes[c]!r} has {n} image; a validation split needs at "
-                            f"least 2 per class (add images or use val_fraction=0)")
-    # images per class for val: floor(n * fraction) within [1, n - 1], then the largest remainders get
-    # one more until the total is round(N * fraction) (8,000 images at 0.1 -> exactly 800)
-    want = {c: n * fraction for c, n in enumerate(counts) if n}
-    take = {c: min(n - 1, max(1, int(want[c]))) for c, n in enumerate(counts) if n}
-    spare = round(sum(counts) * fraction) - sum(take.values())
-    for c in sorted(take, key=lambda c: (-(want[c] - int(want[c])), c)):
-        if spare <= 0:
-            break
-        if take[c] < counts[c] - 1 and take[c] <= want[c]:
-            take[c] += 1
-            spare -= 1
-    train_idx, val_idx = [], []
-    for c, k in take.items():
-        idx = torch.nonzero(images.labels == c).flatten()
-        idx = idx[torch.randperm(len(idx), generator=g)]
-        val_idx.append(idx[:k])
-        train_idx.append(idx[k:])
-    tr = torch.cat(train_idx).sort().values
-    va = torch.cat(val_idx).sort().values
-    return images.subset(tr), images.subset(va)
-
-
 def join_sets(parts: list[ImageSet]) -> ImageSet:
     """One ImageSet of ``parts`` in turn (the splits of one dataset: same classes, size and storage)."""
     first = parts[0]
@@ -808,5 +778,5 @@ def join_sets(parts: list[ImageSet]) -> ImageSet:
     )
 
 
-__all__ = ["ImageSet", "DataSplits", "open_dataset", "detect_format", "split_stratified", "join_sets", "read_idx",
+__all__ = ["ImageSet", "DataSplits", "open_dataset", "detect_format", "join_sets", "read_idx",
            "safe_unpickle", "FORMATS", "DEMO_DIR"]

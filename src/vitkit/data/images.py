@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import io
-import math
 import os
 import threading
 import warnings
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 
 from ..core.errors import DataError
 from ..core.strict import to_hw
+from .splits import eval_resize
 
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own limit (about 9459 x 9459); larger images are refused as
 #   possible decompression bombs unless the caller passes a larger max_pixels (or None = no limit)
@@ -434,7 +434,7 @@ def resize_center_crop(x: torch.Tensor, img_size: tuple[int, int], crop_pct: flo
     crop starts at round((resized - size) / 2)."""
     out_h, out_w = img_size
     h, w = x.shape[-2:]
-    th, tw = max(out_h, math.floor(out_h / crop_pct + 1e-9)), max(out_w, math.floor(out_w / crop_pct + 1e-9))
+    th, tw = eval_resize(img_size, crop_pct)
     if th * w >= tw * h:  # the height binds: it becomes th exactly
         rh, rw = th, max(tw, int(w * th / h))
     else:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -86,9 +85,9 @@ def _open(data, data_format, model, strict=False, max_pixels=DEFAULT_MAX_PIXELS,
             raise
     # images of mixed sizes: decode each at the size the model's preprocessing resizes to (short side
     # to size / crop_pct, centre crop); eval_batch then takes the centre crop at the model's size.
-    h, w = cfg.img_size
-    size = (math.floor(h / pre.crop_pct), math.floor(w / pre.crop_pct))  # as to_model_input sizes it
-    return open_dataset(data, data_format, img_size=size, **kw)
+    from ..data.splits import eval_resize
+
+    return open_dataset(data, data_format, img_size=eval_resize(cfg.img_size, pre.crop_pct), **kw)
 
 
 def evaluate(
@@ -202,8 +201,8 @@ def _choose(splits, split: str | None, where: str, run, val_fraction: float, see
     """(the split, its ImageSet, what it is in words) to evaluate; see the module docstring. ``run``: the
     RunConfig whose own data this is (its validation carve is made again), else None. DataError when
     the data has no such split or it is empty."""
-    from ..data.datasets import join_sets, split_stratified
-    from ..train.build import HELD_OUT
+    from ..data.datasets import join_sets
+    from ..data.splits import HELD_OUT, carve_validation
 
     carve = None
     if run is not None and splits.val is None:  # as the run split its data (train.build.open_data)
@@ -212,7 +211,7 @@ def _choose(splits, split: str | None, where: str, run, val_fraction: float, see
     elif run is None and split == "val" and splits.val is None:
         carve = ("validation carve", val_fraction)
     if carve:
-        splits.train, splits.val = split_stratified(splits.train, carve[1], seed, where=where)
+        carve_validation(splits, carve[1], seed, where)
     parts = [s for s in ("train", "val", "test") if getattr(splits, s) is not None]
     if split is None:
         split = "test" if splits.test is not None else "val" if splits.val is not None else "all"

@@ -12,7 +12,6 @@ folders are decoded at) and the building of the model all take it from there.
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +21,7 @@ from ..core.errors import ConfigError, DataError, TrainingError
 from ..core.hardware import resolve_device
 from ..core.progress import Progress
 from ..data import eval_batch
+from ..data.splits import HELD_OUT, carve_validation, decode_short_side
 from ..infer.paths import pick_precision
 from ..io import checkpoint as ckpt_io
 from ..model.config import Preprocess, ViTConfig
@@ -117,10 +117,6 @@ def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False)
 
 
 # ============================================================================================== data
-HELD_OUT = 0.1  # the share of its training images a run holds out for validation when its data has neither a
-#   val nor a test part (and data.val_fraction is 0), so that it reports an accuracy
-
-
 def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progress: Progress | None = None,
               cache_dir: str | Path | None = None):
     """The run's DataSplits with ``mcfg``'s channels. Image folders, which may mix sizes, keep whole images
@@ -129,7 +125,6 @@ def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progr
     ``cache_dir`` when it holds them). Data with neither a validation nor a test part gives 10% of its
     training images to a validation split, so that the run reports an accuracy."""
     from ..data import open_dataset
-    from ..data.datasets import split_stratified
 
     d = cfg.data
     size = (d.img_size, d.img_size) if d.img_size else None
@@ -139,17 +134,10 @@ def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progr
     splits = open_dataset(d.path, d.format, channels=mcfg.in_chans, img_size=size, val_fraction=d.val_fraction,
                           seed=cfg.seed, strict=d.strict, in_memory=d.in_memory, progress=progress,
                           short_side=short, cache_dir=cache_dir)
-    if splits.val is None and splits.test is None:
-        splits.train, splits.val = split_stratified(splits.train, HELD_OUT, cfg.seed, where=str(d.path))
+    if splits.test is None and carve_validation(splits, HELD_OUT, cfg.seed, where=str(d.path)):
         say(f"no validation or test part in the data: {HELD_OUT:.0%} of the training images are held out for "
             "validation")
     return splits
-
-
-def decode_short_side(img_size: tuple[int, int], crop_pct: float) -> int:
-    """The short side image folders are kept at for a model of ``img_size``: the size evaluation resizes
-    to (size / crop_pct), so that it crops the stored image without resizing it again."""
-    return max(math.floor(s / crop_pct + 1e-9) for s in img_size)
 
 
 def eval_crop(pre: Preprocess, train_set, img_size: tuple[int, int], crop_pct: float) -> Preprocess:
@@ -310,6 +298,6 @@ def fit_whitening(model: VisionTransformer, images, max_images: int = 5000) -> N
     model.patch_embed.set_whitening(eval_batch(x, model.cfg.img_size, model.preprocess))
 
 
-__all__ = ["HELD_OUT", "model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data",
-           "decode_short_side", "eval_crop", "check_classes", "data_preprocess",
+__all__ = ["model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data",
+           "eval_crop", "check_classes", "data_preprocess",
            "build_model", "prepare_model", "fit_whitening"]

@@ -96,26 +96,8 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                                                                    "augment.mixup_alpha"))
     g.add_argument("--cutmix", type=float, metavar="ALPHA", help=h("cutmix alpha, 0 = off (augment.cutmix_alpha)",
                                                                     "augment.cutmix_alpha"))
-    g = p.add_argument_group("hardware")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help=h("device", "device"))
-    g.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"],
-                   help=h("autocast precision; fp16 (with a gradient scaler) on CUDA only", "precision"))
-    g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None, help="a conv stem's "
-                   "weights and the input batches channels-last (default: where it pays, a conv stem on the CPU)")
-    g.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute each block's "
-                   "activations in the backward pass instead of keeping them: less memory, slower steps")
-    g.add_argument("--nproc", type=int, metavar="N", help="train with N data-parallel processes on this machine "
-                   "(DDP), started by torch's elastic launcher as `torchrun --nproc-per-node=N` starts them (default: "
-                   "1; the demo: 2 on a CPU with 2 or more cores)")
+    add_hardware_flags(p, h)
     add_launch_flags(p)
-    g.add_argument("--strategy", choices=["ddp", "fsdp"], help=h("how the processes share the model: ddp, a "
-                   "replica each; fsdp, a shard each of the weights, gradients and optimizer state (large models)",
-                   "strategy"))
-    g.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=None, help="with several "
-                   "processes, share BatchNorm statistics across them (default: on CUDA only)")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: the cores not busy "
-                   "with other work, divided among the processes of a distributed run)")
     g = p.add_argument_group("run")
     g.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<model>-<date-time>)")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
@@ -131,6 +113,29 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     p.set_defaults(config_keys=config_keys)
     add_progress_and_loggers(p)
     add_timm_aliases(p)
+
+
+def add_hardware_flags(p: argparse.ArgumentParser, h) -> None:
+    """Device, precision, layout and processes (``h``: the help text with the run's default)."""
+    g = p.add_argument_group("hardware")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help=h("device", "device"))
+    g.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"],
+                   help=h("autocast precision; fp16 (with a gradient scaler) on CUDA only", "precision"))
+    g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None, help="a conv stem's "
+                   "weights and the input batches channels-last (default: where it pays, a conv stem on the CPU)")
+    g.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute each block's "
+                   "activations in the backward pass instead of keeping them: less memory, slower steps")
+    g.add_argument("--nproc", type=int, metavar="N", help="train with N data-parallel processes on this machine "
+                   "(DDP), started by torch's elastic launcher as `torchrun --nproc-per-node=N` starts them (default: "
+                   "1; the demo: 2 on a CPU with 2 or more cores)")
+    g.add_argument("--strategy", choices=["ddp", "fsdp"], help=h("how the processes share the model: ddp, a "
+                   "replica each; fsdp, a shard each of the weights, gradients and optimizer state (large models)",
+                   "strategy"))
+    g.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=None, help="with several "
+                   "processes, share BatchNorm statistics across them (default: on CUDA only)")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: the cores not busy "
+                   "with other work, divided among the processes of a distributed run)")
 
 
 # ------------------------------------------------------------------------------- machines
