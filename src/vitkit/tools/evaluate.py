@@ -26,18 +26,17 @@ import io
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..core.errors import ConfigError, DataError
 from ..core.progress import Progress, Task
 from ..data.images import DEFAULT_MAX_PIXELS
 from ..infer.fastpath import FastPath
 from ..infer.paths import apply_path, autocast, inference_path, model_logits, path_taken
+from ..infer.scoring import Tally
 from .loading import label_names, load_model
 
 SPLITS = ("test", "val", "train")  # the parts a dataset may have
@@ -229,50 +228,10 @@ def _choose(splits, split: str | None, where: str, run, val_fraction: float, see
 
 
 # ---------------------------------------------------------------------------------------- scoring
-@dataclass
-class _Tally:
-    """Running totals over the batches: loss, top-1 / top-k hits, the confusion matrix and every mistake
-    (its probability, dataset index and predicted class)."""
-
-    num_classes: int
-    n: int = 0
-    loss_sum: float = 0.0
-    top1: int = 0
-    top5: int = 0
-    conf: torch.Tensor = field(init=False)  # (K, K) counts, rows: true class, columns: predicted
-    wrong_prob: list = field(default_factory=list)
-    wrong_idx: list = field(default_factory=list)
-    wrong_pred: list = field(default_factory=list)
-
-    def __post_init__(self):
-        self.conf = torch.zeros(self.num_classes, self.num_classes, dtype=torch.long)
-
-    @property
-    def k5(self) -> int:
-        """The "top-5" k: min(5, classes)."""
-        return min(5, self.num_classes)
-
-    def add(self, logits: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> None:
-        """Count one batch: float logits (B, K) on the model's device, CPU labels ``y`` and indices ``idx``."""
-        K = self.num_classes
-        self.loss_sum += float(F.cross_entropy(logits, y.to(logits.device), reduction="sum"))
-        probs = logits.softmax(-1).cpu()
-        top = probs.topk(self.k5, dim=-1).indices
-        pred = top[:, 0]
-        self.top1 += int((pred == y).sum())
-        self.top5 += int((top == y[:, None]).any(1).sum())
-        self.conf += torch.bincount(y * K + pred, minlength=K * K).reshape(K, K)
-        bad = pred != y
-        self.wrong_prob.append(probs[bad].gather(1, pred[bad][:, None])[:, 0])
-        self.wrong_idx.append(idx[bad])
-        self.wrong_pred.append(pred[bad])
-        self.n += len(y)
-
-
 def _score(model, net, path: FastPath, ds, remap, batch_size: int, strict: bool, skipped: list[dict],
-           task: Task, tta: bool = False) -> _Tally:
+           task: Task, tta: bool = False) -> Tally:
     """Run ``net`` (``model`` as ``path`` runs it) over ``ds`` batch by batch through the model's own
-    preprocessing, counting in a _Tally (and the images on the progress ``task``); ``tta``: flip averaging
+    preprocessing, counting in a Tally (and the images on the progress ``task``); ``tta``: flip averaging
     (``runtime.model_logits``).
 
     Streamed files are decoded in 4 threads; one that fails to decode is skipped and listed in ``skipped``
@@ -282,7 +241,7 @@ def _score(model, net, path: FastPath, ds, remap, batch_size: int, strict: bool,
 
     cfg = model.cfg
     dev = next(model.parameters()).device
-    tally = _Tally(cfg.num_classes)
+    tally = Tally(cfg.num_classes, detail=True)
     # an executor starts its threads on first use: in-memory data never starts any
     with ThreadPoolExecutor(4) as pool, torch.no_grad():
         for start in range(0, len(ds), batch_size):
@@ -324,7 +283,7 @@ def _decode_streamed(pool, ds, idx: torch.Tensor, strict: bool, skipped: list[di
     return idx[keep], torch.stack([decoded[j] for j in keep])
 
 
-def _metrics(tally: _Tally, names: list[str]) -> dict:
+def _metrics(tally: Tally, names: list[str]) -> dict:
     """Loss, top-1 / top-k, per-class precision / recall / F1 and their macro averages (over the classes
     present in the split), the class names and the confusion matrix."""
     conf, n = tally.conf, tally.n
@@ -354,7 +313,7 @@ def _metrics(tally: _Tally, names: list[str]) -> dict:
     )
 
 
-def _worst(tally: _Tally, ds, remap, names: list[str], num_worst: int) -> list[dict]:
+def _worst(tally: Tally, ds, remap, names: list[str], num_worst: int) -> list[dict]:
     """The ``num_worst`` most confidently wrong images: index, true and predicted class, probability (and
     path for streamed files)."""
     wp, wi, wpred = torch.cat(tally.wrong_prob), torch.cat(tally.wrong_idx), torch.cat(tally.wrong_pred)

@@ -37,6 +37,7 @@ from ..core.progress import Progress
 from ..data import BatchAugment, eval_batch
 from ..data.augment import alternating_flips, first_flips, move_batch
 from ..infer.paths import autocast, model_logits
+from ..infer.scoring import Tally
 from ..io import checkpoint as ckpt_io
 from ..model.vit import count_params
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
@@ -81,7 +82,7 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
     base.eval()
     broadcast_buffers(base, dist)  # every shard is scored with the buffers rank 0's checkpoint holds
     idx_all = torch.arange(dist.rank, len(images), dist.world_size)
-    sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count: on the CPU (collectives_for)
+    tally = Tally(base.cfg.num_classes)
     for i in range(0, len(idx_all), batch_size):
         idx = idx_all[i : i + batch_size]
         if getattr(images, "images", None) is not None:
@@ -92,10 +93,8 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
         y = y.to(device)
         with autocast(device, precision):
             logits = model_logits(base, x, tta)
-        logits = logits.float()
-        sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
-        sums[1] += (logits.argmax(-1) == y).sum().item()
-        sums[2] += len(y)
+        tally.add(logits.float(), y)
+    sums = tally.sums()  # loss sum, correct, count: on the CPU (collectives_for)
     all_reduce_sum(sums, dist)
     base.train(was_training)
     count = max(sums[2].item(), 1)
