@@ -48,7 +48,7 @@ from .fastpath import Hardware, Work, int8_kernel, vit_flops
 
 KERNELS = ("onednn", "fbgemm")
 # an MLP's activation -> oneDNN's post-op (name, algorithm); F's function where the kernel cannot fuse it
-ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+ONEDNN_POST_OPS = {"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
 _UNFUSED = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 
 
@@ -83,7 +83,7 @@ def onednn_int8_available() -> bool:
 
 
 def activation_name(act: nn.Module) -> str | None:
-    """The ``ACTIVATIONS`` name of an activation module (nn.GELU, exact or tanh; nn.ReLU), else None."""
+    """The ``ONEDNN_POST_OPS`` name of an activation module (nn.GELU, exact or tanh; nn.ReLU), else None."""
     if type(act) is nn.GELU:
         return "gelu" if act.approximate == "none" else "gelu_tanh"
     return "relu" if type(act) is nn.ReLU else None
@@ -98,8 +98,8 @@ class Int8Linear(nn.Module):
         super().__init__()
         if kernel not in KERNELS:
             raise ConfigError(f"int8 kernel: {kernel!r} is not one of {', '.join(KERNELS)}")
-        if act is not None and act not in ACTIVATIONS:
-            raise ConfigError(f"int8 activation: {act!r} is not one of {', '.join(ACTIVATIONS)}")
+        if act is not None and act not in ONEDNN_POST_OPS:
+            raise ConfigError(f"int8 activation: {act!r} is not one of {', '.join(ONEDNN_POST_OPS)}")
         self.in_features, self.out_features, self.kernel, self.act = linear.in_features, linear.out_features, kernel, act
         w = linear.weight.detach().float().cpu()
         self.w_scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # one scale per output channel
@@ -138,7 +138,7 @@ class Int8Linear(nn.Module):
         scale = (hi - lo) / 254 or 1.0
         zero = round(-lo / scale)
         q = torch.add(torch.tensor(zero + 0.5), rows, alpha=1.0 / scale).to(torch.uint8)
-        post, algorithm = ACTIVATIONS[self.act] if self.act else ("none", "")
+        post, algorithm = ONEDNN_POST_OPS[self.act] if self.act else ("none", "")
         y = torch.ops.onednn.qlinear_pointwise(q, scale, zero, self._packed, self.w_scale, self._w_zero, self.bias,
                                                1.0, 0, torch.float32, post, [], algorithm)
         return y.reshape(*x.shape[:-1], self.out_features)
