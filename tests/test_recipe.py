@@ -15,6 +15,8 @@ from vitkit.train.recipe import (
     CLOCK_EPOCHS,
     SHORT_MINUTES,
     SHORT_RUN,
+    PHOTO_SIZES,
+    PHOTOS,
     SMALL_DATA,
     SMALL_DATA_MINUTES,
     SMALL_IMAGES,
@@ -33,9 +35,9 @@ CIFAR = DataFacts("folder", (32, 32), 3, 50_000, 10)
     (CIFAR, "small-data"),
     (DataFacts("cifar100", (32, 32), 3, 50_000, 100), "small-data"),
     (DataFacts("folder", (SMALL_SIDE, SMALL_SIDE), 3, SMALL_IMAGES, 200), "small-data"),  # both limits included
-    (DataFacts("folder", (SMALL_SIDE + 1, 32), 3, 1_000, 10), "default"),  # larger images
+    (DataFacts("folder", (SMALL_SIDE + 1, 32), 3, 1_000, 10), "photos"),  # larger images
     (DataFacts("folder", (32, 32), 3, SMALL_IMAGES + 1, 10), "default"),  # more images
-    (DataFacts("folder", (224, 224), 3, 1_000_000, 1000), "default"),
+    (DataFacts("folder", (224, 224), 3, 1_000_000, 1000), "photos"),
     (DataFacts("mnist", (28, 28), 1, 60_000, 10), "digits"),  # grey: the demo's model, whatever the count
     (DataFacts("folder", (64, 48), 1, 500_000, 10), "digits"),
 ])
@@ -44,8 +46,12 @@ def test_the_rules_pick_the_recipe_from_image_size_count_and_channels(facts, nam
     assert r.name == name
     assert r.line.startswith(f"recipe {name}: {facts.size[0]}x{facts.size[1]} ")  # names it and says why
     assert (r.base.get("model") == SMALL_DATA["model"]) == (name == "small-data")
-    if name != "small-data":
+    if name == "digits":
         assert r.base == {}  # the defaults (the digits model is RunConfig's own)
+    if name == "default":
+        assert r.base == {"model_args": {"in_chans": 3}}  # the defaults, with the data's channels
+    if name == "photos":
+        assert r.base["model"] == PHOTOS["model"] and r.base["model_args"]["in_chans"] == facts.channels
 
 
 def test_the_budget_sets_how_long_a_small_data_run_is():
@@ -154,3 +160,26 @@ def test_a_config_file_replaces_the_recipe(tmp_path, capsys):
     assert not any(line.startswith("recipe ") for line in lines)
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
     assert saved["ema"] is None and saved["tta"] is False  # RunConfig's defaults under the file
+
+
+@pytest.mark.parametrize("minutes, epochs, size, depth", [
+    (5, None, 64, 2), (10, None, 64, 2), (30, None, 96, 4), (None, None, 96, 4), (5, 3, 96, 4)])
+def test_photos_take_a_resolution_and_depth_for_the_budget(minutes, epochs, size, depth):
+    facts = DataFacts("folder", (160, 160), 3, 3_000, 2)
+    r = choose_recipe(facts, max_minutes=minutes, epochs=epochs, cpus=2)
+    assert r.name == "photos" and r.base["img_size"] == size and r.base["model_args"]["depth"] == depth
+    assert f"trained at {size} px, {depth} blocks" in r.reason
+    assert (r.base.get("processes") == 2) == (epochs is None)  # the clock's runs take both cores
+    assert PHOTO_SIZES[-1][0] == float("inf")
+
+
+def test_a_grey_photo_folder_trains_a_grey_model_and_colour_never_grey():
+    assert choose_recipe(DataFacts("folder", (160, 160), 1, 3_000, 2)).base["model_args"]["in_chans"] == 1
+    assert choose_recipe(DataFacts("folder", (32, 32), 3, SMALL_IMAGES + 1, 10)).base["model_args"]["in_chans"] == 3
+
+
+def test_every_recipe_fits_its_schedule_to_a_given_budget():
+    for facts in (DataFacts("mnist", (28, 28), 1, 60_000, 10), DataFacts("folder", (32, 32), 3, SMALL_IMAGES + 1, 10),
+                  DataFacts("folder", (160, 160), 3, 3_000, 2), CIFAR):
+        r = choose_recipe(facts, max_minutes=3)
+        assert r.base["max_minutes"] == 3 and r.base["epochs"] == CLOCK_EPOCHS, r.name

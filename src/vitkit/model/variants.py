@@ -93,6 +93,13 @@ SMALL: dict[str, dict] = {
                                         depth=4, num_heads=4, mlp_ratio=2.0, stem="conv", stem_width=32,
                                         stem_convs=1, stem_whiten=True, stem_bn_momentum=0.4,
                                         pos_embed="sincos2d", class_token=False, global_pool="avg"),
+    # the photos recipe's model (`vitkit train --data DIR` on images larger than 64 px): the small-data model's
+    # tokenizer one stride-2 conv deeper (whitening, 64 and 128 channels, a 3x3 conv at the grid), an 8x8
+    # grid at 64 px; the recipe sets the resolution and depth for the budget
+    "vit_hybrid_whiten_patch8_64": dict(img_size=64, patch_size=8, in_chans=3, num_classes=10, embed_dim=128,
+                                        depth=4, num_heads=4, mlp_ratio=2.0, stem="conv", stem_width=32,
+                                        stem_convs=1, stem_whiten=True, stem_bn_momentum=0.4,
+                                        pos_embed="sincos2d", class_token=False, global_pool="avg"),
     # a tiny model for tests: builds and runs in milliseconds
     "vit_test": dict(img_size=32, patch_size=8, in_chans=3, num_classes=10, embed_dim=32, depth=2,
                      num_heads=2, mlp_ratio=2.0),

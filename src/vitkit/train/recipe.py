@@ -8,11 +8,16 @@ headers or the array files' headers; nothing is decoded) and picks one recipe by
     2. colour images of at most SMALL_SIDE px a side and
        at most SMALL_IMAGES training images                -> 'small-data' (SMALL_DATA): a hybrid ViT with a
                                                               whitening conv tokenizer, trained at 32 px
-    3. anything else                                      -> 'default': RunConfig's defaults (no recipe is
-                                                              tuned for larger images or sets yet)
+    3. images larger than SMALL_SIDE px (photos)          -> 'photos' (PHOTOS): the same kind of model with
+                                                              a deeper tokenizer, trained on random resized
+                                                              crops of the whole images at a resolution
+                                                              chosen for the budget (PHOTO_SIZES)
+    4. anything else (more small images)                  -> 'default': RunConfig's defaults
 
-The budget: a recipe's run is bounded by the clock (``--max-minutes``; 'small-data' alone has a default,
-SMALL_DATA_MINUTES) unless ``--epochs`` is given; a run bounded by the clock gets CLOCK_EPOCHS epochs,
+The model's input channels always follow the data's (a colour folder never trains a grey model).
+
+The budget: a recipe's run is bounded by the clock (``--max-minutes``; 'small-data' and 'photos' have a
+default, SMALL_DATA_MINUTES) unless ``--epochs`` is given; a run bounded by the clock gets CLOCK_EPOCHS epochs,
 so that the clock, not the epochs, ends it, and its learning-rate schedule (warmup, decay) is fitted
 to the time (``schedule.Schedule``). 'small-data' trains 2 of its model's 4 blocks; a budget of at most
 SHORT_MINUTES trains a narrower model without EMA (SHORT_RUN), so that it sees the data more often in the
@@ -82,6 +87,31 @@ SMALL_DATA: dict[str, Any] = {
 }
 
 
+# The photos recipe (images larger than SMALL_SIDE px): the small-data recipe's kind of model (a frozen
+# patch-whitening layer, strided 3x3 convs and one at the grid, then a few blocks of width 128 with 2D sin-cos
+# positions and average pooling), its tokenizer one stride-2 conv deeper (patch 8: an 8x8 grid at 64 px),
+# trained on random resized crops of the whole images (kept at the eval short side, data.crop_pct) with
+# flips, evaluated on the centre crop with flip averaging. A first design, measured only at 5 minutes on
+# one photo set so far (docs/train.md, benchmarks/time_to_accuracy.py).
+PHOTOS: dict[str, Any] = {
+    "model": "vit_hybrid_whiten_patch8_64",
+    "model_args": {},
+    "epochs": 30,  # with no time limit; a run bounded by the clock gets CLOCK_EPOCHS
+    "batch_size": 64,
+    "ema": 0.999,
+    "tta": True,
+    "eval_every": 0,
+    "precision": "fp32",
+    "augment": {"crop": "rrc", "rrc_scale": [0.25, 1.0], "hflip": 0.5, "flip_mode": "random", "auto": "none",
+                "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "label_smoothing": 0.1, "erase_prob": 0.0},
+    "optim": {"name": "adamw", "lr": 0.002, "weight_decay": 0.05, "clip_grad": 1.0},
+    "schedule": {"decay": "cosine", "warmup_fraction": 0.05, "warmup_steps": 0, "min_lr_ratio": 0.0},
+}
+# the training resolution and depth by budget: (at most this many minutes, img_size, depth); a run of
+# fixed epochs (or no limit) takes the last row
+PHOTO_SIZES = ((SHORT_MINUTES, 64, 2), (float("inf"), 96, 4))
+
+
 @dataclass(frozen=True)
 class DataFacts:
     """What a dataset is, as far as choosing a recipe needs: read without decoding it."""
@@ -119,8 +149,10 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
     ``processes``: the run's own process count (--nproc), if given; the recipe then chooses none."""
     small = max(facts.size) <= SMALL_SIDE
     if small and facts.channels == 1:
+        base: dict = {}
+        clock = f"; {_clock(base, max_minutes, epochs, 0)}" if max_minutes else ""
         return Recipe("digits", f"{facts.describe()}: grey images of at most {SMALL_SIDE} px take the demo's "
-                      "digits model (the defaults)")
+                      f"digits model (the defaults){clock}", base)
     if small and facts.images <= SMALL_IMAGES:
         base = copy.deepcopy(SMALL_DATA)
         clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
@@ -134,9 +166,32 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
             clock += f"; {CPU_PROCESSES} processes on the CPU"
         return Recipe("small-data", f"{facts.describe()}: CIFAR-size data (at most {SMALL_SIDE} px, "
                       f"{SMALL_IMAGES:,} images), trained at 32 px; {clock}", base)
-    why = (f"more than {SMALL_IMAGES:,} images" if small else f"images larger than {SMALL_SIDE} px")
-    return Recipe("default", f"{facts.describe()}: {why}, for which no recipe is tuned; the defaults "
-                  "(consider --config configs/pretrain.toml, or vitkit finetune from pretrained weights)")
+    if not small:
+        return _photos(facts, max_minutes, epochs, cpus, processes)
+    base = {"model_args": {"in_chans": facts.channels}}  # the data's channels, not the demo model's
+    clock = f"; {_clock(base, max_minutes, epochs, 0)}" if max_minutes else ""
+    return Recipe("default", f"{facts.describe()}: more than {SMALL_IMAGES:,} images, for which no recipe is "
+                  "tuned; the defaults (consider --config configs/pretrain.toml, or vitkit finetune from pretrained "
+                  f"weights){clock}", base)
+
+
+def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpus: int | None,
+            processes: int | None) -> Recipe:
+    """The 'photos' recipe for ``facts``: PHOTOS at the resolution and depth PHOTO_SIZES gives the budget."""
+    base = copy.deepcopy(PHOTOS)
+    base["model_args"]["in_chans"] = facts.channels
+    clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
+    minutes = base.get("max_minutes", 0) if epochs is None else 0
+    size, depth = next((s, d) for limit, s, d in PHOTO_SIZES if 0 < minutes <= limit or limit == float("inf"))
+    base["img_size"] = size
+    base["model_args"]["depth"] = depth
+    clock += f"; trained at {size} px, {depth} blocks"
+    if processes is not None:
+        clock += f"; {processes} process{'es' if processes != 1 else ''} (--nproc)"
+    elif cpus is not None and cpus >= CPU_PROCESSES and minutes > 0:
+        base["processes"] = CPU_PROCESSES
+        clock += f"; {CPU_PROCESSES} processes on the CPU"
+    return Recipe("photos", f"{facts.describe()}: images larger than {SMALL_SIDE} px; {clock}", base)
 
 
 def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_minutes: float) -> str:
@@ -235,5 +290,6 @@ def _probe_mnist(root: Path) -> DataFacts:
     return DataFacts("mnist", size, 1, n, 10)
 
 
-__all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "SMALL_SIDE", "SMALL_IMAGES",
+__all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",
+           "SMALL_SIDE", "SMALL_IMAGES",
            "SMALL_DATA_MINUTES", "CLOCK_EPOCHS", "SHORT_MINUTES", "SHORT_RUN", "CPU_PROCESSES"]
