@@ -183,7 +183,8 @@ def test_finetune_from_timm_weights_equals_convert_then_finetune(tmp_path, capsy
     assert main(["finetune", str(weights), "--data", str(data), "--out", str(one), "--set", "model_args.num_heads=2",
                  *FT]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[:3] == [
+    assert out[0] == "fine-tuning full: the whole model; a run of fixed epochs trains the whole model (--tune forces one)"
+    assert out[1:4] == [
         f"read timm: {weights}",
         "model: width 32, depth 2, heads 2, patch 8, image 32x32, classes 10, pool token, 0.02M parameters",
         "not in the weights, assumed: norm_eps=1e-06, act=gelu, global_pool=token (change with --model NAME or "

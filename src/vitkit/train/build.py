@@ -279,6 +279,8 @@ def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set
     else:
         model = build_model(cfg, mcfg, classes, say, init)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
+    if cfg.init_from or resume_from is not None:
+        tune(cfg, model, len(train_set), say)
     if resume_from is None and not cfg.init_from:
         model.preprocess = data_preprocess(train_set, model.cfg.in_chans)
     if resume_from is None:
@@ -287,6 +289,18 @@ def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set
             fit_whitening(model, train_set)
     model.labels = classes
     return model
+
+
+def tune(cfg: RunConfig, model: VisionTransformer, images: int, say: Callable[[str], None]) -> None:
+    """Freeze what a fine-tuning run does not train (``train.tune``): 'auto' not yet settled (a run not
+    resolved by ``train.resolve``) is settled here from the training images."""
+    from .tune import freeze_for, settle_tune
+
+    if cfg.tune == "auto":
+        say(settle_tune(cfg, model.cfg, images))
+    if cfg.tune != "full":
+        trainable = freeze_for(model, cfg.tune, cfg.tune_blocks)
+        say(f"fine-tuning {cfg.tune}: {trainable / 1e6:.3g}M of {count_params(model) / 1e6:.3g}M parameters train")
 
 
 def fit_whitening(model: VisionTransformer, images, max_images: int = 5000) -> None:
@@ -300,4 +314,4 @@ def fit_whitening(model: VisionTransformer, images, max_images: int = 5000) -> N
 
 __all__ = ["model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data",
            "eval_crop", "check_classes", "data_preprocess",
-           "build_model", "prepare_model", "fit_whitening"]
+           "build_model", "prepare_model", "tune", "fit_whitening"]

@@ -101,6 +101,10 @@ class RunConfig:
     init_model: str | None = None  # with timm, HF or JAX weights: a named model that supplies what the weights
     #   do not show (heads, eps, pooling); None = defaults, reported. model_args set single fields
     img_size: int | None = None  # train at this resolution (position embeddings resampled); None = model's
+    tune: Literal["auto", "full", "last", "probe"] = "full"  # with init_from: what trains: the whole model, the
+    #   last tune_blocks blocks (and the final norm and head), or the head alone on the frozen backbone (a
+    #   linear probe); auto: chosen from the budget and the model's size (train/tune.py), recorded as chosen
+    tune_blocks: int = 2  # the blocks 'last' trains
     # --- how long ------------------------------------------------------------------------------------
     epochs: int = 20  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
     max_minutes: float | None = None  # wall-clock budget for training; the schedule is fitted to it; None or 0 =
@@ -122,8 +126,8 @@ class RunConfig:
     #   to pay (vitkit.infer.fastpath.auto_precision), else fp32; fp16 needs CUDA
     compile: bool = False  # torch.compile the model
     channels_last: bool | None = None  # the conv stem's weights and the input batches channels-last (NHWC); None =
-    #   auto: where it was measured to pay (vitkit.infer.fastpath.channels_last_pays: a conv stem on the CPU), never under
-    #   FSDP. Numerics as contiguous within float rounding; checkpoints are contiguous either way
+    #   auto: where it was measured to pay (vitkit.infer.fastpath.channels_last_pays: a conv stem on the CPU), never
+    #   under FSDP. Numerics as contiguous within float rounding; checkpoints are contiguous either way
     grad_checkpointing: bool = False  # recompute each block's activations in the backward pass instead of keeping
     #   them (VisionTransformer.set_grad_checkpointing): less memory for about one more forward pass per step
     sync_bn: bool | None = None  # with several processes, normalise BatchNorm layers (the conv stem's) with the
@@ -176,6 +180,10 @@ class RunConfig:
             raise ConfigError(f"ema: the decay must be in (0, 1), got {self.ema!r}")
         if self.batch_size % self.accum_steps:
             raise ConfigError(f"batch_size: {self.batch_size} is not divisible by accum_steps {self.accum_steps}")
+        if self.tune not in ("full", "auto") and not self.init_from:
+            raise ConfigError(f"tune: {self.tune!r} fine-tunes weights; it needs init_from (vitkit finetune WEIGHTS)")
+        if self.tune_blocks < 1:
+            raise ConfigError(f"tune_blocks: must be a positive integer, got {self.tune_blocks!r}")
         for name in ("img_size", "threads"):
             v = getattr(self, name)
             if v is not None and v < 1:
@@ -319,6 +327,7 @@ DEMO_BUDGET: dict[str, Any] = {"max_minutes": 4.0, "processes": 2, "precision": 
 # The fine-tuning recipe's defaults (`vitkit finetune`), laid over RunConfig's: SGD with momentum 0.9, no
 # weight decay, warmup + cosine, gradient clipping at 1 (the paper's fine-tuning setup), light augmentation.
 FINETUNE_DEFAULTS: dict[str, Any] = {
+    "tune": "auto",
     "epochs": 10,
     "batch_size": 64,
     "eval_every": 1,

@@ -87,7 +87,12 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     if cfg.threads is None:
         cfg.threads = default_threads(local_processes or cfg.processes)
     run_dir = Path(req.resume) if req.resume else new_run_dir(cfg, req.out)
-    path = settle_path(cfg, run_dir if req.resume else None)
+    mcfg = _model(cfg, run_dir if req.resume else None)
+    path = settle_path(cfg, mcfg)
+    if cfg.tune == "auto":
+        from .tune import settle_tune
+
+        notes.append(settle_tune(cfg, mcfg, _training_images(cfg)))
     return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes)
 
 
@@ -106,15 +111,30 @@ def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, l
     return recipe.base, [recipe.line], None
 
 
-def settle_path(cfg: RunConfig, resume_dir: Path | None = None) -> FastPath | None:
-    """Settle ``cfg``'s precision and channels-last for this machine's device (in place) and return the
-    training path with the reasons of its choices. The model's config comes from the named model, the
-    weights it starts from or (``resume_dir``) the run's last checkpoint. Where the model cannot be
-    resolved here (weights this machine cannot read yet), the run settles them when it starts: None."""
+def _model(cfg: RunConfig, resume_dir: Path | None):
+    """The config of the model the run trains: the named model, the weights it starts from or
+    (``resume_dir``) the run's last checkpoint."""
     from .build import model_config
 
-    resume_from = find_checkpoint(resume_dir, "last") if resume_dir is not None else None
-    mcfg = model_config(cfg, resume_from=resume_from)
+    return model_config(cfg, resume_from=find_checkpoint(resume_dir, "last") if resume_dir is not None else None)
+
+
+def _training_images(cfg: RunConfig) -> int | None:
+    """The training images of the run's data, as its probe counts them (None where it cannot tell)."""
+    from ..core.errors import DataError
+    from .recipe import probe_data
+
+    if cfg.data.path is None:
+        return None
+    try:
+        return probe_data(cfg.data.path, cfg.data.format).images
+    except DataError:
+        return None  # the run opens the data and says what is wrong
+
+
+def settle_path(cfg: RunConfig, mcfg) -> FastPath:
+    """Settle ``cfg``'s precision and channels-last for this machine's device and a model of ``mcfg`` (in
+    place) and return the training path with the reasons of its choices."""
     device = resolve_device(cfg.device)
     path = training_path(mcfg, device, cfg.precision, cfg.compile, cfg.channels_last,
                          sharded=cfg.strategy == "fsdp")

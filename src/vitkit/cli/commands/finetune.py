@@ -20,6 +20,10 @@ def register(p):
                         "show (heads, eps, pooling); single fields: --set model_args.KEY=VALUE")
     p.add_argument("--layer-decay", type=float, metavar="D",
                    help="layer-wise lr decay: block i of L gets lr * D^(L - i) (default: off)")
+    p.add_argument("--tune", choices=["auto", "full", "last", "probe"], help="what trains: the whole model, the "
+                   "last --tune-blocks blocks and the head, or the head alone on the frozen backbone (default: auto, "
+                   "chosen from the budget and the model's size; the run's first lines say which and why)")
+    p.add_argument("--tune-blocks", type=int, metavar="K", help="the blocks --tune last trains (default: 2)")
     add_common(p, finetune=True)
 
 
@@ -28,5 +32,6 @@ def run(args) -> int:
 
     if not args.resume and not args.data:
         raise ConfigError("--data: fine-tuning needs a dataset (a folder, MNIST or CIFAR directory)")
-    extra = {"init_model": args.init_model, "optim.layer_decay": args.layer_decay}
+    extra = {"init_model": args.init_model, "optim.layer_decay": args.layer_decay, "tune": args.tune,
+             "tune_blocks": args.tune_blocks}
     return execute(args, weights=args.checkpoint, extra_flags=extra)
