@@ -242,10 +242,15 @@ def test_hf_preprocessor_config_squash_and_crop(tmp_path):
     p = model.preprocess
     assert (p.crop_pct, p.interpolation, p.resize) == (1.0, "bicubic", "squash") and not info["preprocess_assumed"]
     assert info["preprocess_from"].endswith("preprocessor_config.json")
+    # an older ViT processor gives its size as one number: a square
+    p = read(hf_folder(tmp_path / "old", random_model(), size=32, feature_extractor_type="ViTFeatureExtractor"))[0]
+    assert (p.preprocess.crop_pct, p.preprocess.resize) == (1.0, "squash")
     # DeiT's processor: squash to 256 x 256, centre crop 224 (here 32 / 40 of it)
-    deit = dict(size={"height": 40, "width": 40}, do_center_crop=True, crop_size={"height": 32, "width": 32})
+    deit = dict(size=40, do_center_crop=True, crop_size=32, image_processor_type="DeiTImageProcessor")
     p = read(hf_folder(tmp_path / "deit", random_model(), **deit))[0].preprocess
     assert (p.crop_pct, p.resize) == (0.8, "squash")
+    p = read(hf_folder(tmp_path / "clip", random_model(), **dict(deit, image_processor_type="CLIPImageProcessor")))
+    assert (p[0].preprocess.crop_pct, p[0].preprocess.resize) == (0.8, "shorter_then_crop")
     # DINOv2's (BitImageProcessor): the short side to 256, centre crop 224
     bit = dict(size={"shortest_edge": 40}, do_center_crop=True, crop_size={"height": 32, "width": 32},
                image_mean=IMAGENET["mean"], image_std=IMAGENET["std"])

@@ -27,6 +27,7 @@ from .arch import mlp_ratio_for, resolve_config
 from .atomic import atomic_write_bytes, atomic_write_text
 from .checkpoint import load_state_dict_file
 from .keys import Rule, assemble, build, expected_state, learned_pos_table, refuse, same
+from .preprocess import assumed_preprocess, from_image_processor
 
 ACT_FROM_HF = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "relu": "relu"}
 ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
@@ -178,8 +179,6 @@ def _labels(hf_cfg: dict, num_classes: int) -> list[str] | None:
 def _preprocess(folder: Path, cfg: ViTConfig) -> tuple[Preprocess, dict, str]:
     """(Preprocess, assumed, where it came from) of an HF model folder: its preprocessor_config.json, else
     ViTImageProcessor's defaults (mean and std 0.5, bilinear, the image squashed to the size), assumed."""
-    from .preprocess import assumed_preprocess, from_image_processor
-
     file = folder / "preprocessor_config.json"
     if not file.is_file():
         pre = Preprocess(interpolation="bilinear", resize="squash").for_channels(cfg.in_chans)

@@ -28,6 +28,10 @@ TIMM_DEFAULTS = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "crop_pct": 0.875, 
 CROP_MODES = {"center": "shorter_then_crop", "squash": "squash"}  # timm's crop_mode -> Preprocess.resize
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 PIL_FILTERS = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # HF's resample (PIL's constants)
+# HF image processors that read a size given as one number as the short side (the others, ViT's and DeiT's
+# among them, as a square: transformers' get_size_dict with default_to_square)
+SHORT_SIDE_PROCESSORS = ("BitImageProcessor", "CLIPImageProcessor", "CLIPFeatureExtractor", "ConvNextImageProcessor",
+                         "ConvNextFeatureExtractor")
 PREFIX = "preprocess."
 
 
@@ -67,7 +71,7 @@ def from_pretrained_cfg(pcfg: Mapping[str, Any], in_chans: int, source: str) -> 
         raise CheckpointError(f"{source}: pretrained_cfg: {e}") from None
 
 
-def test_crop(pcfg: Mapping[str, Any]) -> dict[str, Any] | None:
+def timm_test_crop(pcfg: Mapping[str, Any]) -> dict[str, Any] | None:
     """{"img_size": (H, W), "crop_pct": c} of a pretrained_cfg's test_input_size / test_crop_pct, or None."""
     size = pcfg.get("test_input_size")
     if not (isinstance(size, (list, tuple)) and len(size) == 3):
@@ -76,10 +80,11 @@ def test_crop(pcfg: Mapping[str, Any]) -> dict[str, Any] | None:
                                                                      pcfg.get("crop_pct") or TIMM_DEFAULTS["crop_pct"])}
 
 
-def _size(value) -> tuple[str, tuple[int, int] | int] | None:
-    """('hw', (H, W)) or ('short', S) of an image processor's size / crop_size, or None."""
+def _size(value, square: bool = True) -> tuple[str, tuple[int, int] | int] | None:
+    """('hw', (H, W)) or ('short', S) of an image processor's size / crop_size, or None; one number is a
+    square, or (``square`` False) the short side."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return "short", value
+        return ("hw", (value, value)) if square else ("short", value)
     if isinstance(value, Mapping):
         if "height" in value and "width" in value:
             return "hw", (int(value["height"]), int(value["width"]))
@@ -92,15 +97,17 @@ def from_image_processor(p: Mapping[str, Any], img_size: tuple[int, int], in_cha
                          source: str) -> tuple[Preprocess, dict]:
     """(Preprocess, assumed) from an HF preprocessor_config.json for a model of ``img_size``.
 
-    ``size`` {height, width} is a squash to that size (ViTImageProcessor), {shortest_edge} a resize of the
-    short side (DeiT's, DINOv2's processors); a centre crop (``do_center_crop``, ``crop_size``) after it
-    makes crop_pct = crop / size. Normalisation off (``do_normalize`` false) is mean 0, std 1."""
+    ``size`` {height, width} is a squash to that size (ViTImageProcessor; DeiT's squashes to 256 and crops
+    224), {shortest_edge} a resize of the short side (DINOv2's BitImageProcessor, CLIP's); one number is
+    either, as the processor reads it. A centre crop (``do_center_crop``, ``crop_size``) after it makes
+    crop_pct = crop / size. Normalisation off (``do_normalize`` false) is mean 0, std 1."""
     assumed: dict[str, Any] = {}
     interpolation = PIL_FILTERS.get(p.get("resample", 2))
     if interpolation is None:
         assumed[_key("interpolation")] = f"bicubic (for PIL filter {p.get('resample')!r})"
         interpolation = "bicubic"
-    size = _size(p.get("size")) if p.get("do_resize", True) else None
+    kind = p.get("image_processor_type") or p.get("feature_extractor_type") or ""
+    size = _size(p.get("size"), kind not in SHORT_SIDE_PROCESSORS) if p.get("do_resize", True) else None
     crop = _size(p.get("crop_size")) if p.get("do_center_crop", False) else None
     out = crop[1] if crop is not None and crop[0] == "hw" else img_size
     if size is None:
@@ -171,5 +178,5 @@ def apply_preprocess(pre: Preprocess, changes: Mapping[str, Any], where: str = "
         raise
 
 
-__all__ = ["TIMM_DEFAULTS", "assumed_preprocess", "from_pretrained_cfg", "test_crop", "from_image_processor",
+__all__ = ["TIMM_DEFAULTS", "assumed_preprocess", "from_pretrained_cfg", "timm_test_crop", "from_image_processor",
            "split_overrides", "apply_preprocess"]

@@ -31,7 +31,7 @@ from .arch import heads_from_width, mlp_ratio_for, resolve_config
 from .atomic import atomic_path
 from .checkpoint import load_state_dict_file
 from .keys import assemble, build, expected_state, learned_pos_table, refuse, same
-from .preprocess import assumed_preprocess, from_pretrained_cfg, test_crop
+from .preprocess import assumed_preprocess, from_pretrained_cfg, timm_test_crop
 
 TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")  # the files a timm state dict is read from and written to
 
@@ -164,7 +164,7 @@ def read_timm_folder(path, *, model_name=None, overrides=None):
     if isinstance(labels, list) and len(labels) == model.cfg.num_classes and all(isinstance(x, str) for x in labels):
         model.labels = labels
     return model, {**info, "preprocess_assumed": pre_assumed, "architecture": arch,
-                   "preprocess_from": f"{cfg_file} (pretrained_cfg)", "test": test_crop(pcfg)}
+                   "preprocess_from": f"{cfg_file} (pretrained_cfg)", "test": timm_test_crop(pcfg)}
 
 
 def to_timm(model) -> dict[str, torch.Tensor]:
