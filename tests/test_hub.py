@@ -301,3 +301,27 @@ def test_squash_resizes_each_side_and_every_reader_honours_it():
                                                 align_corners=False)
     assert torch.allclose(to_model_input(img, (32, 32), model.preprocess), (direct_u8[0] / 255 - 0.5) / 0.5,
                           atol=1e-5)
+
+
+@pytest.mark.parametrize("error, message", [
+    ("RepositoryNotFoundError", "hf-hub:org/nope: no such model on the Hugging Face Hub (a private one needs a login"),
+    ("RevisionNotFoundError", "hf-hub:org/nope@v9: no revision 'v9' in that repository on the Hugging Face Hub"),
+    ("GatedRepoError", "hf-hub:org/nope: a gated repository: accept its terms on huggingface.co and log in"),
+    ("ConnectError", "hf-hub:org/nope: download failed (ConnectError: boom)"),
+])
+def test_hub_errors_are_one_line_naming_the_name(monkeypatch, error, message):
+    """huggingface_hub's errors, told apart by their class names (here a stand-in module raising them)."""
+    import types
+
+    from vitkit.core.errors import CheckpointError
+    from vitkit.io import hub
+
+    def snapshot_download(repo, **kw):
+        raise type(error, (OSError,), {})("boom\nmore lines")
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download))
+    monkeypatch.setattr(hub, "_resolved", {})
+    name = "hf-hub:org/nope@v9" if error == "RevisionNotFoundError" else "hf-hub:org/nope"
+    with pytest.raises(CheckpointError) as e:
+        read(name)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
