@@ -544,13 +544,15 @@ def move_batch(images: torch.Tensor | list[torch.Tensor], device: torch.device) 
 
 
 def fit_batch(images: torch.Tensor | list[torch.Tensor], img_size: tuple[int, int], crop_pct: float,
-              interpolation: str) -> torch.Tensor:
-    """float (B, C, H, W) 0..255 of a uint8 batch or list: each image resized (short side to size /
-    crop_pct) and centre cropped where its size is not (H, W) already."""
+              interpolation: str, resize: str = "shorter_then_crop") -> torch.Tensor:
+    """float (B, C, H, W) 0..255 of a uint8 batch or list: each image resized (short side, or each side
+    with ``resize='squash'``, to size / crop_pct) and centre cropped where its size is not (H, W) already."""
     if isinstance(images, torch.Tensor):
         x = images.float()
-        return x if tuple(x.shape[-2:]) == tuple(img_size) else resize_center_crop(x, img_size, crop_pct, interpolation)
-    return torch.cat([fit_batch(img[None], img_size, crop_pct, interpolation) for img in images])
+        if tuple(x.shape[-2:]) == tuple(img_size):
+            return x
+        return resize_center_crop(x, img_size, crop_pct, interpolation, resize)
+    return torch.cat([fit_batch(img[None], img_size, crop_pct, interpolation, resize) for img in images])
 
 
 def first_flips(n: int, seed: int) -> torch.Tensor:
@@ -568,11 +570,11 @@ def alternating_flips(first: torch.Tensor, epoch: int) -> torch.Tensor:
 
 def eval_batch(images: torch.Tensor | list[torch.Tensor], img_size, pre) -> torch.Tensor:
     """uint8 (B, C, h, w), or a list of uint8 (C, h_i, w_i) -> normalised float (B, C, H, W); each image
-    resized (short side to size / crop_pct) and centre cropped, as timm's eval transform, when its size
-    differs from img_size. No randomness."""
+    resized (short side, or each side: pre.resize, to size / crop_pct) and centre cropped, as timm's eval
+    transform, when its size differs from img_size. No randomness."""
     _, c, dev = check_batch(images, "eval_batch")
     img_size = to_hw(img_size, "img_size", DataError)
-    x = fit_batch(images, img_size, pre.crop_pct, pre.interpolation)
+    x = fit_batch(images, img_size, pre.crop_pct, pre.interpolation, pre.resize)
     mean, std = norm_consts(pre, c, dev)
     return (x - mean) / std
 

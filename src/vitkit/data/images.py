@@ -426,16 +426,20 @@ def _interp_mode(name: str) -> str:
 
 
 def resize_center_crop(x: torch.Tensor, img_size: tuple[int, int], crop_pct: float = 1.0,
-                       interpolation: str = "bicubic") -> torch.Tensor:
+                       interpolation: str = "bicubic", resize: str = "shorter_then_crop") -> torch.Tensor:
     """float (B, C, h, w) in [0, 255] -> (B, C, H, W): resize, keeping the aspect ratio, so that the image
     covers floor((H, W) / crop_pct), then take the centre (H, W). Antialiased when shrinking; clamped to
     [0, 255]. The sizes and offsets are those of timm's / torchvision's eval transform (Resize(int) +
     CenterCrop): the short side becomes floor(size / crop_pct), the long side int(long * scale), and the
-    crop starts at round((resized - size) / 2)."""
+    crop starts at round((resized - size) / 2). ``resize='squash'`` (Preprocess.resize) brings each side
+    to floor(size / crop_pct) instead, the aspect ratio not kept (timm's crop_mode 'squash'; at crop_pct 1,
+    HF's ViTImageProcessor)."""
     out_h, out_w = img_size
     h, w = x.shape[-2:]
     th, tw = eval_resize(img_size, crop_pct)
-    if th * w >= tw * h:  # the height binds: it becomes th exactly
+    if resize == "squash":
+        rh, rw = th, tw
+    elif th * w >= tw * h:  # the height binds: it becomes th exactly
         rh, rw = th, max(tw, int(w * th / h))
     else:
         rh, rw = max(th, int(h * tw / w)), tw
@@ -470,11 +474,12 @@ def check_uint8(img: torch.Tensor, ndim: int, what: str) -> None:
 
 
 def to_model_input(img: torch.Tensor, img_size: tuple[int, int], pre) -> torch.Tensor:
-    """uint8 (C, H, W) of any size -> float (C, img_h, img_w), the model's own preprocessing: resize the
-    short side to size / pre.crop_pct with pre.interpolation, centre crop, scale to [0, 1], (x - mean) / std."""
+    """uint8 (C, H, W) of any size -> float (C, img_h, img_w), the model's own preprocessing: resize (the
+    short side, or each side: pre.resize) to size / pre.crop_pct with pre.interpolation, centre crop, scale
+    to [0, 1], (x - mean) / std."""
     check_uint8(img, 3, "to_model_input")
     img_size = to_hw(img_size, "img_size", DataError)
-    x = resize_center_crop(img[None].float(), img_size, pre.crop_pct, pre.interpolation)
+    x = resize_center_crop(img[None].float(), img_size, pre.crop_pct, pre.interpolation, pre.resize)
     mean, std = norm_consts(pre, img.shape[0], img.device)
     return ((x - mean) / std)[0]
 

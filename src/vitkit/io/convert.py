@@ -14,6 +14,7 @@ format's key table and layout, built on ``keys.py`` (applying a key table with h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ from ..model.vit import count_params
 from .arch import parse_overrides
 from .checkpoint import CONFIG, WEIGHTS, load, resolve_checkpoint, save
 from .hf import read_hf, write_hf
+from .hub import hub_hint, resolve_weights
 from .jax import read_jax
-from .timm import TIMM_SUFFIXES, read_timm, save_timm, to_timm
+from .preprocess import apply_preprocess, split_overrides
+from .timm import TIMM_SUFFIXES, is_timm_config, read_timm, save_timm, to_timm
 
 # (src, *, model_name, overrides) -> (model, info: {"source", "assumed", ...})
 Reader = Callable[..., tuple[Any, dict]]
@@ -95,22 +98,24 @@ CONTAINERS = {
 
 def detect_format(src: str | os.PathLike) -> str:
     """The format of the weights at ``src``, told by the container: a directory whose config.json has a
-    ``model_type`` is Hugging Face's, any other directory with a config.json or model.safetensors (a
-    checkpoint) or with a best/ or last/ checkpoint (a run) is vitkit's; an .npz file is JAX's, a .pth,
-    .pt, .bin or .safetensors file is timm's, except the model.safetensors (or config.json) of an HF model
-    or of a vitkit checkpoint, which is that directory's format.
+    ``model_type`` is Hugging Face's, one whose config.json has an ``architecture`` is a timm Hub
+    repository's (timm), any other directory with a config.json or model.safetensors (a checkpoint) or
+    with a best/ or last/ checkpoint (a run) is vitkit's; an .npz file is JAX's, a .pth, .pt, .bin or
+    .safetensors file is timm's, except the model.safetensors (or config.json) of an HF model, a timm Hub
+    folder or a vitkit checkpoint, which is that directory's format. A Hub name (``hub.resolve_weights``)
+    is the format of the folder it is downloaded to.
 
     Only the container is looked at: whether its content is good is for the format's reader to say.
     A path that is none of these is a CheckpointError naming it and the accepted forms.
     """
-    p = Path(src)
+    p = Path(resolve_weights(src))
     if not p.exists():
-        raise CheckpointError(f"{p}: no such file or directory")
-    if p.is_file() and p.name in (WEIGHTS, CONFIG) and "model_type" in _json_object(p.parent / CONFIG):
-        return "hf"  # a file of an HF model directory, as resolve_checkpoint takes one of a checkpoint's
+        raise CheckpointError(f"{p}: no such file or directory{hub_hint(src)}")
+    if p.is_file() and p.name in (WEIGHTS, CONFIG) and _folder_format(p.parent):
+        return _folder_format(p.parent)  # a file of an HF or timm folder, as resolve_checkpoint takes a checkpoint's
     if p.is_dir():
-        if "model_type" in _json_object(p / CONFIG):
-            return "hf"
+        if _folder_format(p):
+            return _folder_format(p)
         try:
             resolve_checkpoint(p)
             return "vitkit"
@@ -124,6 +129,12 @@ def detect_format(src: str | os.PathLike) -> str:
     elif p.suffix.lower() in TIMM_SUFFIXES:
         return "timm"
     raise CheckpointError(f"{p}: not a weights container vitkit knows; expected {', '.join(CONTAINERS.values())}")
+
+
+def _folder_format(folder: Path) -> str | None:
+    """'hf' or 'timm' for a folder whose config.json is Hugging Face's or a timm Hub repository's, else None."""
+    obj = _json_object(folder / "config.json")
+    return "hf" if "model_type" in obj else "timm" if is_timm_config(obj) else None
 
 
 def _json_object(file: Path) -> dict:
@@ -165,19 +176,48 @@ def from_jax(path, cfg: ViTConfig | None = None, model=None, *, model_name=None,
 
 
 def read(src, src_format: str | None = None, *, model_name=None, overrides=None):
-    """(model, info) from ``src`` in ``src_format`` ('vitkit', 'timm', 'hf' or 'jax'; None: told by the
-    container, ``detect_format``). info: {"source", "format", "assumed": the fields neither the weights
-    nor ``model_name`` / ``overrides`` gave, filled in with defaults}."""
+    """(model, info) from ``src`` (a path, or a Hub name: ``hub.resolve_weights``) in ``src_format``
+    ('vitkit', 'timm', 'hf' or 'jax'; None: told by the container, ``detect_format``). ``overrides``:
+    ViTConfig fields, and Preprocess fields as ``preprocess.KEY``. info: {"source", "format", "assumed":
+    the ViTConfig fields neither the weights nor ``model_name`` / ``overrides`` gave, filled in with
+    defaults; "preprocess_assumed": the same for the preprocessing (as ``preprocess.KEY``);
+    "preprocess_from": where the preprocessing was read}."""
+    overrides, pre_overrides = split_overrides(overrides)
     overrides = parse_overrides(overrides)
-    src_format = src_format or detect_format(src)
-    model, info = _reader(src_format, "source format")(src, model_name=model_name, overrides=overrides)
-    return model, {**info, "format": src_format}
+    local = resolve_weights(src)
+    if isinstance(local, (str, os.PathLike)) and not os.path.lexists(local) and hub_hint(src):
+        raise CheckpointError(f"{local}: no such file or directory{hub_hint(src)}")
+    src_format = src_format or detect_format(local)
+    model, info = _reader(src_format, "source format")(local, model_name=model_name, overrides=overrides)
+    model.preprocess = apply_preprocess(model.preprocess, pre_overrides).for_channels(model.cfg.in_chans)
+    pre_assumed = {k: v for k, v in info.get("preprocess_assumed", {}).items()
+                   if k.removeprefix("preprocess.") not in pre_overrides}
+    pre_from = info.get("preprocess_from", "the checkpoint" if src_format == "vitkit" else "vitkit's defaults")
+    if pre_overrides:
+        pre_from += "; " + ", ".join(f"preprocess.{k}" for k in pre_overrides) + " overridden"
+    return model, {**info, "format": src_format, "preprocess_assumed": pre_assumed, "preprocess_from": pre_from}
+
+
+def load_any(src, device="cpu"):
+    """A model in eval mode on ``device`` from weights in any format (a path or a Hub name), as the tools
+    run it: a vitkit checkpoint or run directory through ``checkpoint.load`` (its errors for a path that is
+    no weights), other formats through ``read``."""
+    local = resolve_weights(src)
+    try:
+        fmt = detect_format(local)
+    except CheckpointError:
+        fmt = "vitkit"  # checkpoint.load says what is wrong with it
+    if fmt == "vitkit":
+        return load(local, device=device)
+    return read(local, fmt)[0].to(device).eval()
 
 
 def describe(report: Mapping[str, Any], hint: str = "--set KEY=VALUE") -> list[str]:
     """What a read found, as `vitkit convert` and `vitkit finetune` print it: the source and its format,
-    the architecture, and the fields that were assumed (``hint`` says how to change them). ``report``
-    holds "src", "from" (the format), "config" (ViTConfig as a dict), "params" and "assumed"."""
+    the architecture, the fields that were assumed (``hint`` says how to change them), the preprocessing
+    and where it came from, and its fields that were assumed. ``report`` holds "src", "from" (the
+    format), "config" (ViTConfig as a dict), "params", "assumed", and where known "preprocess" (Preprocess
+    as a dict), "preprocess_from" and "preprocess_assumed"."""
     c = report["config"]
     img = "x".join(map(str, c["img_size"]))
     lines = [
@@ -188,6 +228,13 @@ def describe(report: Mapping[str, Any], hint: str = "--set KEY=VALUE") -> list[s
     if report["assumed"]:
         items = ", ".join(f"{k}={v}" for k, v in report["assumed"].items())
         lines.append(f"not in the weights, assumed: {items} (change with {hint})")
+    pre = report.get("preprocess")
+    if pre and len(report.get("preprocess_assumed") or {}) < len(pre):  # not all of it assumed (listed below)
+        lines.append(f"preprocess: mean {pre['mean']}, std {pre['std']}, crop_pct {pre['crop_pct']}, "
+                     f"{pre['interpolation']}, resize {pre['resize']} (from {report.get('preprocess_from')})")
+    if report.get("preprocess_assumed"):
+        items = ", ".join(f"{k}={v}" for k, v in report["preprocess_assumed"].items())
+        lines.append(f"preprocessing not in the source, assumed: {items} (change with --set preprocess.KEY=VALUE)")
     return lines
 
 
@@ -211,7 +258,9 @@ def convert(
     """Read ``src`` in one format and write ``dest`` in another; returns a report (JSON-ready dict).
 
     ``img_size`` converts at another resolution: learned position embeddings are resampled
-    (``interpolation``, default bicubic without antialias, as HF; timm uses antialias=True).
+    (``interpolation``, default bicubic without antialias, as HF; timm uses antialias=True). Where that is
+    the size a timm tag is evaluated at (its ``test_input_size``), its ``test_crop_pct`` becomes crop_pct,
+    unless ``overrides`` set preprocess.crop_pct.
     """
     _reader(src_format, "--from")
     _writer(dest_format, "--to")
@@ -222,6 +271,7 @@ def convert(
         model.resample_to(img_size, mode=interpolation, antialias=antialias)
         resampled = {"from": list(old), "to": list(model.cfg.img_size), "interpolation": interpolation,
                      "antialias": antialias}
+        model.preprocess = _test_crop(model.preprocess, info.get("test"), model.cfg.img_size, overrides)
     files = write(model, dest, dest_format)
     return {
         "src": str(src),
@@ -232,13 +282,25 @@ def convert(
         "tensors": len(model.state_dict()),
         "config": model.cfg.to_dict(),
         "assumed": info.get("assumed", {}),
+        "preprocess": model.preprocess.to_dict(),
+        "preprocess_from": info.get("preprocess_from"),
+        "preprocess_assumed": info.get("preprocess_assumed", {}),
         "resampled": resampled,
         "files": files,
     }
 
 
+def _test_crop(pre, test: dict | None, img_size, overrides) -> Any:
+    """``pre`` with a timm tag's test_crop_pct where the model now has its test_input_size (and no
+    preprocess.crop_pct override says otherwise)."""
+    if not test or tuple(test["img_size"]) != tuple(img_size) or "crop_pct" in split_overrides(overrides)[1]:
+        return pre
+    return dataclasses.replace(pre, crop_pct=test["crop_pct"])
+
+
 __all__ = [
     "CONTAINERS",
+    "load_any",
     "FORMATS",
     "Format",
     "detect_format",

@@ -27,6 +27,7 @@ from .arch import mlp_ratio_for, resolve_config
 from .atomic import atomic_write_bytes, atomic_write_text
 from .checkpoint import load_state_dict_file
 from .keys import Rule, assemble, build, expected_state, learned_pos_table, refuse, same
+from .preprocess import assumed_preprocess, from_image_processor
 
 ACT_FROM_HF = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "relu": "relu"}
 ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
@@ -175,17 +176,16 @@ def _labels(hf_cfg: dict, num_classes: int) -> list[str] | None:
     return names
 
 
-def _preprocess(path: Path, in_chans: int) -> Preprocess | None:
-    file = path / "preprocessor_config.json"
+def _preprocess(folder: Path, cfg: ViTConfig) -> tuple[Preprocess, dict, str]:
+    """(Preprocess, assumed, where it came from) of an HF model folder: its preprocessor_config.json, else
+    ViTImageProcessor's defaults (mean and std 0.5, bilinear, the image squashed to the size), assumed."""
+    file = folder / "preprocessor_config.json"
     if not file.is_file():
-        return None
-    try:
-        p = json.loads(file.read_text(encoding="utf-8"))
-        interp = {v: k for k, v in RESAMPLE_TO_HF.items()}.get(p.get("resample"), "bilinear")
-        pre = Preprocess(mean=tuple(p["image_mean"]), std=tuple(p["image_std"]), interpolation=interp)
-        return pre.for_channels(in_chans)
-    except (ValueError, KeyError, TypeError):
-        return None  # an image processor vitkit does not read: keep the default constants
+        pre = Preprocess(interpolation="bilinear", resize="squash").for_channels(cfg.in_chans)
+        return pre, assumed_preprocess(pre), "ViTImageProcessor's defaults"
+    pre, assumed = from_image_processor(read_json_object(file, CheckpointError), cfg.img_size, cfg.in_chans,
+                                        str(file))
+    return pre, assumed, str(file)
 
 
 def read_hf(path, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
@@ -202,10 +202,8 @@ def read_hf(path, cfg: ViTConfig | None = None, model=None, *, model_name=None, 
     state = assemble(expected, hf_table(cfg, notes["prefix"]), sd, source)
     model = build(cfg, state, source, model)
     model.labels = _labels(hf_cfg, cfg.num_classes)
-    pre = _preprocess(Path(path), cfg.in_chans)
-    if pre is not None:
-        model.preprocess = pre
-    return model, {"source": source, "assumed": {}}
+    model.preprocess, assumed, pre_from = _preprocess(Path(source).parent, cfg)
+    return model, {"source": source, "assumed": {}, "preprocess_assumed": assumed, "preprocess_from": pre_from}
 
 
 # ---------------------------------------------------------------------------------------- write

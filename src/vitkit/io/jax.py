@@ -32,6 +32,7 @@ from ..model.config import ViTConfig
 from .arch import heads_from_width, mlp_ratio_for, resolve_config
 from .checkpoint import load_state_dict_file
 from .keys import Rule, assemble, build, expected_state, same
+from .preprocess import assumed_preprocess
 
 # sub-module names inside an encoder block
 NAMINGS = {
@@ -215,4 +216,7 @@ def read_jax(path, cfg: ViTConfig | None = None, model=None, *, model_name=None,
     expected = expected_state(cfg)
     state = assemble(expected, jax_table(cfg, naming), params, source)
     info = {"source": source, "assumed": assumed, "naming": naming + (" (scan)" if scanned else "")}
+    if model is None:  # a .npz file does not say how images are prepared: the defaults, reported
+        model = build(cfg, state, source)
+        return model, {**info, "preprocess_assumed": assumed_preprocess(model.preprocess)}
     return build(cfg, state, source, model), info

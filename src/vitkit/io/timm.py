@@ -24,11 +24,14 @@ from typing import Mapping
 import torch
 
 from ..core.errors import CheckpointError
+from ..core.strict import read_json_object
 from ..model.config import ViTConfig
+from ..model.variants import REGISTRY
 from .arch import heads_from_width, mlp_ratio_for, resolve_config
 from .atomic import atomic_path
 from .checkpoint import load_state_dict_file
 from .keys import assemble, build, expected_state, learned_pos_table, refuse, same
+from .preprocess import assumed_preprocess, from_pretrained_cfg, timm_test_crop
 
 TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")  # the files a timm state dict is read from and written to
 
@@ -101,8 +104,18 @@ def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int 
     return seen, guessed, pos_len
 
 
+def is_timm_config(obj: Mapping) -> bool:
+    """Whether a config.json (as a dict) is a timm Hub repository's: an ``architecture`` (and usually a
+    ``pretrained_cfg``), no HF ``model_type`` and not vitkit's own."""
+    return isinstance(obj.get("architecture"), str) and "model_type" not in obj and obj.get("format") != "vitkit"
+
+
 def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
-    """(VisionTransformer, info) from a timm state dict or file; see ``arch.resolve_config``."""
+    """(VisionTransformer, info) from a timm state dict or file, or a timm Hub repository's folder (see
+    ``read_timm_folder``); see ``arch.resolve_config``. A bare state dict does not say how images are
+    prepared: the model's default Preprocess is reported as assumed (info["preprocess_assumed"])."""
+    if isinstance(src, (str, os.PathLike)) and (Path(src).is_dir() or Path(src).name == "config.json"):
+        return read_timm_folder(src, model_name=model_name, overrides=overrides)
     if isinstance(src, (str, os.PathLike)):
         source = str(src)
         sd = load_state_dict_file(src)
@@ -120,7 +133,38 @@ def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None,
     expected = expected_state(cfg)
     table = {k: ((k,), same) for k in expected}  # identity: vitkit's names are timm's
     state = assemble(expected, table, sd, source)
-    return build(cfg, state, source, model), {"source": source, "assumed": assumed}
+    info = {"source": source, "assumed": assumed}
+    if model is None:  # a state dict does not say how images are prepared: the defaults, reported
+        model = build(cfg, state, source)
+        return model, {**info, "preprocess_assumed": assumed_preprocess(model.preprocess)}
+    return build(cfg, state, source, model), info
+
+
+def read_timm_folder(path, *, model_name=None, overrides=None):
+    """(VisionTransformer, info) from a timm Hub repository's folder: config.json (``architecture``,
+    ``pretrained_cfg``, ``label_names``) beside model.safetensors (or pytorch_model.bin).
+
+    ``architecture`` names the model where vitkit has that name (``--model`` wins), else the architecture
+    is read from the weights as for a bare file; the preprocessing is the ``pretrained_cfg``'s."""
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file}: missing (a timm Hub folder holds config.json beside its weights)")
+    hub_cfg = read_json_object(cfg_file, CheckpointError)
+    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
+    if weights is None:
+        raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin beside config.json")
+    arch = hub_cfg.get("architecture")
+    name = model_name or (arch if arch in REGISTRY else None)
+    model, info = read_timm(weights, model_name=name, overrides=overrides)
+    pcfg = hub_cfg.get("pretrained_cfg")
+    pcfg = pcfg if isinstance(pcfg, dict) else hub_cfg  # timm's older configs: one flat dict
+    model.preprocess, pre_assumed = from_pretrained_cfg(pcfg, model.cfg.in_chans, str(cfg_file))
+    labels = hub_cfg.get("label_names")
+    if isinstance(labels, list) and len(labels) == model.cfg.num_classes and all(isinstance(x, str) for x in labels):
+        model.labels = labels
+    return model, {**info, "preprocess_assumed": pre_assumed, "architecture": arch,
+                   "preprocess_from": f"{cfg_file} (pretrained_cfg)", "test": timm_test_crop(pcfg)}
 
 
 def to_timm(model) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ from ..core.strict import from_dict, to_dict, to_hw
 
 Pool = Literal["token", "avg", "map", "none"]
 PosEmbed = Literal["learn", "sincos1d", "sincos2d", "none"]
+RESIZE_MODES = ("shorter_then_crop", "squash")  # Preprocess.resize
 
 
 def _bad(name: str, msg: str):
@@ -208,8 +209,12 @@ class Preprocess:
 
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # per-channel mean, subtracted after scaling to [0, 1]
     std: tuple[float, ...] = (0.5, 0.5, 0.5)  # per-channel std, divided by after the mean
-    crop_pct: float = 1.0  # resize the short side to size / crop_pct, then centre crop to size
+    crop_pct: float = 1.0  # resize to size / crop_pct (as ``resize`` says), then centre crop to size
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bicubic"  # resize filter
+    resize: Literal["shorter_then_crop", "squash"] = "shorter_then_crop"  # 'shorter_then_crop': the short
+    #   side to size / crop_pct, the aspect ratio kept (timm's crop_mode 'center'); 'squash': each side to
+    #   size / crop_pct, the aspect ratio not kept (timm's crop_mode 'squash'; HF's ViTImageProcessor, at
+    #   crop_pct 1: the whole image squeezed to the size)
 
     def __post_init__(self):
         if len(self.mean) != len(self.std):
@@ -218,6 +223,8 @@ class Preprocess:
             raise ConfigError(f"Preprocess.std: every value must be > 0, got {self.std}")
         if not 0 < self.crop_pct <= 1:
             raise ConfigError(f"Preprocess.crop_pct: must be in (0, 1], got {self.crop_pct}")
+        if self.resize not in RESIZE_MODES:
+            raise ConfigError(f"Preprocess.resize: expected one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
 
     def for_channels(self, channels: int) -> "Preprocess":
         """The same constants with one value per channel (a grey model gets the mean of RGB values)."""

@@ -86,7 +86,10 @@ def _open(data, data_format, model, strict=False, max_pixels=DEFAULT_MAX_PIXELS,
     # to size / crop_pct, centre crop); eval_batch then takes the centre crop at the model's size.
     from ..data.splits import eval_resize
 
-    return open_dataset(data, data_format, img_size=eval_resize(cfg.img_size, pre.crop_pct), **kw)
+    size = eval_resize(cfg.img_size, pre.crop_pct)
+    if pre.resize == "squash":  # whole images (a crop first would keep an aspect ratio the squash does not)
+        return open_dataset(data, data_format, short_side=max(size), **kw)
+    return open_dataset(data, data_format, img_size=size, **kw)
 
 
 def evaluate(
@@ -238,6 +241,7 @@ def _score(model, net, path: FastPath, ds, remap, batch_size: int, strict: bool,
     (with ``strict`` it raises).
     """
     from ..data import eval_batch
+    from ..data.augment import move_batch
 
     cfg = model.cfg
     dev = next(model.parameters()).device
@@ -255,7 +259,7 @@ def _score(model, net, path: FastPath, ds, remap, batch_size: int, strict: bool,
                 imgs, y = ds.get_batch(idx)
             if remap is not None:
                 y = remap[y]
-            x = eval_batch(imgs.to(dev), cfg.img_size, model.preprocess)
+            x = eval_batch(move_batch(imgs, dev), cfg.img_size, model.preprocess)
             with autocast(dev, path.precision):
                 logits = model_logits(net, x, tta)
             tally.add(logits.float(), y, idx)
@@ -280,7 +284,10 @@ def _decode_streamed(pool, ds, idx: torch.Tensor, strict: bool, skipped: list[di
     keep = [j for j, im in enumerate(decoded) if im is not None]
     if not keep:
         return idx, None
-    return idx[keep], torch.stack([decoded[j] for j in keep])
+    images = [decoded[j] for j in keep]
+    if len({tuple(im.shape) for im in images}) > 1:
+        return idx[keep], images  # whole images of different sizes (eval_batch fits each)
+    return idx[keep], torch.stack(images)
 
 
 def _metrics(tally: Tally, names: list[str]) -> dict:

@@ -399,10 +399,11 @@ def _class_info(model, logits: torch.Tensor, index: int | None = None) -> dict |
 
 
 def _seen(img: torch.Tensor, size: tuple[int, int], pre) -> np.ndarray:
-    """The region the model saw (resize + centre crop, before normalisation), as uint8 RGB (H, W, 3)."""
+    """The image as the model saw it (resized as ``pre`` says + centre crop, before normalisation), as uint8
+    RGB (H, W, 3)."""
     from ..data.images import resize_center_crop
 
-    seen = resize_center_crop(img[None].float(), size, pre.crop_pct, pre.interpolation)[0]
+    seen = resize_center_crop(img[None].float(), size, pre.crop_pct, pre.interpolation, pre.resize)[0]
     seen = seen.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
     if seen.shape[-1] == 1:
         seen = np.repeat(seen, 3, axis=-1)

@@ -10,13 +10,14 @@ from ..core.hardware import resolve_device
 
 def load_model(model_or_path, device: str | torch.device = "cpu") -> nn.Module:
     """The model a tool runs, in eval mode on ``device`` (checked as '--device'): a module as given, or
-    the model of a checkpoint or run directory (its best checkpoint)."""
+    the model of a checkpoint or run directory (its best checkpoint), of timm, HF or JAX weights, or of a
+    Hub name (``hf-hub:ORG/NAME``, or a model name with published weights: ``io.hub``)."""
     device = resolve_device(device, what="--device")
     if isinstance(model_or_path, nn.Module):
         return model_or_path.to(device).eval()
-    from ..io.checkpoint import load  # the checkpoint reader (and the model) only when a tool loads one
+    from ..io.convert import load_any  # the readers (and the model) only when a tool loads one
 
-    return load(model_or_path, device=device)
+    return load_any(model_or_path, device=device)
 
 
 def label_names(model: nn.Module) -> list[str]:

@@ -24,6 +24,8 @@ from ..data import eval_batch
 from ..data.splits import HELD_OUT, carve_validation, decode_short_side
 from ..infer.paths import pick_precision
 from ..io import checkpoint as ckpt_io
+from ..io.hub import resolve_weights
+from ..io.preprocess import apply_preprocess
 from ..model.config import Preprocess, ViTConfig
 from ..model.vit import VisionTransformer, count_params
 from .checkpoint import find_checkpoint
@@ -47,7 +49,7 @@ def model_config(cfg: RunConfig, init: tuple[VisionTransformer, dict] | None = N
         elif init is not None:
             mcfg = init[0].cfg
         elif (fmt := init_format(cfg)) == "vitkit":
-            mcfg = ckpt_io.read_config(ckpt_io.resolve_checkpoint(cfg.init_from))[0]
+            mcfg = ckpt_io.read_config(ckpt_io.resolve_checkpoint(resolve_weights(cfg.init_from)))[0]
         else:
             mcfg = read_init(cfg, fmt)[0].cfg
         try:
@@ -84,9 +86,11 @@ def read_init(cfg: RunConfig, fmt: str | None = None) -> tuple[VisionTransformer
     from ..io.convert import read
 
     fmt = fmt or init_format(cfg)
-    model, info = read(cfg.init_from, fmt, model_name=cfg.init_model, overrides=_model_args(cfg))
+    overrides = {**_model_args(cfg), **({"preprocess": cfg.preprocess} if cfg.preprocess else {})}
+    model, info = read(cfg.init_from, fmt, model_name=cfg.init_model, overrides=overrides)
     report = {"src": cfg.init_from, "from": info["format"], "config": model.cfg.to_dict(),
-              "params": count_params(model), "assumed": info["assumed"]}
+              "params": count_params(model), "assumed": info["assumed"], "preprocess": model.preprocess.to_dict(),
+              "preprocess_from": info["preprocess_from"], "preprocess_assumed": info["preprocess_assumed"]}
     return model, report
 
 
@@ -247,7 +251,7 @@ def _from_weights(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], say: Call
     # classes (the old one never fits) and position embeddings resampled to mcfg's size
     fmt = init_format(cfg) if init is None else None
     if fmt == "vitkit":
-        ckpt = ckpt_io.resolve_checkpoint(cfg.init_from)
+        ckpt = ckpt_io.resolve_checkpoint(resolve_weights(cfg.init_from))
         saved, pre, _, _ = ckpt_io.read_config(ckpt)
         model = ckpt_io.model_from_state(mcfg.replace(img_size=saved.img_size, num_classes=saved.num_classes),
                                          ckpt_io.read_safetensors(ckpt / ckpt_io.WEIGHTS), str(ckpt / ckpt_io.WEIGHTS))
@@ -285,6 +289,8 @@ def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set
         model.preprocess = data_preprocess(train_set, model.cfg.in_chans)
     if resume_from is None:
         model.preprocess = eval_crop(model.preprocess, train_set, model.cfg.img_size, cfg.data.crop_pct)
+        model.preprocess = apply_preprocess(model.preprocess, cfg.preprocess, "preprocess").for_channels(
+            model.cfg.in_chans)
         if model.cfg.stem_whiten and not cfg.init_from:  # filters from the images as evaluation prepares them
             fit_whitening(model, train_set)
     model.labels = classes

@@ -100,6 +100,9 @@ class RunConfig:
     #   directory, or timm, HF or JAX weights (the format is told by the container, io.convert.detect_format)
     init_model: str | None = None  # with timm, HF or JAX weights: a named model that supplies what the weights
     #   do not show (heads, eps, pooling); None = defaults, reported. model_args set single fields
+    preprocess: dict[str, Any] = field(default_factory=dict)  # Preprocess fields (mean, std, crop_pct,
+    #   interpolation, resize) laid over the model's preprocessing (the init_from weights' own, or what was
+    #   assumed for them; else measured on the data), e.g. --set preprocess.crop_pct=0.9; saved with the model
     img_size: int | None = None  # train at this resolution (position embeddings resampled); None = model's
     tune: Literal["auto", "full", "last", "probe"] = "full"  # with init_from: what trains: the whole model, the
     #   last tune_blocks blocks (and the final norm and head), or the head alone on the frozen backbone (a
@@ -188,6 +191,11 @@ class RunConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ConfigError(f"{name}: must be a positive integer or null, got {v!r}")
+        if self.preprocess:
+            from ..io.preprocess import apply_preprocess
+            from ..model.config import Preprocess
+
+            apply_preprocess(Preprocess(), self.preprocess, where="preprocess")
         self.data.validate()
         self.augment.validate()
         self.optim.validate()

@@ -7,8 +7,9 @@ from . import image_size
 
 
 def register(p):
-    p.add_argument("src", help="the weights to read: a vitkit checkpoint, a timm .pth/.safetensors file, an HF "
-                               "model directory or a JAX .npz file")
+    p.add_argument("src", help="the weights to read: a vitkit checkpoint, a timm .pth/.safetensors file or Hub "
+                               "folder, an HF model directory, a JAX .npz file, or a name: hf-hub:ORG/NAME, or a "
+                               "vitkit model name with published weights (downloaded with vitkit[hub])")
     p.add_argument("dest", help="where to write: a vitkit checkpoint directory, a timm .safetensors/.pth file or "
                                 "an HF model directory")
     p.add_argument("--from", dest="src_format", choices=["timm", "hf", "jax"], default=None,
@@ -21,7 +22,8 @@ def register(p):
                         "(heads, eps, pooling, a non-square image size)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="set a ViTConfig field the weights do not show, e.g. global_pool=avg, norm_eps=1e-12, "
-                        "img_size=[224,320] (repeatable; wins over everything else)")
+                        "img_size=[224,320], or the preprocessing: preprocess.crop_pct=0.9, "
+                        "preprocess.mean=[0.485,0.456,0.406] (repeatable; wins over everything else)")
     p.add_argument("--img-size", type=image_size, default=None, metavar="N|HxW",
                    help="convert at another resolution: resample the position embeddings to this image size")
     p.add_argument("--interpolation", choices=["bicubic", "bilinear", "nearest"], default="bicubic",
@@ -64,7 +66,10 @@ def source_format(src: str) -> str:
     is wrong with it)."""
     from ...core.errors import CheckpointError
     from ...io.convert import detect_format
+    from ...io.hub import hub_source
 
+    if hub_source(src):
+        return detect_format(src)  # a name that cannot be had is that error, not a question of format
     try:
         return detect_format(src)
     except CheckpointError:

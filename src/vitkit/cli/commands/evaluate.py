@@ -12,7 +12,8 @@ from . import add_precision_flag, add_progress_flags, max_pixels, pixels
 
 
 def register(p):
-    p.add_argument("checkpoint", help="a vitkit checkpoint directory or a training run directory")
+    p.add_argument("checkpoint", help="a vitkit checkpoint or run directory, timm, HF or JAX weights, or a name: "
+                   "hf-hub:ORG/NAME, or a vitkit model name with published weights (downloaded with vitkit[hub])")
     p.add_argument("--data", default=None, help="dataset folder (default: a run directory's own data, as the run "
                    "split it; for a checkpoint, the built-in demo set)")
     p.add_argument("--data-format", default=None,

@@ -7,7 +7,8 @@ from . import image_size, max_pixels, pixels
 
 
 def register(p):
-    p.add_argument("checkpoint", help="a vitkit checkpoint directory or a training run directory")
+    p.add_argument("checkpoint", help="a vitkit checkpoint or run directory, timm, HF or JAX weights, or a name: "
+                   "hf-hub:ORG/NAME, or a vitkit model name with published weights (downloaded with vitkit[hub])")
     p.add_argument("image", help="an image file")
     p.add_argument("--out", required=True, help="the PNG to write (input | overlays side by side)")
     p.add_argument("--method", choices=("rollout", "cls", "grad", "both", "all"), default="all",

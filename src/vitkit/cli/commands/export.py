@@ -6,7 +6,8 @@ FORMATS = ("onnx", "torchscript", "exported-program")
 
 
 def register(p):
-    p.add_argument("checkpoint", help="a vitkit checkpoint directory or a training run directory")
+    p.add_argument("checkpoint", help="a vitkit checkpoint or run directory, timm, HF or JAX weights, or a name: "
+                   "hf-hub:ORG/NAME, or a vitkit model name with published weights (downloaded with vitkit[hub])")
     p.add_argument("--format", required=True, choices=FORMATS, help="what to write")
     p.add_argument("--out", required=True, help="output file (e.g. model.onnx, model.pt, model.pt2)")
     p.add_argument("--opset", type=int, default=18, help="ONNX opset version (default 18)")

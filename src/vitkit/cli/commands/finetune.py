@@ -5,7 +5,10 @@ head for the data's classes, position embeddings resampled to the new resolution
 SOURCE is a vitkit checkpoint or run directory (its best model), or timm, HF or JAX weights: the
 container tells the format (``io.convert.detect_format``) and the architecture is read from the weights
 as `vitkit convert` reads it; what they do not show comes from --model NAME and --set model_args.KEY=VALUE,
-else from defaults, and the run prints what it assumed."""
+else from defaults, and the run prints what it assumed. SOURCE may be a name (``hf-hub:ORG/NAME``, or a model
+name with published weights: ``io.hub``). The preprocessing is the source's own (a timm tag's pretrained_cfg,
+an HF model's preprocessor_config.json; assumed and printed for a bare file); --set preprocess.KEY=VALUE
+changes it."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from .train import add_common, execute
 
 def register(p):
     p.add_argument("checkpoint", metavar="SOURCE", help="a vitkit checkpoint or run directory, an HF model folder, "
-                   "a JAX .npz file or a timm .pth/.bin/.safetensors file")
+                   "a JAX .npz file, a timm .pth/.bin/.safetensors file or Hub folder, or a name: hf-hub:ORG/NAME, "
+                   "or a vitkit model name with published weights (downloaded with vitkit[hub])")
     p.add_argument("--model", dest="init_model", metavar="NAME",
                    help="timm, HF or JAX weights: a named model (`vitkit list`) that supplies what the weights do not "
                         "show (heads, eps, pooling); single fields: --set model_args.KEY=VALUE")

@@ -6,7 +6,8 @@ from . import add_precision_flag, add_progress_flags, max_pixels, pixels
 
 
 def register(p):
-    p.add_argument("checkpoint", help="a vitkit checkpoint directory or a training run directory")
+    p.add_argument("checkpoint", help="a vitkit checkpoint or run directory, timm, HF or JAX weights, or a name: "
+                   "hf-hub:ORG/NAME, or a vitkit model name with published weights (downloaded with vitkit[hub])")
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files, folders (searched recursively) or globs")
     p.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")

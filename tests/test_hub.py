@@ -1,0 +1,327 @@
+"""Published weights by name (``hf-hub:ORG/NAME``, a model name with ``pretrained=True``) and their
+preprocessing read from the source: a timm tag's pretrained_cfg, an HF model's preprocessor_config.json,
+or assumed and reported for a bare file.
+
+No test touches the network: the Hub is a local cache in huggingface_hub's own layout
+(models--ORG--NAME/refs/main + snapshots/<sha>/), read in a subprocess with HF_HUB_OFFLINE=1 and
+HF_HUB_CACHE pointing at it (huggingface_hub reads its environment when it is imported)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import image_folder, random_model, tiny_model
+from PIL import Image
+
+from vitkit.cli.main import main
+from vitkit.data.images import resize_center_crop, to_model_input
+from vitkit.io.convert import describe, detect_format, read, to_hf
+from vitkit.io.timm import save_timm
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "src")
+IMAGENET = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+LABELS = [f"l{i}" for i in range(10)]
+# a timm tag's pretrained_cfg, as timm's push_to_hub writes it (the values differ from vitkit's defaults)
+PRETRAINED_CFG = dict(tag="test", input_size=[3, 32, 32], interpolation="bilinear", crop_pct=0.9,
+                      crop_mode="squash", num_classes=10, first_conv="patch_embed.proj", classifier="head",
+                      **IMAGENET)
+FT = ["--epochs", "1", "--batch-size", "8", "--threads", "1", "--device", "cpu", "--precision", "fp32",
+      "--set", "plots=false"]
+
+
+# ------------------------------------------------------------------------------------- the local Hub
+def timm_folder(folder: Path, model, architecture: str = "vit_test", pretrained_cfg=PRETRAINED_CFG) -> Path:
+    """A timm Hub repository's files: model.safetensors (timm's layout) and config.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_timm(model, folder / "model.safetensors")
+    config = dict(architecture=architecture, num_classes=model.cfg.num_classes, num_features=model.cfg.embed_dim,
+                  global_pool="token", label_names=LABELS, pretrained_cfg=pretrained_cfg)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def hf_folder(folder: Path, model, **processor) -> Path:
+    """An HF model's files (to_hf), its preprocessor_config.json changed by ``processor``."""
+    to_hf(model, folder)
+    file = folder / "preprocessor_config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), **processor}))
+    return folder
+
+
+def cached_repo(cache: Path, repo: str) -> Path:
+    """The snapshot folder of ``repo`` in a huggingface_hub cache at ``cache`` (refs/main holds its sha)."""
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    root = cache / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(sha)
+    return root / "snapshots" / sha
+
+
+def offline(cache: Path, *argv: str, code: str | None = None, timeout: float = 240):
+    """``vitkit ARGV`` (or ``python -c CODE``) in a subprocess, offline, with the Hub cache at ``cache``."""
+    pytest.importorskip("huggingface_hub")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache), HF_HOME=str(cache.parent / "hf_home"),
+               PYTHONPATH=os.pathsep.join([SRC, os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-c", code] if code is not None else [sys.executable, "-m", "vitkit", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cache.parent)
+
+
+@pytest.fixture()
+def hub(tmp_path):
+    """A Hub cache holding a timm tag (org/tiny-timm: vit_test with a pretrained_cfg) and an HF model
+    (org/tiny-hf: ViTImageProcessor, which squashes), and the models they hold."""
+    cache = tmp_path / "hub"
+    timm_model = random_model(seed=1)
+    timm_folder(cached_repo(cache, "org/tiny-timm"), timm_model)
+    hf_model = random_model(seed=2)
+    hf_folder(cached_repo(cache, "org/tiny-hf"), hf_model, image_mean=[0.4, 0.4, 0.4], image_std=[0.2, 0.2, 0.2])
+    return cache, timm_model, hf_model
+
+
+def saved_preprocess(run: Path) -> dict:
+    return json.loads((run / "best" / "config.json").read_text())["preprocess"]
+
+
+# ------------------------------------------------------------------------------- names, end to end
+def test_finetune_a_timm_tag_by_name_offline(hub, tmp_path):
+    cache, _, _ = hub
+    data = image_folder(tmp_path / "data")
+    out = tmp_path / "run"
+    r = offline(cache, "finetune", "hf-hub:org/tiny-timm", "--data", str(data), "--out", str(out), *FT)
+    assert r.returncode == 0, r.stderr
+    assert "read timm: hf-hub:org/tiny-timm" in r.stdout
+    assert "not in the weights" not in r.stdout  # the architecture named vit_test, which vitkit has
+    assert "crop_pct 0.9, bilinear, resize squash (from " in r.stdout and "pretrained_cfg" in r.stdout
+    pre = saved_preprocess(out)  # the images are stored at the model's size: the run keeps the source's crop
+    assert pre == dict(IMAGENET, crop_pct=0.9, interpolation="bilinear", resize="squash")
+    assert json.loads((out / "config.json").read_text())["init_from"] == "hf-hub:org/tiny-timm"
+
+
+def test_finetune_an_hf_model_by_name_with_a_preprocess_override(hub, tmp_path):
+    cache, _, _ = hub
+    data = image_folder(tmp_path / "data")
+    out = tmp_path / "run"
+    r = offline(cache, "finetune", "hf-hub:org/tiny-hf", "--data", str(data), "--out", str(out), *FT,
+                "--set", "preprocess.crop_pct=0.8")
+    assert r.returncode == 0, r.stderr
+    assert "read hf: hf-hub:org/tiny-hf" in r.stdout and "preprocessor_config.json" in r.stdout
+    pre = saved_preprocess(out)
+    assert pre == dict(mean=[0.4] * 3, std=[0.2] * 3, crop_pct=0.8, interpolation="bicubic", resize="squash")
+
+
+def test_predict_and_eval_by_name_use_the_sources_preprocessing(hub, tmp_path):
+    cache, timm_model, _ = hub
+    img = tmp_path / "img.png"
+    pixels = torch.randint(0, 256, (40, 56, 3), generator=torch.Generator().manual_seed(3), dtype=torch.uint8)
+    Image.fromarray(pixels.numpy()).save(img)
+    r = offline(cache, "predict", "hf-hub:org/tiny-timm", str(img), "--json", "--top-k", "1", "--engine", "torch",
+                "--precision", "fp32", "--device", "cpu", "--quiet")
+    assert r.returncode == 0, r.stderr
+    top = json.loads(r.stdout.splitlines()[-1])["predictions"][0]["top"][0]
+    # what the source's preprocessing (squash, crop 0.9, bilinear, ImageNet mean/std) makes of the image
+    model, _ = read(timm_folder(tmp_path / "local", timm_model))
+    x = to_model_input(pixels.permute(2, 0, 1).contiguous(), (32, 32), model.preprocess)
+    with torch.no_grad():
+        probs = model(x[None]).softmax(-1)[0]
+    assert top["label"] == LABELS[int(probs.argmax())] and abs(top["prob"] - float(probs.max())) < 1e-5
+
+    # eval on images of mixed sizes: each squashed whole (a centre crop first would keep their aspect ratio)
+    data = tmp_path / "data"
+    for i, label in enumerate(LABELS):
+        (data / label).mkdir(parents=True)
+        Image.fromarray(pixels[: 30 + i, : 60 - 2 * i].numpy()).save(data / label / "a.png")
+    r = offline(cache, "eval", "hf-hub:org/tiny-timm", "--data", str(data), "--json", "--engine", "torch",
+                "--precision", "fp32", "--device", "cpu", "--quiet")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.splitlines()[-1])
+    assert res["scored"] == "whole: all 10 images" and not res["skipped_files"], res
+
+
+def test_create_model_pretrained_reads_the_tag_of_its_name(hub):
+    cache, timm_model, _ = hub
+    code = ("import json, vitkit\n"
+            "from vitkit.io import hub\n"
+            "hub.PRETRAINED['vit_test'] = 'org/tiny-timm'  # the table maps a test name to the local tag\n"
+            "m = vitkit.create_model('vit_test', pretrained=True)\n"
+            "n = vitkit.create_model(weights='hf-hub:org/tiny-hf', num_classes=3, preprocess={'crop_pct': 0.5})\n"
+            "print(json.dumps([sum(float(p.detach().double().sum()) for p in m.parameters()), m.preprocess.to_dict(),\n"
+            "                  m.labels, n.cfg.num_classes, n.preprocess.resize, n.preprocess.crop_pct]))\n")
+    r = offline(cache, code=code)
+    assert r.returncode == 0, r.stderr
+    total, pre, labels, classes, resize, crop_pct = json.loads(r.stdout.splitlines()[-1])
+    assert abs(total - sum(float(p.detach().double().sum()) for p in timm_model.parameters())) < 1e-6
+    assert pre == dict(IMAGENET, crop_pct=0.9, interpolation="bilinear", resize="squash")
+    assert labels == LABELS and classes == 3 and (resize, crop_pct) == ("squash", 0.5)
+
+
+def test_convert_by_name_and_a_model_without_published_weights(hub, tmp_path):
+    cache, _, _ = hub
+    r = offline(cache, "convert", "hf-hub:org/tiny-timm", str(tmp_path / "ckpt"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["preprocess"]["crop_pct"] == 0.9
+    r = offline(cache, code="import vitkit; vitkit.create_model('vit_test', pretrained=True)")
+    assert r.returncode == 1 and "model 'vit_test' has no published weights" in r.stderr.splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------ one-line errors
+def test_offline_with_nothing_cached_is_one_line(tmp_path):
+    cache = tmp_path / "empty"
+    cache.mkdir()
+    for argv in (["convert", "hf-hub:org/missing", str(tmp_path / "out")],
+                 ["predict", "hf-hub:org/missing", str(tmp_path)],
+                 ["finetune", "hf-hub:org/missing", "--data", str(tmp_path), *FT]):
+        r = offline(cache, *argv)
+        assert r.returncode == 1, (argv, r.stderr)
+        err = r.stderr.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("vitkit: error: hf-hub:org/missing: not in the local "
+                                                             "Hugging Face cache"), (argv, err)
+
+
+def test_without_huggingface_hub_is_one_line_naming_the_extra(tmp_path):
+    cache = tmp_path / "empty"
+    cache.mkdir()
+    code = ("import sys\nsys.modules['huggingface_hub'] = None  # as if it were not installed\n"
+            "from vitkit.cli.main import main\nsys.exit(main(['convert', 'hf-hub:org/x', 'out']))\n")
+    r = offline(cache, code=code)
+    err = r.stderr.strip()
+    assert r.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err == ("vitkit: error: hf-hub:org/x: weights from the Hugging Face Hub need the huggingface_hub "
+                   "package: pip install 'vitkit[hub]'")
+
+
+def test_malformed_names_and_local_paths_first(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "hf-hub:only-one-part", "out"]) == 1
+    assert "expected hf-hub:ORG/NAME" in capsys.readouterr().err
+    assert main(["convert", "timm/vit_x", "out", "--from", "timm"]) == 1  # a path that does not exist
+    assert "(a model on the Hugging Face Hub is written hf-hub:timm/vit_x)" in capsys.readouterr().err
+    # a folder named as a model with published weights is that folder, not the published weights
+    Path("vit_base_patch16_224").mkdir()
+    assert main(["convert", "vit_base_patch16_224", "out", "--from", "timm"]) == 1
+    assert "vit_base_patch16_224" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------- preprocessing per source
+def test_a_timm_folder_is_read_with_its_architecture_and_pretrained_cfg(tmp_path):
+    folder = timm_folder(tmp_path / "tag", random_model(seed=1))
+    assert detect_format(folder) == detect_format(folder / "model.safetensors") == "timm"
+    model, info = read(folder)
+    assert info["format"] == "timm" and info["assumed"] == info["preprocess_assumed"] == {}
+    assert model.labels == LABELS
+    assert model.cfg.num_heads == 2  # from vit_test: a width of 32 does not show the heads
+    p = model.preprocess
+    assert (p.mean, p.std) == (tuple(IMAGENET["mean"]), tuple(IMAGENET["std"]))
+    assert (p.crop_pct, p.interpolation, p.resize) == (0.9, "bilinear", "squash")
+    # a field the pretrained_cfg leaves out takes timm's default, reported as assumed
+    cfg = {k: v for k, v in PRETRAINED_CFG.items() if k not in ("crop_pct", "crop_mode")}
+    model, info = read(timm_folder(tmp_path / "partial", random_model(), pretrained_cfg=cfg))
+    assert model.preprocess.crop_pct == 0.875 and model.preprocess.resize == "shorter_then_crop"
+    assert info["preprocess_assumed"] == {"preprocess.crop_pct": 0.875, "preprocess.resize": "shorter_then_crop"}
+    # an architecture vitkit does not have: read from the weights, which do not show the heads here
+    with pytest.raises(Exception, match="number of heads is not visible"):
+        read(timm_folder(tmp_path / "other", random_model(), architecture="vit_unknown_patch8"))
+
+
+def test_a_timm_tags_test_size_brings_its_test_crop(tmp_path):
+    cfg = dict(PRETRAINED_CFG, test_input_size=[3, 48, 48], test_crop_pct=1.0)
+    folder = timm_folder(tmp_path / "tag", random_model(), pretrained_cfg=cfg)
+    assert main(["convert", str(folder), str(tmp_path / "a"), "--img-size", "48"]) == 0
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["preprocess"]["crop_pct"] == 1.0
+    assert main(["convert", str(folder), str(tmp_path / "b"), "--img-size", "40"]) == 0
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["preprocess"]["crop_pct"] == 0.9
+
+
+def test_hf_preprocessor_config_squash_and_crop(tmp_path):
+    model, info = read(hf_folder(tmp_path / "vit", random_model(), resample=3))  # ViTImageProcessor
+    p = model.preprocess
+    assert (p.crop_pct, p.interpolation, p.resize) == (1.0, "bicubic", "squash") and not info["preprocess_assumed"]
+    assert info["preprocess_from"].endswith("preprocessor_config.json")
+    # an older ViT processor gives its size as one number: a square
+    p = read(hf_folder(tmp_path / "old", random_model(), size=32, feature_extractor_type="ViTFeatureExtractor"))[0]
+    assert (p.preprocess.crop_pct, p.preprocess.resize) == (1.0, "squash")
+    # DeiT's processor: squash to 256 x 256, centre crop 224 (here 32 / 40 of it)
+    deit = dict(size=40, do_center_crop=True, crop_size=32, image_processor_type="DeiTImageProcessor")
+    p = read(hf_folder(tmp_path / "deit", random_model(), **deit))[0].preprocess
+    assert (p.crop_pct, p.resize) == (0.8, "squash")
+    p = read(hf_folder(tmp_path / "clip", random_model(), **dict(deit, image_processor_type="CLIPImageProcessor")))
+    assert (p[0].preprocess.crop_pct, p[0].preprocess.resize) == (0.8, "shorter_then_crop")
+    # DINOv2's (BitImageProcessor): the short side to 256, centre crop 224
+    bit = dict(size={"shortest_edge": 40}, do_center_crop=True, crop_size={"height": 32, "width": 32},
+               image_mean=IMAGENET["mean"], image_std=IMAGENET["std"])
+    p = read(hf_folder(tmp_path / "bit", random_model(), **bit))[0].preprocess
+    assert (p.crop_pct, p.resize, p.mean) == (0.8, "shorter_then_crop", tuple(IMAGENET["mean"]))
+    # no preprocessor_config.json: ViTImageProcessor's defaults, reported as assumed
+    (tmp_path / "vit" / "preprocessor_config.json").unlink()
+    model, info = read(tmp_path / "vit")
+    assert model.preprocess.resize == "squash" and info["preprocess_assumed"]["preprocess.interpolation"] == "bilinear"
+
+
+def test_a_bare_file_reports_its_assumed_preprocessing_and_takes_overrides(tmp_path, capsys):
+    weights = tmp_path / "vit.safetensors"
+    save_timm(random_model(), weights)
+    model, info = read(weights, overrides=["num_heads=2"])
+    assert info["preprocess_assumed"] == {
+        "preprocess.mean": [0.5, 0.5, 0.5], "preprocess.std": [0.5, 0.5, 0.5], "preprocess.crop_pct": 1.0,
+        "preprocess.interpolation": "bicubic", "preprocess.resize": "shorter_then_crop"}
+    assert main(["convert", str(weights), str(tmp_path / "ck"), "--set", "num_heads=2",
+                 "--set", "preprocess.crop_pct=0.9", "--set", "preprocess.mean=[0.485,0.456,0.406]"]) == 0
+    out = capsys.readouterr().out
+    assert ("preprocessing not in the source, assumed: preprocess.std=[0.5, 0.5, 0.5], "
+            "preprocess.interpolation=bicubic, preprocess.resize=shorter_then_crop "
+            "(change with --set preprocess.KEY=VALUE)") in out
+    pre = json.loads((tmp_path / "ck" / "config.json").read_text())["preprocess"]
+    assert pre["crop_pct"] == 0.9 and pre["mean"] == IMAGENET["mean"]
+    assert main(["convert", str(weights), str(tmp_path / "x"), "--set", "num_heads=2",
+                 "--set", "preprocess.crop=0.9"]) == 1
+    assert "preprocess.crop: not a Preprocess field" in capsys.readouterr().err
+    lines = describe({"src": "w", "from": "timm", "config": model.cfg.to_dict(), "params": 1,
+                      "assumed": info["assumed"], "preprocess_assumed": info["preprocess_assumed"]})
+    assert lines[-1].startswith("preprocessing not in the source, assumed: preprocess.mean=[0.5, 0.5, 0.5]")
+
+
+# ----------------------------------------------------------------------------------- the squash resize
+def test_squash_resizes_each_side_and_every_reader_honours_it():
+    x = torch.arange(3 * 20 * 50, dtype=torch.float32).reshape(1, 3, 20, 50) % 255
+    squashed = resize_center_crop(x, (16, 16), 1.0, "bilinear", "squash")
+    direct = torch.nn.functional.interpolate(x, size=(16, 16), mode="bilinear", antialias=True, align_corners=False)
+    assert torch.equal(squashed, direct)
+    # crop_pct < 1: each side to size / crop_pct (20 x 20), then the centre 16 x 16, as timm's crop_mode 'squash'
+    big = torch.nn.functional.interpolate(x, size=(20, 20), mode="bilinear", antialias=True, align_corners=False)
+    assert torch.equal(resize_center_crop(x, (16, 16), 0.8, "bilinear", "squash"), big[..., 2:18, 2:18])
+    model = tiny_model()
+    model.preprocess = model.preprocess.__class__(crop_pct=1.0, interpolation="bilinear", resize="squash")
+    img = x[0].to(torch.uint8)
+    direct_u8 = torch.nn.functional.interpolate(img[None].float(), size=(32, 32), mode="bilinear", antialias=True,
+                                                align_corners=False)
+    assert torch.allclose(to_model_input(img, (32, 32), model.preprocess), (direct_u8[0] / 255 - 0.5) / 0.5,
+                          atol=1e-5)
+
+
+@pytest.mark.parametrize("error, message", [
+    ("RepositoryNotFoundError", "hf-hub:org/nope: no such model on the Hugging Face Hub (a private one needs a login"),
+    ("RevisionNotFoundError", "hf-hub:org/nope@v9: no revision 'v9' in that repository on the Hugging Face Hub"),
+    ("GatedRepoError", "hf-hub:org/nope: a gated repository: accept its terms on huggingface.co and log in"),
+    ("ConnectError", "hf-hub:org/nope: download failed (ConnectError: boom)"),
+])
+def test_hub_errors_are_one_line_naming_the_name(monkeypatch, error, message):
+    """huggingface_hub's errors, told apart by their class names (here a stand-in module raising them)."""
+    import types
+
+    from vitkit.core.errors import CheckpointError
+    from vitkit.io import hub
+
+    def snapshot_download(repo, **kw):
+        raise type(error, (OSError,), {})("boom\nmore lines")
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download))
+    monkeypatch.setattr(hub, "_resolved", {})
+    name = "hf-hub:org/nope@v9" if error == "RevisionNotFoundError" else "hf-hub:org/nope"
+    with pytest.raises(CheckpointError) as e:
+        read(name)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
