@@ -100,3 +100,13 @@ def test_help_shows_the_defaults_the_run_takes(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "training epochs (default: 20, or what the recipe chosen for the data sets)" in out
     assert "across all processes (timm: per process)" in out
+
+
+def test_pretrained_names_the_models_published_weights(capsys):
+    assert _cfg("--model", "vit_small_patch16_224", "--pretrained").init_from == \
+        "hf-hub:timm/vit_small_patch16_224.augreg_in21k_ft_in1k"
+    assert main(["train", "--pretrained"]) == 1
+    assert capsys.readouterr().err == ("vitkit: error: --pretrained: name the model whose published weights to start "
+                                       "from (--model NAME)\n")
+    assert main(["train", "--pretrained", "--model", "vit_test"]) == 1
+    assert "has no published weights vitkit knows of" in capsys.readouterr().err

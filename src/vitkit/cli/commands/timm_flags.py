@@ -76,6 +76,8 @@ def add_timm_aliases(p: argparse.ArgumentParser) -> None:
                    "defaults to float16: --precision fp16 on CUDA)")
     g.add_argument("--initial-checkpoint", metavar="WEIGHTS", help="start from these weights, a new head for the "
                    "data's classes (init_from)")
+    g.add_argument("--pretrained", action="store_true", default=None, help="start from --model's published "
+                   "weights (vitkit.io.hub.PRETRAINED; needs vitkit[hub]), a new head for the data's classes")
     g.add_argument("--num-classes", type=int, metavar="N", help="refused: the classes come from the data")
 
 
@@ -98,10 +100,28 @@ def timm_flags(args) -> dict:
         out["schedule.decay"] = args.sched
     if args.aa is not None:
         out.update(rand_augment(args.aa))
+    if args.pretrained:
+        out["init_from"] = pretrained_weights(args)
     decay = args.model_ema_decay if args.model_ema_decay is not None else EMA_DECAY if args.model_ema else None
     out.update({"augment.erase_prob": args.reprob, "optim.clip_grad": args.clip_grad, "ema": decay,
-                "precision": "bf16" if args.amp else None, "init_from": args.initial_checkpoint})
+                "precision": "bf16" if args.amp else None})
+    if args.initial_checkpoint is not None:
+        out["init_from"] = args.initial_checkpoint
     return out
+
+
+def pretrained_weights(args) -> str:
+    """--pretrained: the hf-hub name of --model's published weights; refused where it means nothing."""
+    from ...core.errors import ConfigError
+    from ...io.hub import pretrained_name
+
+    if getattr(args, "checkpoint", None) is not None:
+        raise ConfigError("--pretrained: vitkit finetune takes its weights as SOURCE (e.g. hf-hub:ORG/NAME)")
+    if args.initial_checkpoint is not None:
+        raise ConfigError("--pretrained and --initial-checkpoint both name weights to start from; give one")
+    if not getattr(args, "model", None):
+        raise ConfigError("--pretrained: name the model whose published weights to start from (--model NAME)")
+    return pretrained_name(args.model)
 
 
 def rand_augment(text: str) -> dict:
