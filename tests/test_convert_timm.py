@@ -137,6 +137,25 @@ def test_what_the_weights_do_not_show_is_reported(tmp_path):
     assert model.cfg.num_heads == 4 and model.cfg.norm_eps == 1e-12 and info["assumed"] == {}
 
 
+def test_qk_norm_weights_show_the_heads(tmp_path, capsys):
+    """The q / k norms are one head wide, so qk-norm weights tell the heads: 64 / 16 = 4, not 64 / 64."""
+    model = rand_model(embed_dim=64, num_heads=4, qk_norm=True)
+    save_timm(model, tmp_path / "W.safetensors")
+    assert main(["convert", str(tmp_path / "W.safetensors"), str(tmp_path / "out"), "--from", "timm"]) == 0
+    out = capsys.readouterr().out
+    assert "heads 4," in out and "num_heads" not in out  # read, so not among the assumed fields
+    assert "not in the weights, assumed: norm_eps=1e-06, act=gelu, global_pool=token" in out
+    assert_same_logits(model, vitkit.load(tmp_path / "out"))
+    assert_same_logits(model, vitkit.create_model(weights=tmp_path / "W.safetensors"))
+    from vitkit.io.timm import read_timm
+
+    back, info = read_timm(to_timm(model))
+    assert back.cfg.num_heads == 4 and "num_heads" not in info["assumed"]
+    assert from_timm(to_timm(rand_model(embed_dim=64, num_heads=2, qk_norm=True))).cfg.num_heads == 2
+    with pytest.raises(CheckpointError, match=r"q_norm\.weight \(16,\) -> blocks\.0\.attn\.q_norm\.weight \(32,\)"):
+        from_timm(to_timm(model), overrides={"num_heads": 2})  # an override that disagrees: the tensor is named
+
+
 def test_named_model_must_agree_on_structure():
     sd = to_timm(rand_model())
     with pytest.raises(CheckpointError, match=r"^timm state dict: the weights have embed_dim 32 but model "

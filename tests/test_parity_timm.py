@@ -62,6 +62,24 @@ def test_timm_to_vitkit(name, tmp_path):
     assert_same_logits(model, ref, random_images(cfg), tol=TOL)
 
 
+def test_timm_qk_norm_weights_convert_with_their_heads(tmp_path, capsys):
+    """timm's qk_norm ViT, width 64 and 4 heads: `vitkit convert W.safetensors out --from timm` reads the heads
+    from the norms' width (16) with nothing set, and gives timm's logits."""
+    from safetensors.torch import save_file
+
+    import vitkit
+    from vitkit.cli.main import main
+
+    ref = randomize(timm_vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+                                               num_classes=5, qk_norm=True), seed=3).eval()
+    save_file(ref.state_dict(), str(tmp_path / "W.safetensors"))
+    assert main(["convert", str(tmp_path / "W.safetensors"), str(tmp_path / "out"), "--from", "timm"]) == 0
+    assert "heads 4," in capsys.readouterr().out
+    model = vitkit.load(tmp_path / "out")
+    assert model.cfg.num_heads == 4 and model.cfg.qk_norm
+    assert_same_logits(model, ref, random_images(model.cfg), tol=TOL)
+
+
 @pytest.mark.parametrize("pos", ["sincos2d", "sincos1d", "none", "no_embed_class", "no_embed_class_registers",
                                  "sincos2d_registers"])
 def test_fixed_and_patch_only_position_tables_become_learned(pos):

@@ -4,8 +4,9 @@ Read from a state dict or a .pth / .pt / .bin (torch.load with weights_only=True
 file. What the weights show: width, depth, patch size, channels, MLP width, qkv bias, class token,
 register tokens (``reg_token``'s length), position table (image size, and whether it has slots for
 the class and register tokens), LayerScale, qk-norm (``attn.q_norm`` / ``k_norm``), fc_norm (average
-pooling), attention pooling (``attn_pool.*``), classes. What they do not: heads (taken from the named
-sizes' width table, else width / 64), LayerNorm eps (1e-6) and the activation (exact GELU).
+pooling), attention pooling (``attn_pool.*``), classes, and with qk-norm the heads (the norms are as
+wide as one head: heads = width / head width). What they do not: heads without qk-norm (taken from the
+named sizes' width table, else width / 64), LayerNorm eps (1e-6) and the activation (exact GELU).
 
 timm builds some models (many of the ``*_reg*`` ones among them) from parts vitkit does not have:
 SwiGLU MLPs, parallel blocks, Eva's blocks with rotary position embeddings, NaFlex embeddings,
@@ -82,6 +83,9 @@ def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int 
     seen["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
     # timm's qk_norm makes both norms in every block; a stray one is reported as unexpected
     seen["qk_norm"] = "blocks.0.attn.q_norm.weight" in sd and "blocks.0.attn.k_norm.weight" in sd
+    heads = _heads_from_qk_norm(sd.get("blocks.0.attn.q_norm.weight"), D)
+    if heads is not None:
+        seen["num_heads"] = heads
     seen["class_token"] = "cls_token" in sd
     reg = sd.get("reg_token")
     seen["reg_tokens"] = reg.shape[1] if reg is not None and reg.ndim == 3 else 0
@@ -99,6 +103,14 @@ def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int 
         guessed["global_pool"] = "avg" if seen["fc_norm"] else "token"  # timm's default pairing
     pos_len = sd["pos_embed"].shape[1] if "pos_embed" in sd and sd["pos_embed"].ndim == 3 else None
     return seen, guessed, pos_len
+
+
+def _heads_from_qk_norm(weight: torch.Tensor | None, dim: int) -> int | None:
+    """The heads a q-norm weight shows: it is as wide as one head. None without one, or where its
+    width does not divide the model's (the shape check then names the tensor)."""
+    if weight is None or weight.ndim != 1 or not 0 < weight.shape[0] <= dim or dim % weight.shape[0]:
+        return None
+    return dim // weight.shape[0]
 
 
 def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
