@@ -115,7 +115,7 @@ def assert_same_logits(a: Output, b: Output, x: torch.Tensor | None = None, *, t
 
 def run_weights(run: str | os.PathLike, name: str = "last") -> dict[str, torch.Tensor]:
     """The weights of a run directory's checkpoint ``name`` (last/ by default)."""
-    return load_file(Path(run) / name / "model.safetensors")
+    return load_file(Path(run) / name / "vitkit.safetensors")
 
 
 def assert_same_weights(a: str | os.PathLike, b: str | os.PathLike) -> None:

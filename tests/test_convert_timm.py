@@ -299,7 +299,7 @@ def test_the_container_tells_the_format(tmp_path):
     to_hf(model, tmp_path / "hf")
     assert detect_format(tmp_path / "hf") == "hf"
     ckpt = vitkit.save(model, tmp_path / "ckpt")
-    assert detect_format(ckpt) == "vitkit" and detect_format(ckpt / "model.safetensors") == "vitkit"
+    assert detect_format(ckpt) == "vitkit" and detect_format(ckpt / "vitkit.safetensors") == "vitkit"
     (tmp_path / "run" / "best").mkdir(parents=True)  # a run directory: its config.json beside best/
     vitkit.save(model, tmp_path / "run" / "best")
     (tmp_path / "run" / "config.json").write_text("{}")
@@ -310,7 +310,7 @@ def test_the_container_tells_the_format(tmp_path):
         with pytest.raises(CheckpointError) as e:
             detect_format(tmp_path / bad)
         assert str(e.value) == (f"{tmp_path / bad}: not a weights container vitkit knows; expected a vitkit checkpoint "
-                                "or run directory (vitkit's config.json), an HF model directory (config.json with "
+                                "or run directory (vitkit.json beside vitkit.safetensors), an HF model directory (config.json with "
                                 "model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
     with pytest.raises(CheckpointError, match=r"none\.pth: no such file or directory"):
         detect_format(tmp_path / "none.pth")

@@ -3,6 +3,8 @@
 timm is not in the main environment: these tests skip there. `bash benchmarks/parity.sh` runs them.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import assert_same_logits, random_images, randomize
@@ -15,6 +17,7 @@ from vitkit.io.timm import save_timm, timm_model_kwargs
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
 
 TOL = 1e-5
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "convert.md"
 
 CONFIGS = {
     "token": dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10),
@@ -255,3 +258,23 @@ def test_named_dinov2_models_have_timms_tensors(size):
         ours = vitkit.create_model(name).state_dict()
         theirs = timm.create_model(name, pretrained=False, num_classes=0).state_dict()
     assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+
+
+def test_a_trained_checkpoint_loads_in_timm_by_the_lines_docs_show(tmp_path, monkeypatch):
+    """`vitkit convert RUN/best vit_timm.safetensors --to timm`, then the three lines of docs/convert.md."""
+    import vitkit
+    from vitkit.cli.main import main
+
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", num_classes=10), seed=4)
+    vitkit.save(model, tmp_path / "run" / "best")
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "run/best", "vit_timm.safetensors", "--to", "timm"]) == 0
+    lines = [
+        "import timm, safetensors.torch",
+        'model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10)',
+        'model.load_state_dict(safetensors.torch.load_file("vit_timm.safetensors"))',
+    ]
+    assert "\n".join(lines) in DOCS.read_text()
+    scope: dict = {}
+    exec("\n".join(lines), scope)
+    assert_same_logits(model, scope["model"].eval(), random_images(model.cfg, n=2), tol=1e-4)

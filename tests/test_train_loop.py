@@ -29,8 +29,8 @@ def test_run_directory_contents(tmp_path):
     s = train(cfg(eval_every=1, ema=0.9, plots=True), out, splits=tiny_splits(), log=lambda m: None)
     assert s["status"] == "completed" and s["step"] == 8 and s["epochs"] == 2
     assert 0 <= s["test_acc"] <= 1 and "val_acc" in s and s["train_seconds"] > 0
-    for f in ("config.json", "classes.json", "metrics.jsonl", "summary.json", "last/model.safetensors",
-              "last/config.json", "last/trainer.pt", "best/model.safetensors", "best/config.json"):
+    for f in ("config.json", "classes.json", "metrics.jsonl", "summary.json", "last/vitkit.safetensors",
+              "last/vitkit.json", "last/trainer.pt", "best/vitkit.safetensors", "best/vitkit.json"):
         assert (out / f).is_file(), f
     assert json.loads((out / "classes.json").read_text()) == ["a", "b"]
     saved = RunConfig.from_dict(json.loads((out / "config.json").read_text()))

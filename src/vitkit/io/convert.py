@@ -14,7 +14,6 @@ format's key table and layout, built on ``keys.py`` (applying a key table with h
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,8 @@ from ..core.errors import CheckpointError, ConfigError
 from ..model.config import ViTConfig
 from ..model.vit import count_params
 from .arch import parse_overrides
-from .checkpoint import CONFIG, WEIGHTS, load, resolve_checkpoint, save
+from .checkpoint import (CONFIG, FILE_NAMES, WEIGHTS, checkpoint_files, config_file, json_object_or_empty, load,
+                         resolve_checkpoint, save)
 from .hf import read_hf, write_hf
 from .jax import read_jax
 from .timm import TIMM_SUFFIXES, read_timm, save_timm, to_timm
@@ -84,9 +84,11 @@ def _reader(name: str, label: str) -> Reader:
     return fmt.read
 
 
+HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"  # an HF model directory's (vitkit's have own names)
+
 # what each format's weights come in, by the container (see detect_format)
 CONTAINERS = {
-    "vitkit": "a vitkit checkpoint or run directory (vitkit's config.json)",
+    "vitkit": "a vitkit checkpoint or run directory (vitkit.json beside vitkit.safetensors)",
     "hf": "an HF model directory (config.json with model_type 'vit')",
     "jax": "a JAX .npz file",
     "timm": "a timm .pth, .pt, .bin or .safetensors file",
@@ -95,10 +97,10 @@ CONTAINERS = {
 
 def detect_format(src: str | os.PathLike) -> str:
     """The format of the weights at ``src``, told by the container: a directory whose config.json has a
-    ``model_type`` is Hugging Face's, any other directory with a config.json or model.safetensors (a
-    checkpoint) or with a best/ or last/ checkpoint (a run) is vitkit's; an .npz file is JAX's, a .pth,
-    .pt, .bin or .safetensors file is timm's, except the model.safetensors (or config.json) of an HF model
-    or of a vitkit checkpoint, which is that directory's format.
+    ``model_type`` is Hugging Face's, any other directory with vitkit.json or vitkit.safetensors (or the
+    config.json and model.safetensors of a checkpoint written before them) or with a best/ or last/
+    checkpoint (a run) is vitkit's; an .npz file is JAX's, a .pth, .pt, .bin or .safetensors file is
+    timm's, except a file of an HF model or of a vitkit checkpoint, which is that directory's format.
 
     Only the container is looked at: whether its content is good is for the format's reader to say.
     A path that is none of these is a CheckpointError naming it and the accepted forms.
@@ -106,10 +108,10 @@ def detect_format(src: str | os.PathLike) -> str:
     p = Path(src)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or directory")
-    if p.is_file() and p.name in (WEIGHTS, CONFIG) and "model_type" in _json_object(p.parent / CONFIG):
+    if p.is_file() and p.name in (HF_WEIGHTS, HF_CONFIG) and "model_type" in json_object_or_empty(p.parent / HF_CONFIG):
         return "hf"  # a file of an HF model directory, as resolve_checkpoint takes one of a checkpoint's
     if p.is_dir():
-        if "model_type" in _json_object(p / CONFIG):
+        if "model_type" in json_object_or_empty(p / HF_CONFIG):
             return "hf"
         try:
             resolve_checkpoint(p)
@@ -118,21 +120,12 @@ def detect_format(src: str | os.PathLike) -> str:
             pass
     elif p.suffix.lower() == ".npz":
         return "jax"
-    elif p.name in (WEIGHTS, CONFIG) and (p.parent / WEIGHTS).is_file() and \
-            _json_object(p.parent / CONFIG).get("format") == "vitkit":
+    elif p.name in FILE_NAMES and checkpoint_files(p.parent)[1].is_file() and \
+            json_object_or_empty(config_file(p.parent)).get("format") == "vitkit":
         return "vitkit"
     elif p.suffix.lower() in TIMM_SUFFIXES:
         return "timm"
     raise CheckpointError(f"{p}: not a weights container vitkit knows; expected {', '.join(CONTAINERS.values())}")
-
-
-def _json_object(file: Path) -> dict:
-    """``file`` as a JSON object; {} when it is missing or is no JSON object (its reader reports that)."""
-    try:
-        obj = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
-    return obj if isinstance(obj, dict) else {}
 
 
 def _writer(name: str, label: str) -> Writer:

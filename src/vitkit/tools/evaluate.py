@@ -178,15 +178,16 @@ def _source(model_or_path, data, data_format, split, seed):
 def _run_config(model_or_path):
     """The RunConfig of a run directory (a folder with the run's config.json and best/ or last/, not a
     checkpoint), else None."""
-    from ..io.checkpoint import CONFIG, WEIGHTS
+    from ..io.checkpoint import checkpoint_files
     from ..train.config import checked_run_config, read_run_config
 
     if isinstance(model_or_path, torch.nn.Module):
         return None
     path = Path(model_or_path)
-    if not (path / CONFIG).is_file() or (path / WEIGHTS).exists():
+    run_file = path / "config.json"  # the run's, or that of a checkpoint written before vitkit.json
+    if not run_file.is_file() or checkpoint_files(path)[1].exists():
         return None
-    return checked_run_config(read_run_config(path), path / CONFIG)
+    return checked_run_config(read_run_config(path), run_file)
 
 
 def _run_tta(model_or_path) -> bool:

@@ -12,7 +12,7 @@ def register(p):
     p.add_argument("dest", help="where to write: a vitkit checkpoint directory, a timm .safetensors/.pth file or "
                                 "an HF model directory")
     p.add_argument("--from", dest="src_format", choices=["timm", "hf", "jax"], default=None,
-                   help="format of SRC (default: told by the container: a folder with vitkit's config.json, an HF "
+                   help="format of SRC (default: told by the container: a vitkit checkpoint or run folder, an HF "
                         "folder, a JAX .npz file, a timm .pth/.bin/.safetensors file)")
     p.add_argument("--to", dest="dest_format", choices=["timm", "hf"], default=None,
                    help="format of DEST (default: a vitkit checkpoint)")
