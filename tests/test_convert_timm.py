@@ -200,9 +200,31 @@ def test_many_problems_are_truncated():
         from_timm(sd, overrides={"num_heads": 2})
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(stem_whiten=True, stem_convs=1)])
+def test_conv_stem_is_written_as_timms_hybrid_embed(kw):
+    """The stem's layers under patch_embed.backbone.* (HybridEmbed's names), the 1x1 projection as its proj."""
+    model = rand_model(stem="conv", stem_width=4, patch_size=4, **kw)
+    sd = to_timm(model)
+    own = model.state_dict()
+    stem = [k for k in own if k.startswith("patch_embed.stem.")]
+    assert stem and not any(k.startswith("patch_embed.stem.") for k in sd)
+    for k in stem:
+        assert torch.equal(sd["patch_embed.backbone." + k[len("patch_embed.stem."):]], own[k].cpu())
+    assert torch.equal(sd["patch_embed.proj.weight"], own["patch_embed.proj.weight"])
+    assert sd["patch_embed.backbone.1.num_batches_tracked"].dtype == torch.int64
+    from vitkit.io.timm import timm_conv_stem_args, timm_model_kwargs
+
+    args = timm_conv_stem_args(model.cfg)
+    assert args == dict(in_chans=3, widths=[24, 8] if kw else [4, 8], extra=kw.get("stem_convs", 0),
+                        whiten=bool(kw))
+    assert timm_model_kwargs(model.cfg)["patch_size"] == 1 and timm_conv_stem_args(rand_model().cfg) is None
+    with pytest.raises(CheckpointError, match=r"holds a CNN stem, whose strides the weights do not show .*"
+                                              r"\(timm's HybridEmbed: patch_embed\.backbone\.0\.weight\)"):
+        from_timm(sd)
+
+
 @pytest.mark.parametrize("kw, what", [
     (dict(norm="post"), "post-LN blocks"),
-    (dict(stem="conv"), "the convolutional stem"),
     (dict(act="relu"), "activation 'relu'"),
     (dict(representation_size=16), "a pre-logits layer"),
 ])

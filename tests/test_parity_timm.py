@@ -3,6 +3,7 @@
 timm is not in the main environment: these tests skip there. `bash benchmarks/parity.sh` runs them.
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,40 @@ def test_a_trained_checkpoint_loads_in_timm_by_the_lines_docs_show(tmp_path, mon
     scope: dict = {}
     exec("\n".join(lines), scope)
     assert_same_logits(model, scope["model"].eval(), random_images(model.cfg, n=2), tol=1e-4)
+
+
+def _docs_block(containing: str) -> str:
+    """The ```python block of docs/convert.md that contains ``containing``."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
+    return next(b for b in blocks if containing in b)
+
+
+@pytest.mark.parametrize("name", ["demo", "whiten_token"])
+def test_conv_stem_models_load_in_timm_by_the_docs_function(name, tmp_path, monkeypatch, capsys):
+    """`vitkit convert CKPT hybrid_timm.safetensors --to timm` prints the timm call; docs' conv_stem and that
+    call build the model in timm, which loads the file strictly and gives vitkit's logits (1e-4)."""
+    import vitkit
+    from vitkit.cli.main import main
+    from vitkit.tools.demo import DEMO_MODEL
+
+    if name == "demo":  # the shipped model: the docs' example, trained (BatchNorm statistics included)
+        model, ckpt = vitkit.load(DEMO_MODEL), DEMO_MODEL
+    else:
+        model = randomize(VisionTransformer(ViTConfig(
+            img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=5, stem="conv", stem_width=8,
+            stem_whiten=True, stem_convs=2, pos_embed="sincos2d", qk_norm=True)), seed=5)
+        ckpt = vitkit.save(model, tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", str(ckpt), "hybrid_timm.safetensors", "--to", "timm"]) == 0
+    printed = capsys.readouterr().out.splitlines()[-1]
+    call = printed.removeprefix("timm builds it as: ").removesuffix(" (conv_stem: docs/convert.md)")
+    code = _docs_block("def conv_stem")
+    if name == "demo":
+        assert f"model = {call}\n" in code  # the docs show what the command prints for the shipped model
+    else:
+        code = re.sub(r"model = VisionTransformer\(.*\)\n", f"model = {call}\n", code)
+    scope: dict = {}
+    exec(code, scope)
+    ref = scope["model"]
+    assert not ref.training
+    assert_same_logits(model, ref, random_images(model.cfg, n=3), tol=1e-4)

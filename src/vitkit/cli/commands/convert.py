@@ -54,6 +54,13 @@ def run(args) -> int:
         print(f"resampled position embeddings {'x'.join(map(str, r['from']))} -> {'x'.join(map(str, r['to']))} "
               f"({r['interpolation']}{', antialias' if r['antialias'] else ''})")
     print(f"wrote {dest_format}: {', '.join(report['files'])}")
+    if dest_format == "timm":
+        from ...io.timm import timm_source
+        from ...model.config import ViTConfig
+
+        cfg = ViTConfig.from_dict(report["config"])
+        where = " (conv_stem: docs/convert.md)" if cfg.stem == "conv" else ""
+        print(f"timm builds it as: {timm_source(cfg)}{where}")
     if args.json:
         print(json.dumps(report))
     return 0
