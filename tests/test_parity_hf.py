@@ -1,10 +1,8 @@
 """Same random weights, same logits in vitkit and transformers' ViT, in both directions (float32, 1e-5)."""
 
-from pathlib import Path
-
 import pytest
 import torch
-from helpers import assert_same_logits, random_images, randomize
+from helpers import assert_same_logits, random_images, randomize, run_docs_lines
 
 from vitkit import VisionTransformer, ViTConfig
 from vitkit.core.errors import CheckpointError
@@ -13,7 +11,6 @@ from vitkit.io.convert import from_hf, to_hf
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-5
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "convert.md"
 
 # (name, vitkit config fields); every model is tiny: width 32..64, depth 2
 CONFIGS = {
@@ -113,19 +110,10 @@ def test_what_hf_cannot_hold_is_refused(field, value, what, tmp_path):
 
 def test_a_trained_checkpoint_loads_in_transformers_by_the_lines_docs_show(tmp_path, monkeypatch):
     """`vitkit convert RUN/best vit_hf --to hf`, then the lines of docs/convert.md."""
-    import vitkit
-    from vitkit.cli.main import main
-
-    model = randomize(vitkit.create_model("vit_tiny_patch16_224", num_classes=10), seed=4)
-    vitkit.save(model, tmp_path / "run" / "best")
     monkeypatch.chdir(tmp_path)
-    assert main(["convert", "run/best", "vit_hf", "--to", "hf"]) == 0
-    lines = [
+    model, scope = run_docs_lines(tmp_path, "vit_hf", "hf", [
         "from transformers import ViTForImageClassification",
         'model = ViTForImageClassification.from_pretrained("vit_hf")',
-    ]
-    assert "\n".join(lines) in DOCS.read_text()
-    scope: dict = {}
-    exec("\n".join(lines), scope)
+    ])
     ref = scope["model"].eval()
     assert_same_logits(model, lambda x: ref(pixel_values=x).logits, random_images(model.cfg, n=2), tol=1e-4)

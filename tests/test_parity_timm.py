@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_same_logits, random_images, randomize
+from helpers import assert_same_logits, random_images, randomize, run_docs_lines
 
 from vitkit import VisionTransformer, ViTConfig
 from vitkit.core.errors import CheckpointError
@@ -263,21 +263,12 @@ def test_named_dinov2_models_have_timms_tensors(size):
 
 def test_a_trained_checkpoint_loads_in_timm_by_the_lines_docs_show(tmp_path, monkeypatch):
     """`vitkit convert RUN/best vit_timm.safetensors --to timm`, then the three lines of docs/convert.md."""
-    import vitkit
-    from vitkit.cli.main import main
-
-    model = randomize(vitkit.create_model("vit_tiny_patch16_224", num_classes=10), seed=4)
-    vitkit.save(model, tmp_path / "run" / "best")
     monkeypatch.chdir(tmp_path)
-    assert main(["convert", "run/best", "vit_timm.safetensors", "--to", "timm"]) == 0
-    lines = [
+    model, scope = run_docs_lines(tmp_path, "vit_timm.safetensors", "timm", [
         "import timm, safetensors.torch",
         'model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10)',
         'model.load_state_dict(safetensors.torch.load_file("vit_timm.safetensors"))',
-    ]
-    assert "\n".join(lines) in DOCS.read_text()
-    scope: dict = {}
-    exec("\n".join(lines), scope)
+    ])
     assert_same_logits(model, scope["model"].eval(), random_images(model.cfg, n=2), tol=1e-4)
 
 

@@ -237,7 +237,8 @@ def timm_source(cfg: ViTConfig) -> str:
     stem = timm_conv_stem_args(cfg)
     if stem is not None:
         extra = "".join(f", {k}={stem[k]!r}" for k in ("extra", "whiten") if stem[k])
-        parts.append(f"embed_layer=partial(HybridEmbed, backbone=conv_stem({stem['in_chans']}, {stem['widths']}{extra}))")
+        backbone = f"conv_stem({stem['in_chans']}, {stem['widths']}{extra})"
+        parts.append(f"embed_layer=partial(HybridEmbed, backbone={backbone})")
     return f"VisionTransformer({', '.join(parts)})"
 
 
