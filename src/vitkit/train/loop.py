@@ -17,7 +17,7 @@ import dataclasses
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -46,6 +46,7 @@ def train(
     stop: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
     cache_dir: str | Path | None = None,
+    loggers: Sequence = (),
 ) -> dict:
     """Train as ``cfg`` says, writing the run directory; return a summary dict.
 
@@ -55,7 +56,9 @@ def train(
     (default: nowhere). ``cache_dir``: where decoded image folders are cached (``data.cache``; None = no
     cache). The summary records the seconds spent loading the data (``data_seconds``), whether the
     cache served them (``data_cache``) and the path the run took (``fast_path``: precision, compile,
-    channels-last, and why; also its second line). Errors are VitkitError subclasses with one-line messages.
+    channels-last, and why; also its second line). ``loggers``: logger objects besides the config's named
+    loggers (``vitkit.train.metrics.ObjectLog``: ``log_metrics(metrics, step)``, optional ``log_hparams``,
+    ``close``). Errors are VitkitError subclasses with one-line messages.
     """
     cfg = ran_with(cfg.validate(), dist)
     check_loggers(cfg.loggers)
@@ -69,13 +72,14 @@ def train(
         # The run's model, trainer and data live in _run's frame alone, so they are gone before the group
         # ends: DDP's reducer holds the group, and the last holder of a gloo group joins its worker threads,
         # which a reducer does while holding the GIL that those threads may be waiting for.
-        summary = _run(cfg, run_dir, dist, device, resume, splits, scratch, progress, stop, log, say, cache_dir)
+        summary = _run(cfg, run_dir, dist, device, resume, splits, scratch, progress, stop, log, say, cache_dir,
+                       loggers)
         barrier(dist)  # all ranks end together: none tears its process group down while rank 0 still writes
         return summary
 
 
 def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, resume: bool, splits,
-         scratch: contextlib.ExitStack, progress: Progress, stop, log, say, cache_dir) -> dict:
+         scratch: contextlib.ExitStack, progress: Progress, stop, log, say, cache_dir, loggers=()) -> dict:
     """``train``'s work inside its process group and the run directory's lock: the summary."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
     cfg = main_config(cfg, dist, device)
@@ -96,7 +100,7 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
     path = run_path(cfg, mcfg, device, len(splits.train))
     trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
                       precision=path.precision, channels_last=path.channels_last, log=log, stop=stop,
-                      progress=progress)
+                      progress=progress, loggers=loggers)
     with contextlib.closing(trainer):
         if saved is not None:
             trainer.restore(saved)
