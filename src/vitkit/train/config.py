@@ -224,7 +224,7 @@ def load_toml(path: str | Path) -> dict:
 def read_run_config(path: str | Path) -> dict:
     """A run's config.json (or that of run directory ``path``) as a dict, to replay or resume the run.
 
-    A missing or malformed file, or a checkpoint's config.json, is a ConfigError naming it; the values
+    A missing or malformed file, or a checkpoint's config (vitkit.json), is a ConfigError naming it; the values
     are checked where they are used (``resolve_config``).
     """
     path = Path(path)
