@@ -51,6 +51,21 @@ def test_vitkit_to_timm(name):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_printed_timm_call_builds_the_same_network(name):
+    """`vitkit convert --to timm` prints timm_source(cfg): evaluated with timm, it loads the weights strictly."""
+    import functools
+
+    from vitkit.io.timm import timm_source
+
+    cfg = ViTConfig(**CONFIGS[name])
+    model = randomize(VisionTransformer(cfg))
+    scope = {"VisionTransformer": timm_vit.VisionTransformer, "partial": functools.partial, "nn": torch.nn}
+    ref = eval(timm_source(cfg), scope).eval()
+    ref.load_state_dict(to_timm(model), strict=True)
+    assert_same_logits(model, ref, random_images(cfg), tol=TOL)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
 def test_timm_to_vitkit(name, tmp_path):
     cfg = ViTConfig(**CONFIGS[name])
     ref = randomize(timm_vit.VisionTransformer(**timm_model_kwargs(cfg)), seed=2)
