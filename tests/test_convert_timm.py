@@ -147,6 +147,12 @@ def test_qk_norm_weights_show_the_heads(tmp_path, capsys):
     assert "not in the weights, assumed: norm_eps=1e-06, act=gelu, global_pool=token" in out
     assert_same_logits(model, vitkit.load(tmp_path / "out"))
     assert_same_logits(model, vitkit.create_model(weights=tmp_path / "W.safetensors"))
+    from helpers import tiny_run_config
+
+    from vitkit.train.build import read_init  # what `vitkit finetune W.safetensors` reads
+
+    tuned, report = read_init(tiny_run_config(init_from=str(tmp_path / "W.safetensors")))
+    assert tuned.cfg.num_heads == 4 and "num_heads" not in report["assumed"]
     from vitkit.io.timm import read_timm
 
     back, info = read_timm(to_timm(model))
