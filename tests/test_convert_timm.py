@@ -338,8 +338,8 @@ def test_the_container_tells_the_format(tmp_path):
         with pytest.raises(CheckpointError) as e:
             detect_format(tmp_path / bad)
         assert str(e.value) == (f"{tmp_path / bad}: not a weights container vitkit knows; expected a vitkit checkpoint "
-                                "or run directory (vitkit.json beside vitkit.safetensors), an HF model directory (config.json with "
-                                "model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
+                                "or run directory (vitkit.json beside vitkit.safetensors), an HF model directory "
+                                "(config.json with model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
     with pytest.raises(CheckpointError, match=r"none\.pth: no such file or directory"):
         detect_format(tmp_path / "none.pth")
 

@@ -184,7 +184,7 @@ def test_the_confusion_matrix_counts_the_test_split():
     assert m.trace().item() / len(test) == pytest.approx(r["acc"])
 
 
-# ------------------------------------------------------------------------------ wandb and MLflow, as their users set them
+# -------------------------------------------------------------------- wandb and MLflow, as their users set them
 def fake_module(monkeypatch, name, **attrs):
     """A module ``name`` in sys.modules (with a spec, as importlib.util.find_spec wants) holding ``attrs``."""
     module = types.ModuleType(name)
@@ -306,7 +306,8 @@ def test_a_logger_object_gets_the_metrics_hparams_and_close(tmp_path):
     train(cfg(loggers=["csv"]), run, splits=tiny_splits(), log=lambda m: None, loggers=[obj, minimal])
     recs = records(run)
     steps = [r for r in recs if r["type"] == "step"]
-    assert [(s, m["train/loss"]) for s, m in obj.metrics if "train/loss" in m] == [(r["step"], r["loss"]) for r in steps]
+    got = [(s, m["train/loss"]) for s, m in obj.metrics if "train/loss" in m]
+    assert got == [(r["step"], r["loss"]) for r in steps]
     assert [s for s, m in obj.metrics if "val/acc" in m] == [r["step"] for r in recs if r["type"] == "eval"]
     assert obj.metrics[-1] == (8, {"test/loss": recs[-1]["test_loss"], "test/acc": recs[-1]["test_acc"]})
     (hp,) = obj.hparams

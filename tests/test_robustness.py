@@ -747,7 +747,7 @@ def test_code_in_a_pickle_never_runs(style, via, run_dir, small_data, tmp_path, 
 # ================================================================================== the command line
 # (subcommand, an ill-typed argument, the message) for every subcommand with a typed option
 ILL_TYPED = {
-    "demo": (["--seed", "many"], r"argument --seed: invalid int value: 'many'"),
+    "demo": (["-n", "many"], r"argument -n: invalid int value: 'many'"),
     "train": (["--epochs", "ten"], r"argument --epochs: invalid int value: 'ten'"),
     "finetune": (["ck", "--lr", "fast"], r"argument --lr: invalid float value: 'fast'"),
     "eval": (["ck", "--batch-size", "1.5"], r"argument --batch-size: invalid int value: '1.5'"),
@@ -765,7 +765,7 @@ BAD_CHOICE = {
 }
 MISSING_VALUE = {"train": ["--epochs"], "finetune": ["ck", "--data"], "eval": ["ck", "--data"],
                  "predict": ["ck", "x", "--top-k"], "convert": ["a", "b", "--from"], "bench": ["m", "--dtype"],
-                 "demo": ["--model"], "explain": ["ck", "x", "--out"], "export": ["ck", "--format"], "list": ["--json", "--nope"]}
+                 "demo": ["--start"], "explain": ["ck", "x", "--out"], "export": ["ck", "--format"], "list": ["--json", "--nope"]}
 MISSING_REQUIRED = {"finetune": [], "eval": [], "predict": ["ck"], "explain": ["ck", "x"], "export": ["ck", "--out", "x"],
                     "convert": ["a"], "bench": []}
 
@@ -840,6 +840,7 @@ BAD_VALUES = {
     "eval-missing-checkpoint": (["eval", "{tmp}/nockpt", "--data", "{data}"], r"nockpt: no such file or directory"),
     "convert-missing-source": (["convert", "{tmp}/none.pth", "{tmp}/out", "--from", "timm"], r"none\.pth: no such file"),
     "bench-device": (["bench", "vit_test", "--device", "bogus"], r"--device: 'bogus' is not a device"),
+    "demo-start": (["demo", "--start", "5000"], r"--start 5000: the built-in test digits are numbered 0 to 1999"),
 }
 
 

@@ -214,8 +214,8 @@ def test_finetune_names_an_unknown_container(tmp_path, capsys):
     assert main(["finetune", str(tmp_path / "model.onnx"), "--data", str(data), "--out", str(tmp_path / "r"), *FT]) == 1
     err = capsys.readouterr().err.strip()
     assert err == (f"vitkit: error: {tmp_path / 'model.onnx'}: not a weights container vitkit knows; expected a vitkit "
-                   "checkpoint or run directory (vitkit.json beside vitkit.safetensors), an HF model directory (config.json with "
-                   "model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
+                   "checkpoint or run directory (vitkit.json beside vitkit.safetensors), an HF model directory "
+                   "(config.json with model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
 
 
 # ------------------------------------------------------------------------------------------- replayable runs

@@ -108,7 +108,8 @@ def detect_format(src: str | os.PathLike) -> str:
     p = Path(src)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or directory")
-    if p.is_file() and p.name in (HF_WEIGHTS, HF_CONFIG) and "model_type" in json_object_or_empty(p.parent / HF_CONFIG):
+    if p.is_file() and p.name in (HF_WEIGHTS, HF_CONFIG) and \
+            "model_type" in json_object_or_empty(p.parent / HF_CONFIG):
         return "hf"  # a file of an HF model directory, as resolve_checkpoint takes one of a checkpoint's
     if p.is_dir():
         if "model_type" in json_object_or_empty(p / HF_CONFIG):
