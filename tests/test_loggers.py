@@ -355,3 +355,14 @@ def test_the_cli_passes_the_environment_to_the_run_config_and_set_wins(tmp_path,
     assert (saved["wandb_project"], saved["wandb_mode"]) == ("digits", "offline")
     assert main([*args, "--out", str(tmp_path / "b"), "--set", "wandb_project=other"]) == 0
     assert json.loads((tmp_path / "b" / "config.json").read_text())["wandb_project"] == "other"
+
+
+def test_the_confusion_image_without_matplotlib_is_a_heat_map(monkeypatch):
+    import vitkit.train.metrics as metrics
+
+    drawn = metrics.confusion_image([[3, 1], [0, 4]], ["a", "b"])
+    assert drawn.ndim == 3 and drawn.shape[2] == 3 and drawn.dtype.name == "uint8"
+    monkeypatch.setattr(metrics, "confusion_png", lambda *a: None)
+    heat = metrics.confusion_image([[3, 1], [0, 4]], ["a", "b"])
+    assert heat.shape == (16, 16, 3)  # 8 pixels a cell
+    assert heat[0, 0, 0] == 63 and heat[0, 8, 0] == 191 and heat[8, 0, 0] == 255 and heat[8, 8, 0] == 0
