@@ -13,7 +13,8 @@ RUN=${1:-runs/demo}
 OUT=${OUT:-/tmp/vitkit_assets}
 mkdir -p "$OUT" docs/images
 
-if [ ! -f "$RUN/best/config.json" ] && [ ! -f "$RUN/last/config.json" ]; then
+if [ ! -f "$RUN/best/vitkit.json" ] && [ ! -f "$RUN/last/vitkit.json" ] \
+    && [ ! -f "$RUN/best/config.json" ] && [ ! -f "$RUN/last/config.json" ]; then  # config.json: before vitkit.json
   $VITKIT train --out "$RUN"
 fi
 

@@ -84,6 +84,22 @@ def random_model(name: str = TINY_MODEL, *, seed: int = 0, **overrides) -> Visio
 
 
 # ================================================================================= comparing outputs
+def run_docs_lines(tmp_path: Path, dest: str, to: str, lines: Sequence[str]) -> tuple[VisionTransformer, dict]:
+    """A vit_tiny_patch16_224 (10 classes, random weights) saved as run/best in ``tmp_path`` (the working
+    folder), converted by `vitkit convert run/best DEST --to TO`, then ``lines`` run there, which
+    docs/convert.md must show as they are: (the vitkit model, the namespace the lines ran in)."""
+    from vitkit.cli.main import main
+
+    model = randomize(vitkit.create_model("vit_tiny_patch16_224", num_classes=10), seed=4)
+    vitkit.save(model, tmp_path / "run" / "best")
+    assert main(["convert", "run/best", dest, "--to", to]) == 0
+    code = "\n".join(lines)
+    assert code in (Path(__file__).resolve().parents[1] / "docs" / "convert.md").read_text()
+    scope: dict = {}
+    exec(code, scope)
+    return model, scope
+
+
 def random_images(cfg: ViTConfig, n: int = 2, seed: int = 1) -> torch.Tensor:
     """A float batch (n, C, H, W) of N(0, 1) values that fits ``cfg``, from a generator seeded ``seed``."""
     return torch.randn(n, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(seed))
@@ -115,7 +131,7 @@ def assert_same_logits(a: Output, b: Output, x: torch.Tensor | None = None, *, t
 
 def run_weights(run: str | os.PathLike, name: str = "last") -> dict[str, torch.Tensor]:
     """The weights of a run directory's checkpoint ``name`` (last/ by default)."""
-    return load_file(Path(run) / name / "model.safetensors")
+    return load_file(Path(run) / name / "vitkit.safetensors")
 
 
 def assert_same_weights(a: str | os.PathLike, b: str | os.PathLike) -> None:

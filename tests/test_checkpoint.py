@@ -23,18 +23,18 @@ def ckpt(tmp_path):
 
 def test_round_trip(ckpt):
     m, path = ckpt
-    assert sorted(os.listdir(path)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(path)) == ["vitkit.json", "vitkit.safetensors"]
     loaded = vitkit.load(path)
     assert not loaded.training and loaded.labels == ["cat", "dog", "eel"]
     x = torch.randn(2, 3, 32, 32)
     assert torch.equal(loaded(x), m(x))
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = json.loads((path / "vitkit.json").read_text())
     assert cfg["format"] == "vitkit" and cfg["model"]["embed_dim"] == 32 and cfg["preprocess"]["mean"] == [0.5] * 3
 
 
 def test_load_accepts_weights_file_and_run_dir(ckpt, tmp_path):
     m, path = ckpt
-    assert vitkit.load(path / "model.safetensors").cfg == m.cfg
+    assert vitkit.load(path / "vitkit.safetensors").cfg == m.cfg
     run = tmp_path / "run"
     vitkit.save(m, run / "best")
     assert vitkit.load(run).labels == m.labels
@@ -53,51 +53,91 @@ def test_not_a_checkpoint_dir(tmp_path):
 
 def test_missing_config(ckpt):
     _, path = ckpt
-    (path / "config.json").unlink()
-    with pytest.raises(CheckpointError, match=r"config.json: missing"):
+    (path / "vitkit.json").unlink()
+    with pytest.raises(CheckpointError, match=r"vitkit.json: missing \(a vitkit checkpoint holds vitkit.json beside"):
         vitkit.load(path)
 
 
 @pytest.mark.parametrize(
     "edit,msg",
     [
-        (lambda c: c["model"].update(embed_dims=4), r"config.json: model: unknown field\(s\) 'embed_dims'"),
-        (lambda c: c["model"].update(depth="2"), r"config.json: model.depth: expected an integer, got '2'"),
-        (lambda c: c["model"].update(num_heads=5), r"config.json: ViTConfig.num_heads: embed_dim 32 is not divisible"),
-        (lambda c: c.update(labels=["a"]), r"config.json: 1 labels for a head of 3 classes"),
-        (lambda c: c["preprocess"].update(std=[0, 1, 1]), r"config.json: Preprocess.std"),
-        (lambda c: c.pop("model"), r"config.json: expected a JSON object with a 'model' table"),
+        (lambda c: c["model"].update(embed_dims=4), r"vitkit.json: model: unknown field\(s\) 'embed_dims'"),
+        (lambda c: c["model"].update(depth="2"), r"vitkit.json: model.depth: expected an integer, got '2'"),
+        (lambda c: c["model"].update(num_heads=5), r"vitkit.json: ViTConfig.num_heads: embed_dim 32 is not divisible"),
+        (lambda c: c.update(labels=["a"]), r"vitkit.json: 1 labels for a head of 3 classes"),
+        (lambda c: c["preprocess"].update(std=[0, 1, 1]), r"vitkit.json: Preprocess.std"),
+        (lambda c: c.pop("model"), r"vitkit.json: expected a JSON object with a 'model' table"),
     ],
 )
 def test_bad_config(ckpt, edit, msg):
     _, path = ckpt
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = json.loads((path / "vitkit.json").read_text())
     edit(cfg)
-    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "vitkit.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=msg):
         vitkit.load(path)
 
 
 def test_config_not_json(ckpt):
     _, path = ckpt
-    (path / "config.json").write_bytes(b"\xff\xfe{")
-    with pytest.raises(CheckpointError, match=r"config.json: not valid JSON"):
+    (path / "vitkit.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(CheckpointError, match=r"vitkit.json: not valid JSON"):
         vitkit.load(path)
+
+
+def _as_before_vitkit_json(path):
+    """Checkpoint ``path`` in the layout written before vitkit.json: config.json + model.safetensors."""
+    (path / "vitkit.json").rename(path / "config.json")
+    (path / "vitkit.safetensors").rename(path / "model.safetensors")
+    return path
+
+
+def test_checkpoints_written_before_vitkit_json_still_load(ckpt, tmp_path, capsys):
+    from vitkit.cli.main import main
+    from vitkit.io.convert import detect_format
+
+    m, path = ckpt
+    _as_before_vitkit_json(path)
+    x = torch.randn(2, 3, 32, 32)
+    for where in (path, path / "model.safetensors", path / "config.json"):
+        assert torch.equal(vitkit.load(where)(x), m(x)) and vitkit.load(where).labels == m.labels
+        assert detect_format(where) == "vitkit"
+    run = tmp_path / "run"
+    _as_before_vitkit_json(vitkit.save(m, run / "best"))
+    (run / "config.json").write_text("{}")  # the run's own config, beside best/
+    assert torch.equal(vitkit.load(run)(x), m(x)) and detect_format(run) == "vitkit"
+    assert torch.equal(vitkit.create_model(weights=run)(x), m(x))
+    assert main(["convert", str(path), str(tmp_path / "w.safetensors"), "--to", "timm"]) == 0
+    assert f"read vitkit: {path}" in capsys.readouterr().out
+    # saving into an old checkpoint replaces its files (other libraries would read them) with vitkit's
+    vitkit.save(m, path)
+    assert sorted(os.listdir(path)) == ["vitkit.json", "vitkit.safetensors"]
+
+
+@pytest.mark.parametrize("cls", ["ViTForImageClassification", "AutoModelForImageClassification"])
+def test_transformers_refuses_a_vitkit_checkpoint(ckpt, cls):
+    """HF's from_pretrained finds neither config.json nor model.safetensors in a vitkit checkpoint: it fails
+    instead of building a default ViT-B and loading none of the weights into it."""
+    transformers = pytest.importorskip("transformers")
+    _, path = ckpt
+    with pytest.raises((OSError, ValueError)) as e:
+        getattr(transformers, cls).from_pretrained(str(path), local_files_only=True)
+    assert "model.safetensors" in str(e.value) or "config.json" in str(e.value)
 
 
 @pytest.mark.parametrize("cut", [0, 7, 100, -50])
 def test_truncated_safetensors(ckpt, cut):
     _, path = ckpt
-    f = path / "model.safetensors"
+    f = path / "vitkit.safetensors"
     data = f.read_bytes()
     f.write_bytes(data[:cut] if cut >= 0 else data[:cut])
-    with pytest.raises(CheckpointError, match=r"model.safetensors: not a readable safetensors file"):
+    with pytest.raises(CheckpointError, match=r"vitkit.safetensors: not a readable safetensors file"):
         vitkit.load(path)
 
 
 def test_corrupted_safetensors_header(ckpt):
     _, path = ckpt
-    f = path / "model.safetensors"
+    f = path / "vitkit.safetensors"
     data = bytearray(f.read_bytes())
     data[8:20] = b"!!garbage!!!"
     f.write_bytes(bytes(data))
@@ -113,7 +153,7 @@ def test_weights_that_do_not_fit_list_the_keys(ckpt):
     del sd["norm.weight"]
     sd["extra.weight"] = torch.zeros(2)
     sd["head.bias"] = torch.zeros(4)
-    save_file(sd, str(path / "model.safetensors"))
+    save_file(sd, str(path / "vitkit.safetensors"))
     with pytest.raises(CheckpointError) as e:
         vitkit.load(path)
     msg = str(e.value)

@@ -61,14 +61,16 @@ def test_unknown_command_exits_2(capsys):
 
 def test_ill_typed_argument_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["demo", "--seed", "many"])
-    assert e.value.code == 2 and "argument --seed: invalid int value: 'many'" in capsys.readouterr().err
+        main(["demo", "-n", "many"])
+    assert e.value.code == 2 and "argument -n: invalid int value: 'many'" in capsys.readouterr().err
 
 
 def test_library_error_is_one_line_exit_1(capsys):
-    assert main(["demo", "--model", "vit_nonexistent"]) == 1
+    assert main(["train", "--model", "vit_nonexistent"]) == 1
     err = capsys.readouterr().err
     assert err == "vitkit: error: model 'vit_nonexistent' is not a known name; `vitkit list` shows every name\n"
+    assert main(["demo", "--start", "2000"]) == 1
+    assert capsys.readouterr().err == "vitkit: error: --start 2000: the built-in test digits are numbered 0 to 1999\n"
 
 
 @pytest.mark.parametrize("argv, hint", [

@@ -147,3 +147,15 @@ def test_registers_qk_norm_and_attention_pooling_are_refused(kw, what, tmp_path)
     assert not (tmp_path / "out").exists()
     with pytest.raises(CheckpointError, match=what):
         to_hf_state(model)
+
+
+def test_a_conv_stem_model_is_refused_in_one_line_naming_the_exports(tmp_path, capsys):
+    """transformers has no conv-stem ViT: the refusal points to `vitkit export` (ONNX, TorchScript) and timm."""
+    from vitkit.tools.demo import DEMO_MODEL
+
+    assert main(["convert", str(DEMO_MODEL), str(tmp_path / "hf"), "--to", "hf"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("vitkit: error: HF ViT cannot hold this model: ")
+    assert ("the convolutional stem (stem='conv'; transformers has no conv-stem ViT: `vitkit export` writes ONNX or "
+            "TorchScript, or `--to timm`)") in err
+    assert not (tmp_path / "hf").exists()

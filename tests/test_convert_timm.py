@@ -137,6 +137,31 @@ def test_what_the_weights_do_not_show_is_reported(tmp_path):
     assert model.cfg.num_heads == 4 and model.cfg.norm_eps == 1e-12 and info["assumed"] == {}
 
 
+def test_qk_norm_weights_show_the_heads(tmp_path, capsys):
+    """The q / k norms are one head wide, so qk-norm weights tell the heads: 64 / 16 = 4, not 64 / 64."""
+    model = rand_model(embed_dim=64, num_heads=4, qk_norm=True)
+    save_timm(model, tmp_path / "W.safetensors")
+    assert main(["convert", str(tmp_path / "W.safetensors"), str(tmp_path / "out"), "--from", "timm"]) == 0
+    out = capsys.readouterr().out
+    assert "heads 4," in out and "num_heads" not in out  # read, so not among the assumed fields
+    assert "not in the weights, assumed: norm_eps=1e-06, act=gelu, global_pool=token" in out
+    assert_same_logits(model, vitkit.load(tmp_path / "out"))
+    assert_same_logits(model, vitkit.create_model(weights=tmp_path / "W.safetensors"))
+    from helpers import tiny_run_config
+
+    from vitkit.train.build import read_init  # what `vitkit finetune W.safetensors` reads
+
+    tuned, report = read_init(tiny_run_config(init_from=str(tmp_path / "W.safetensors")))
+    assert tuned.cfg.num_heads == 4 and "num_heads" not in report["assumed"]
+    from vitkit.io.timm import read_timm
+
+    back, info = read_timm(to_timm(model))
+    assert back.cfg.num_heads == 4 and "num_heads" not in info["assumed"]
+    assert from_timm(to_timm(rand_model(embed_dim=64, num_heads=2, qk_norm=True))).cfg.num_heads == 2
+    with pytest.raises(CheckpointError, match=r"q_norm\.weight \(16,\) -> blocks\.0\.attn\.q_norm\.weight \(32,\)"):
+        from_timm(to_timm(model), overrides={"num_heads": 2})  # an override that disagrees: the tensor is named
+
+
 def test_named_model_must_agree_on_structure():
     sd = to_timm(rand_model())
     with pytest.raises(CheckpointError, match=r"^timm state dict: the weights have embed_dim 32 but model "
@@ -181,9 +206,31 @@ def test_many_problems_are_truncated():
         from_timm(sd, overrides={"num_heads": 2})
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(stem_whiten=True, stem_convs=1)])
+def test_conv_stem_is_written_as_timms_hybrid_embed(kw):
+    """The stem's layers under patch_embed.backbone.* (HybridEmbed's names), the 1x1 projection as its proj."""
+    model = rand_model(stem="conv", stem_width=4, patch_size=4, **kw)
+    sd = to_timm(model)
+    own = model.state_dict()
+    stem = [k for k in own if k.startswith("patch_embed.stem.")]
+    assert stem and not any(k.startswith("patch_embed.stem.") for k in sd)
+    for k in stem:
+        assert torch.equal(sd["patch_embed.backbone." + k[len("patch_embed.stem."):]], own[k].cpu())
+    assert torch.equal(sd["patch_embed.proj.weight"], own["patch_embed.proj.weight"])
+    assert sd["patch_embed.backbone.1.num_batches_tracked"].dtype == torch.int64
+    from vitkit.io.timm import timm_conv_stem_args, timm_model_kwargs
+
+    args = timm_conv_stem_args(model.cfg)
+    assert args == dict(in_chans=3, widths=[24, 8] if kw else [4, 8], extra=kw.get("stem_convs", 0),
+                        whiten=bool(kw))
+    assert timm_model_kwargs(model.cfg)["patch_size"] == 1 and timm_conv_stem_args(rand_model().cfg) is None
+    with pytest.raises(CheckpointError, match=r"holds a CNN stem, whose strides the weights do not show .*"
+                                              r"\(timm's HybridEmbed: patch_embed\.backbone\.0\.weight\)"):
+        from_timm(sd)
+
+
 @pytest.mark.parametrize("kw, what", [
     (dict(norm="post"), "post-LN blocks"),
-    (dict(stem="conv"), "the convolutional stem"),
     (dict(act="relu"), "activation 'relu'"),
     (dict(representation_size=16), "a pre-logits layer"),
 ])
@@ -280,7 +327,7 @@ def test_the_container_tells_the_format(tmp_path):
     to_hf(model, tmp_path / "hf")
     assert detect_format(tmp_path / "hf") == "hf"
     ckpt = vitkit.save(model, tmp_path / "ckpt")
-    assert detect_format(ckpt) == "vitkit" and detect_format(ckpt / "model.safetensors") == "vitkit"
+    assert detect_format(ckpt) == "vitkit" and detect_format(ckpt / "vitkit.safetensors") == "vitkit"
     (tmp_path / "run" / "best").mkdir(parents=True)  # a run directory: its config.json beside best/
     vitkit.save(model, tmp_path / "run" / "best")
     (tmp_path / "run" / "config.json").write_text("{}")
@@ -291,8 +338,8 @@ def test_the_container_tells_the_format(tmp_path):
         with pytest.raises(CheckpointError) as e:
             detect_format(tmp_path / bad)
         assert str(e.value) == (f"{tmp_path / bad}: not a weights container vitkit knows; expected a vitkit checkpoint "
-                                "or run directory (vitkit's config.json), an HF model directory (config.json with "
-                                "model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
+                                "or run directory (vitkit.json beside vitkit.safetensors), an HF model directory "
+                                "(config.json with model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
     with pytest.raises(CheckpointError, match=r"none\.pth: no such file or directory"):
         detect_format(tmp_path / "none.pth")
 

@@ -36,9 +36,9 @@ KILLS = {  # name -> (event, n, the step of the checkpoint that must survive; No
     "mid-step-3": ("step", 3, 2),  # in the forward/backward of step 3: no write in progress
     "run-config-half-written": ("run-config", 1, None),  # the run's config.json, at the start
     "first-save-weights-half-written": ("weights", 1, None),  # inside the very first checkpoint write
-    "weights-half-written": ("weights", 2, 2),  # model.safetensors of the 2nd save half written
+    "weights-half-written": ("weights", 2, 2),  # vitkit.safetensors of the 2nd save half written
     "weights-written-not-renamed": ("weights-fsynced", 2, 2),  # written and fsynced, before its rename
-    "config-half-written": ("config", 2, 2),  # the checkpoint's config.json half written
+    "config-half-written": ("config", 2, 2),  # the checkpoint's vitkit.json half written
     "trainer-state-half-written": ("trainer", 2, 2),  # trainer.pt half written
     "before-swap": ("swap-old", 1, 2),  # the new checkpoint complete under its temporary name
     "between-renames": ("swap-old-done", 1, 2),  # last -> .last.old done; temporary -> last not yet
@@ -77,7 +77,7 @@ DRIVER = textwrap.dedent(r'''
             out = real_save(run_dir, name, *a, **k)
             if name == "last":
                 with open(log, "a") as f:
-                    f.write(json.dumps(json.loads((out / "config.json").read_text())["train"]["step"]) + "\n")
+                    f.write(json.dumps(json.loads((out / "vitkit.json").read_text())["train"]["step"]) + "\n")
                 if event == "fill-disk" and hit("fill-disk"):
                     fill_disk()
             return out
@@ -104,7 +104,7 @@ DRIVER = textwrap.dedent(r'''
                     with open(tmp, "wb") as f:
                         f.write(blob[: len(blob) // 2])
                     os.kill(os.getpid(), signal.SIGINT)
-            if str(target).endswith("model.safetensors"):
+            if str(target).endswith("vitkit.safetensors"):
                 if hit("weights"):
                     with atomic_path(target) as tmp:
                         with open(tmp, "wb") as f:

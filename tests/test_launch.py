@@ -41,8 +41,8 @@ def assert_runs_as_one_process(common: list[str], tmp_path, run) -> None:
     one, two = step_losses(tmp_path / "one"), step_losses(run)
     assert len(one) == len(two) == 6
     assert torch.allclose(torch.tensor(one), torch.tensor(two), rtol=1e-4, atol=1e-5), (one, two)
-    a = load_file(tmp_path / "one" / "last" / "model.safetensors")
-    b = load_file(Path(run) / "last" / "model.safetensors")
+    a = load_file(tmp_path / "one" / "last" / "vitkit.safetensors")
+    b = load_file(Path(run) / "last" / "vitkit.safetensors")
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-5), k
 
@@ -74,7 +74,7 @@ def test_ctrl_c_stops_every_process_and_the_run_resumes(tmp_path):
                          start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not (run / "last" / "model.safetensors").exists():  # a first epoch saved
+        while not (run / "last" / "vitkit.safetensors").exists():  # a first epoch saved
             assert p.poll() is None and time.monotonic() < deadline, p.communicate()
             time.sleep(0.2)
         os.killpg(p.pid, signal.SIGINT)  # Ctrl-C at a terminal reaches the whole process group

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import assert_same_logits, random_images, randomize
+from helpers import assert_same_logits, random_images, randomize, run_docs_lines
 
 from vitkit import VisionTransformer, ViTConfig
 from vitkit.core.errors import CheckpointError
@@ -106,3 +106,14 @@ def test_what_hf_cannot_hold_is_refused(field, value, what, tmp_path):
     with pytest.raises(CheckpointError, match=f"HF ViT cannot hold this model: .*{what}"):
         to_hf(VisionTransformer(cfg), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_trained_checkpoint_loads_in_transformers_by_the_lines_docs_show(tmp_path, monkeypatch):
+    """`vitkit convert RUN/best vit_hf --to hf`, then the lines of docs/convert.md."""
+    monkeypatch.chdir(tmp_path)
+    model, scope = run_docs_lines(tmp_path, "vit_hf", "hf", [
+        "from transformers import ViTForImageClassification",
+        'model = ViTForImageClassification.from_pretrained("vit_hf")',
+    ])
+    ref = scope["model"].eval()
+    assert_same_logits(model, lambda x: ref(pixel_values=x).logits, random_images(model.cfg, n=2), tol=1e-4)

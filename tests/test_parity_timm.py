@@ -3,9 +3,12 @@
 timm is not in the main environment: these tests skip there. `bash benchmarks/parity.sh` runs them.
 """
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
-from helpers import assert_same_logits, random_images, randomize
+from helpers import assert_same_logits, random_images, randomize, run_docs_lines
 
 from vitkit import VisionTransformer, ViTConfig
 from vitkit.core.errors import CheckpointError
@@ -15,6 +18,7 @@ from vitkit.io.timm import save_timm, timm_model_kwargs
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
 
 TOL = 1e-5
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "convert.md"
 
 CONFIGS = {
     "token": dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=10),
@@ -47,6 +51,21 @@ def test_vitkit_to_timm(name):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_printed_timm_call_builds_the_same_network(name):
+    """`vitkit convert --to timm` prints timm_source(cfg): evaluated with timm, it loads the weights strictly."""
+    import functools
+
+    from vitkit.io.timm import timm_source
+
+    cfg = ViTConfig(**CONFIGS[name])
+    model = randomize(VisionTransformer(cfg))
+    scope = {"VisionTransformer": timm_vit.VisionTransformer, "partial": functools.partial, "nn": torch.nn}
+    ref = eval(timm_source(cfg), scope).eval()
+    ref.load_state_dict(to_timm(model), strict=True)
+    assert_same_logits(model, ref, random_images(cfg), tol=TOL)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
 def test_timm_to_vitkit(name, tmp_path):
     cfg = ViTConfig(**CONFIGS[name])
     ref = randomize(timm_vit.VisionTransformer(**timm_model_kwargs(cfg)), seed=2)
@@ -60,6 +79,24 @@ def test_timm_to_vitkit(name, tmp_path):
         assert getattr(model.cfg, field) == getattr(cfg, field), field
     assert (model.cfg.layer_scale is None) == (cfg.layer_scale is None)
     assert_same_logits(model, ref, random_images(cfg), tol=TOL)
+
+
+def test_timm_qk_norm_weights_convert_with_their_heads(tmp_path, capsys):
+    """timm's qk_norm ViT, width 64 and 4 heads: `vitkit convert W.safetensors out --from timm` reads the heads
+    from the norms' width (16) with nothing set, and gives timm's logits."""
+    from safetensors.torch import save_file
+
+    import vitkit
+    from vitkit.cli.main import main
+
+    ref = randomize(timm_vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
+                                               num_classes=5, qk_norm=True), seed=3).eval()
+    save_file(ref.state_dict(), str(tmp_path / "W.safetensors"))
+    assert main(["convert", str(tmp_path / "W.safetensors"), str(tmp_path / "out"), "--from", "timm"]) == 0
+    assert "heads 4," in capsys.readouterr().out
+    model = vitkit.load(tmp_path / "out")
+    assert model.cfg.num_heads == 4 and model.cfg.qk_norm
+    assert_same_logits(model, ref, random_images(model.cfg), tol=TOL)
 
 
 @pytest.mark.parametrize("pos", ["sincos2d", "sincos1d", "none", "no_embed_class", "no_embed_class_registers",
@@ -237,3 +274,51 @@ def test_named_dinov2_models_have_timms_tensors(size):
         ours = vitkit.create_model(name).state_dict()
         theirs = timm.create_model(name, pretrained=False, num_classes=0).state_dict()
     assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+
+
+def test_a_trained_checkpoint_loads_in_timm_by_the_lines_docs_show(tmp_path, monkeypatch):
+    """`vitkit convert RUN/best vit_timm.safetensors --to timm`, then the three lines of docs/convert.md."""
+    monkeypatch.chdir(tmp_path)
+    model, scope = run_docs_lines(tmp_path, "vit_timm.safetensors", "timm", [
+        "import timm, safetensors.torch",
+        'model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10)',
+        'model.load_state_dict(safetensors.torch.load_file("vit_timm.safetensors"))',
+    ])
+    assert_same_logits(model, scope["model"].eval(), random_images(model.cfg, n=2), tol=1e-4)
+
+
+def _docs_block(containing: str) -> str:
+    """The ```python block of docs/convert.md that contains ``containing``."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
+    return next(b for b in blocks if containing in b)
+
+
+@pytest.mark.parametrize("name", ["demo", "whiten_token"])
+def test_conv_stem_models_load_in_timm_by_the_docs_function(name, tmp_path, monkeypatch, capsys):
+    """`vitkit convert CKPT hybrid_timm.safetensors --to timm` prints the timm call; docs' conv_stem and that
+    call build the model in timm, which loads the file strictly and gives vitkit's logits (1e-4)."""
+    import vitkit
+    from vitkit.cli.main import main
+    from vitkit.tools.demo import DEMO_MODEL
+
+    if name == "demo":  # the shipped model: the docs' example, trained (BatchNorm statistics included)
+        model, ckpt = vitkit.load(DEMO_MODEL), DEMO_MODEL
+    else:
+        model = randomize(VisionTransformer(ViTConfig(
+            img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=5, stem="conv", stem_width=8,
+            stem_whiten=True, stem_convs=2, pos_embed="sincos2d", qk_norm=True)), seed=5)
+        ckpt = vitkit.save(model, tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", str(ckpt), "hybrid_timm.safetensors", "--to", "timm"]) == 0
+    printed = capsys.readouterr().out.splitlines()[-1]
+    call = printed.removeprefix("timm builds it as: ").removesuffix(" (conv_stem: docs/convert.md)")
+    code = _docs_block("def conv_stem")
+    if name == "demo":
+        assert f"model = {call}\n" in code  # the docs show what the command prints for the shipped model
+    else:
+        code = re.sub(r"model = VisionTransformer\(.*\)\n", f"model = {call}\n", code)
+    scope: dict = {}
+    exec(code, scope)
+    ref = scope["model"]
+    assert not ref.training
+    assert_same_logits(model, ref, random_images(model.cfg, n=3), tol=1e-4)

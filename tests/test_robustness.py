@@ -519,65 +519,66 @@ def test_files_at_the_top_of_a_class_tree_are_listed_and_ignored(via, tmp_path, 
 
 
 # ============================================================================= the checkpoint corpus
-def _edit_config(d: Path, fn):
-    cfg = json.loads((d / "config.json").read_text())
+def _edit_config(d: Path, fn, name: str = "vitkit.json"):
+    """Edit a checkpoint's vitkit.json (or, with ``name="config.json"``, a run's config)."""
+    cfg = json.loads((d / name).read_text())
     fn(cfg)
-    (d / "config.json").write_text(json.dumps(cfg))
+    (d / name).write_text(json.dumps(cfg))
 
 
 def _ck_missing_config(d):
-    (d / "config.json").unlink()
-    return r"config\.json: missing"
+    (d / "vitkit.json").unlink()
+    return r"vitkit\.json: missing"
 
 
 def _ck_unknown_field(d):
     _edit_config(d, lambda c: c["model"].update(bogus_field=1))
-    return r"config\.json: .*unknown field\(s\) 'bogus_field'"
+    return r"vitkit\.json: .*unknown field\(s\) 'bogus_field'"
 
 
 def _ck_ill_typed_field(d):
     _edit_config(d, lambda c: c["model"].update(depth="two"))
-    return r"config\.json: .*depth.*'two'"
+    return r"vitkit\.json: .*depth.*'two'"
 
 
 def _ck_ill_typed_preprocess(d):
     _edit_config(d, lambda c: c["preprocess"].update(mean="grey"))
-    return r"config\.json: .*mean"
+    return r"vitkit\.json: .*mean"
 
 
 def _ck_not_json(d):
-    (d / "config.json").write_text('{"model": {')
-    return r"config\.json: not valid JSON"
+    (d / "vitkit.json").write_text('{"model": {')
+    return r"vitkit\.json: not valid JSON"
 
 
 def _ck_truncated_weights(d):
-    w = d / "model.safetensors"
+    w = d / "vitkit.safetensors"
     w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
-    return r"model\.safetensors: not a readable safetensors file"
+    return r"vitkit\.safetensors: not a readable safetensors file"
 
 
 def _ck_corrupt_weights(d):
-    w = d / "model.safetensors"
+    w = d / "vitkit.safetensors"
     raw = bytearray(w.read_bytes())
     raw[8:40] = b"\xff" * 32  # garbage in the JSON header
     w.write_bytes(bytes(raw))
-    return r"model\.safetensors: not a readable safetensors file"
+    return r"vitkit\.safetensors: not a readable safetensors file"
 
 
 def _ck_empty_weights(d):
-    (d / "model.safetensors").write_bytes(b"")
-    return r"model\.safetensors: not a readable safetensors file"
+    (d / "vitkit.safetensors").write_bytes(b"")
+    return r"vitkit\.safetensors: not a readable safetensors file"
 
 
 def _ck_weights_do_not_fit(d):
     from safetensors.torch import load_file, save_file
 
-    state = load_file(d / "model.safetensors")
+    state = load_file(d / "vitkit.safetensors")
     state["head.weight"] = torch.zeros(5, state["head.weight"].shape[1])  # mis-shaped
     state["extra.weight"] = torch.zeros(1)  # unexpected
     del state["norm.bias"]  # missing
-    save_file(state, d / "model.safetensors")
-    return (r"model\.safetensors: weights do not fit the config; missing: norm\.bias; unexpected: extra\.weight; "
+    save_file(state, d / "vitkit.safetensors")
+    return (r"vitkit\.safetensors: weights do not fit the config; missing: norm\.bias; unexpected: extra\.weight; "
             r"mis-shaped: head\.weight \(5, 32\) != \(2, 32\)")
 
 
@@ -634,11 +635,11 @@ def test_bad_checkpoint(case, via, ckpt, run_dir, small_data, tmp_path, capsys):
     rc, out, err = cli(capsys, *argv)
     assert rc == 1, (out, err)
     if via == "resume" and case == "missing_config":
-        # without config.json last/ is not a checkpoint: nothing to resume, named by its run directory
+        # without vitkit.json last/ is not a checkpoint: nothing to resume, named by its run directory
         assert_clean(err, names=re.escape(str(d.parent)) + r": nothing to resume")
         return
     if via == "resume":  # the training loop names the checkpoint folder (last/) rather than the file in it
-        expected = expected.replace(r"model\.safetensors: ", r"(model\.safetensors)?: ")
+        expected = expected.replace(r"vitkit\.safetensors: ", r"(vitkit\.safetensors)?: ")
     assert_clean(err, names=expected)
     assert str(d) in err[0]
     assert not (tmp_path / "out.safetensors").exists() and not (tmp_path / "ft" / "last").exists()
@@ -662,12 +663,12 @@ def _rd_trainer_missing(run):
 
 
 def _rd_run_config_unknown(run):
-    _edit_config(run, lambda c: c.update(bogus=1))
+    _edit_config(run, lambda c: c.update(bogus=1), "config.json")
     return re.escape(str(run / "config.json")) + r": config: unknown field\(s\) 'bogus'"
 
 
 def _rd_run_config_ill_typed(run):
-    _edit_config(run, lambda c: c["optim"].update(lr="fast"))
+    _edit_config(run, lambda c: c["optim"].update(lr="fast"), "config.json")
     return re.escape(str(run / "config.json")) + r": .*optim\.lr.*'fast'"
 
 
@@ -691,11 +692,11 @@ def test_bad_run_directory_resume(case, run_dir, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
     expected = RUN_DIRS[case](run)
-    before = (run / "last" / "model.safetensors").read_bytes()
+    before = (run / "last" / "vitkit.safetensors").read_bytes()
     rc, out, err = cli(capsys, "train", "--resume", run, "--epochs", "2", *FAST_TRAIN)
     assert rc == 1, (out, err)
     assert_clean(err, names=expected)
-    assert (run / "last" / "model.safetensors").read_bytes() == before  # the checkpoint is left as it was
+    assert (run / "last" / "vitkit.safetensors").read_bytes() == before  # the checkpoint is left as it was
 
 
 # ----------------------------------------------------------------------------- pickles that would run code
@@ -746,7 +747,7 @@ def test_code_in_a_pickle_never_runs(style, via, run_dir, small_data, tmp_path, 
 # ================================================================================== the command line
 # (subcommand, an ill-typed argument, the message) for every subcommand with a typed option
 ILL_TYPED = {
-    "demo": (["--seed", "many"], r"argument --seed: invalid int value: 'many'"),
+    "demo": (["-n", "many"], r"argument -n: invalid int value: 'many'"),
     "train": (["--epochs", "ten"], r"argument --epochs: invalid int value: 'ten'"),
     "finetune": (["ck", "--lr", "fast"], r"argument --lr: invalid float value: 'fast'"),
     "eval": (["ck", "--batch-size", "1.5"], r"argument --batch-size: invalid int value: '1.5'"),
@@ -764,7 +765,7 @@ BAD_CHOICE = {
 }
 MISSING_VALUE = {"train": ["--epochs"], "finetune": ["ck", "--data"], "eval": ["ck", "--data"],
                  "predict": ["ck", "x", "--top-k"], "convert": ["a", "b", "--from"], "bench": ["m", "--dtype"],
-                 "demo": ["--model"], "explain": ["ck", "x", "--out"], "export": ["ck", "--format"], "list": ["--json", "--nope"]}
+                 "demo": ["--start"], "explain": ["ck", "x", "--out"], "export": ["ck", "--format"], "list": ["--json", "--nope"]}
 MISSING_REQUIRED = {"finetune": [], "eval": [], "predict": ["ck"], "explain": ["ck", "x"], "export": ["ck", "--out", "x"],
                     "convert": ["a"], "bench": []}
 
@@ -839,6 +840,7 @@ BAD_VALUES = {
     "eval-missing-checkpoint": (["eval", "{tmp}/nockpt", "--data", "{data}"], r"nockpt: no such file or directory"),
     "convert-missing-source": (["convert", "{tmp}/none.pth", "{tmp}/out", "--from", "timm"], r"none\.pth: no such file"),
     "bench-device": (["bench", "vit_test", "--device", "bogus"], r"--device: 'bogus' is not a device"),
+    "demo-start": (["demo", "--start", "5000"], r"--start 5000: the built-in test digits are numbered 0 to 1999"),
 }
 
 

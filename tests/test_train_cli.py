@@ -215,8 +215,8 @@ def test_finetune_names_an_unknown_container(tmp_path, capsys):
     assert main(["finetune", str(tmp_path / "model.onnx"), "--data", str(data), "--out", str(tmp_path / "r"), *FT]) == 1
     err = capsys.readouterr().err.strip()
     assert err == (f"vitkit: error: {tmp_path / 'model.onnx'}: not a weights container vitkit knows; expected a vitkit "
-                   "checkpoint or run directory (vitkit's config.json), an HF model directory (config.json with "
-                   "model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
+                   "checkpoint or run directory (vitkit.json beside vitkit.safetensors), an HF model directory "
+                   "(config.json with model_type 'vit'), a JAX .npz file, a timm .pth, .pt, .bin or .safetensors file")
 
 
 # ------------------------------------------------------------------------------------------- replayable runs
@@ -251,8 +251,8 @@ def test_a_run_replayed_from_its_config_gives_the_same_metrics(tmp_path, capsys)
     assert main(["train", "--config", str(first / "config.json"), "--out", str(third), "--epochs", "1", "--quiet"]) == 0
     assert records(third)[0]["loss"] == records(first)[0]["loss"]  # the same start, on a shorter schedule
     assert json.loads((third / "config.json").read_text()) == dict(saved, epochs=1)
-    # a checkpoint's config.json is not a run's
-    assert main(["train", "--config", str(first / "best" / "config.json"), "--out", str(tmp_path / "x")]) == 1
+    # a checkpoint's vitkit.json is not a run's
+    assert main(["train", "--config", str(first / "best" / "vitkit.json"), "--out", str(tmp_path / "x")]) == 1
     assert "is a checkpoint's config, not a run's" in capsys.readouterr().err
 
 

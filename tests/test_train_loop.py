@@ -29,8 +29,8 @@ def test_run_directory_contents(tmp_path):
     s = train(cfg(eval_every=1, ema=0.9, plots=True), out, splits=tiny_splits(), log=lambda m: None)
     assert s["status"] == "completed" and s["step"] == 8 and s["epochs"] == 2
     assert 0 <= s["test_acc"] <= 1 and "val_acc" in s and s["train_seconds"] > 0
-    for f in ("config.json", "classes.json", "metrics.jsonl", "summary.json", "last/model.safetensors",
-              "last/config.json", "last/trainer.pt", "best/model.safetensors", "best/config.json"):
+    for f in ("config.json", "classes.json", "metrics.jsonl", "summary.json", "last/vitkit.safetensors",
+              "last/vitkit.json", "last/trainer.pt", "best/vitkit.safetensors", "best/vitkit.json"):
         assert (out / f).is_file(), f
     assert json.loads((out / "classes.json").read_text()) == ["a", "b"]
     saved = RunConfig.from_dict(json.loads((out / "config.json").read_text()))
@@ -185,6 +185,29 @@ def test_stop_request_saves_and_resumes_exactly(tmp_path):
     train(cfg(epochs=3), out, resume=True, splits=tiny_splits(), log=lambda m: None)
     assert_same_weights(ref, out)
 
+
+
+def test_a_run_whose_checkpoints_predate_vitkit_json_resumes_exactly(tmp_path):
+    """last/ as written before vitkit.json (config.json + model.safetensors): --resume reads it, the run ends
+    as an uninterrupted one, and its next save writes the new names."""
+    ref = tmp_path / "ref"
+    train(cfg(epochs=3, ckpt_every=0), ref, splits=tiny_splits(), log=lambda m: None)
+    out = tmp_path / "run"
+    n = {"k": 0}
+
+    def stop():
+        n["k"] += 1
+        return n["k"] == 5
+
+    assert train(cfg(epochs=3), out, splits=tiny_splits(), stop=stop, log=lambda m: None)["status"] == "interrupted"
+    for ckpt in (out / "last", out / "best"):
+        if ckpt.is_dir():
+            (ckpt / "vitkit.json").rename(ckpt / "config.json")
+            (ckpt / "vitkit.safetensors").rename(ckpt / "model.safetensors")
+    assert vitkit.load(out).cfg == vitkit.load(ref).cfg
+    train(cfg(epochs=3), out, resume=True, splits=tiny_splits(), log=lambda m: None)
+    assert sorted(os.listdir(out / "last")) == ["trainer.pt", "vitkit.json", "vitkit.safetensors"]
+    assert_same_weights(ref, out)
 
 
 def test_resume_of_a_finetune_from_timm_weights_does_not_read_them(tmp_path):

@@ -19,7 +19,7 @@ from ..core.errors import VitkitError, VitkitWarning
 # name -> (module under vitkit.cli.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("list_models", "list the named models with their parameter counts"),
-    "demo": ("demo", "build a model and classify a sample image (no training)"),
+    "demo": ("demo", "a small model shipped with vitkit reads a few built-in test digits"),
     "train": ("train", "train a ViT on a folder of images, MNIST, CIFAR or the built-in demo set"),
     "finetune": ("finetune", "fine-tune a checkpoint on new data, at a new resolution"),
     "eval": ("evaluate", "evaluate a checkpoint: loss, top-1/top-5, per-class metrics, confusion matrix"),

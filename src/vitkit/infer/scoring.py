@@ -11,11 +11,13 @@ import torch.nn.functional as F
 
 @dataclass
 class Tally:
-    """Running totals over the batches: the loss and top-1 hits; with ``detail`` also the top-k hits, the
-    confusion matrix and every mistake (its probability, dataset index and predicted class)."""
+    """Running totals over the batches: the loss and top-1 hits; with ``confusion`` also the confusion
+    matrix; with ``detail`` that, the top-k hits and every mistake (its probability, dataset index and
+    predicted class)."""
 
     num_classes: int
     detail: bool = False
+    confusion: bool = False
     n: int = 0
     loss_sum: float = 0.0
     top1: int = 0
@@ -39,7 +41,11 @@ class Tally:
         self.loss_sum += float(F.cross_entropy(logits, y.to(logits.device), reduction="sum"))
         self.n += len(y)
         if not self.detail:
-            self.top1 += int((logits.argmax(-1) == y.to(logits.device)).sum())
+            pred = logits.argmax(-1)
+            self.top1 += int((pred == y.to(logits.device)).sum())
+            if self.confusion:
+                K = self.num_classes
+                self.conf += torch.bincount((y.cpu() * K + pred.cpu()), minlength=K * K).reshape(K, K)
             return
         K = self.num_classes
         y = y.cpu()

@@ -1,8 +1,13 @@
-"""The canonical checkpoint: a directory with model.safetensors and config.json.
+"""The canonical checkpoint: a directory with vitkit.safetensors and vitkit.json.
 
-config.json holds {"format": "vitkit", "format_version": 1, "model": ViTConfig, "preprocess":
-Preprocess, "labels": [class names] or null}. Loading never executes code from a file: weights come
-from safetensors, or from torch.load(weights_only=True) for .pth files of other libraries.
+vitkit.json holds {"format": "vitkit", "format_version": 1, "model": ViTConfig, "preprocess":
+Preprocess, "labels": [class names] or null}. Both files have names of their own so that no other
+library takes the folder for one of its own: transformers' ``from_pretrained`` reads a folder's
+config.json and model.safetensors, and given vitkit's it built a default ViT-B and loaded none of the
+weights into it, with no error; now it finds neither and says so. Checkpoints written before, as
+config.json + model.safetensors, are still read (``checkpoint_files``); saving into such a folder
+replaces them. Loading never executes code from a file: weights come from safetensors, or from
+torch.load(weights_only=True) for .pth files of other libraries.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from ..core.strict import read_json_object
 from ..model.config import Preprocess, ViTConfig
 from .atomic import atomic_write_bytes, atomic_write_text
 
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
+WEIGHTS = "vitkit.safetensors"  # the checkpoint's weights, as written
+CONFIG = "vitkit.json"  # the checkpoint's config, as written
+LEGACY_CONFIG, LEGACY_WEIGHTS = "config.json", "model.safetensors"  # their names before, still read
+FILE_NAMES = (CONFIG, WEIGHTS, LEGACY_CONFIG, LEGACY_WEIGHTS)
 FORMAT_VERSION = 1
 
 
@@ -38,9 +45,10 @@ def checkpoint_config(model) -> dict:
 
 def save(model, path: str | os.PathLike, extra: Mapping | None = None,
          weights: Mapping[str, torch.Tensor] | None = None) -> Path:
-    """Write ``model`` to directory ``path`` (created if needed) as model.safetensors + config.json.
+    """Write ``model`` to directory ``path`` (created if needed) as vitkit.safetensors + vitkit.json.
 
-    Each file is written atomically. ``extra`` adds keys to config.json (e.g. training provenance).
+    Each file is written atomically; a checkpoint vitkit wrote there under the old names (config.json +
+    model.safetensors) goes. ``extra`` adds keys to vitkit.json (e.g. training provenance).
     ``weights``: the tensors to write in place of ``model.state_dict()`` (the full weights of a model
     whose own tensors are shards).
     """
@@ -57,7 +65,38 @@ def save(model, path: str | os.PathLike, extra: Mapping | None = None,
         cfg.update(extra)
     atomic_write_bytes(path / WEIGHTS, st_save(state, metadata={"format": "pt"}))
     atomic_write_text(path / CONFIG, json.dumps(cfg, indent=2) + "\n")
+    if json_object_or_empty(path / LEGACY_CONFIG).get("format") == "vitkit":
+        for old in (LEGACY_CONFIG, LEGACY_WEIGHTS):  # the old copy: other libraries would take the folder for theirs
+            (path / old).unlink(missing_ok=True)
     return path
+
+
+def json_object_or_empty(file: Path | None) -> dict:
+    """``file`` as a JSON object; {} when it is None, missing or no JSON object (its reader reports that)."""
+    if file is None:
+        return {}
+    try:
+        obj = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def checkpoint_files(ckpt_dir: str | os.PathLike) -> tuple[Path, Path]:
+    """(config, weights) of checkpoint directory ``ckpt_dir``: vitkit.json and vitkit.safetensors, or
+    config.json and model.safetensors in a checkpoint written before, where neither new file is there.
+    The files need not exist."""
+    d = Path(ckpt_dir)
+    if not (d / CONFIG).is_file() and not (d / WEIGHTS).is_file() and \
+            ((d / LEGACY_CONFIG).is_file() or (d / LEGACY_WEIGHTS).is_file()):
+        return d / LEGACY_CONFIG, d / LEGACY_WEIGHTS
+    return d / CONFIG, d / WEIGHTS
+
+
+def config_file(ckpt_dir: str | os.PathLike) -> Path | None:
+    """The config of checkpoint directory ``ckpt_dir`` (``checkpoint_files``), or None if it has none."""
+    file = checkpoint_files(ckpt_dir)[0]
+    return file if file.is_file() else None
 
 
 def unwrap(model):
@@ -73,22 +112,22 @@ def unwrap(model):
 
 # ------------------------------------------------------------------------------------------- load
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """The checkpoint directory that ``path`` names: a checkpoint directory, its model.safetensors or
-    config.json, or a training run directory (its best checkpoint, else its last)."""
+    """The checkpoint directory that ``path`` names: a checkpoint directory, one of its files, or a
+    training run directory (its best checkpoint, else its last)."""
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise CheckpointError(f"{p}: no such file or directory")
-    if p.is_file() and p.name in (WEIGHTS, CONFIG):
+    if p.is_file() and p.name in FILE_NAMES:
         p = p.parent
     if p.is_dir():
-        if (p / WEIGHTS).is_file():
+        if checkpoint_files(p)[1].is_file():
             return p
         # a run directory holds its own config.json (the run's settings) beside best/ and last/; a run
         # killed between the two renames of a checkpoint swap holds only .best.old / .last.old
         for sub in ("best", ".best.old", "last", ".last.old"):
-            if (p / sub / CONFIG).is_file():
+            if config_file(p / sub):
                 return p / sub
-        if (p / CONFIG).is_file():
+        if config_file(p):
             return p
         raise CheckpointError(f"{p}: not a vitkit checkpoint (no {CONFIG} and {WEIGHTS}, nor a run directory)")
     raise CheckpointError(
@@ -97,7 +136,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def read_config(ckpt_dir: Path) -> tuple[ViTConfig, Preprocess, list[str] | None, dict]:
-    file = ckpt_dir / CONFIG
+    file = checkpoint_files(ckpt_dir)[0]
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (a vitkit checkpoint holds {CONFIG} beside {WEIGHTS})")
     raw = read_json_object(file, CheckpointError)
@@ -250,7 +289,8 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu"):
     """
     ckpt = resolve_checkpoint(path)
     cfg, pre, labels, _ = read_config(ckpt)
-    model = model_from_state(cfg, read_safetensors(ckpt / WEIGHTS), str(ckpt / WEIGHTS))
+    weights = checkpoint_files(ckpt)[1]
+    model = model_from_state(cfg, read_safetensors(weights), str(weights))
     model.preprocess = pre.for_channels(cfg.in_chans)
     model.labels = labels
     return model.to(device).eval()

@@ -15,7 +15,6 @@ format's key table and layout, built on ``keys.py`` (applying a key table with h
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,17 @@ from ..core.errors import CheckpointError, ConfigError
 from ..model.config import ViTConfig
 from ..model.vit import count_params
 from .arch import parse_overrides
-from .checkpoint import CONFIG, WEIGHTS, load, resolve_checkpoint, save
+from .checkpoint import (
+    CONFIG,
+    FILE_NAMES,
+    WEIGHTS,
+    checkpoint_files,
+    config_file,
+    json_object_or_empty,
+    load,
+    resolve_checkpoint,
+    save,
+)
 from .hf import read_hf, write_hf
 from .hub import hub_hint, resolve_weights
 from .jax import read_jax
@@ -87,9 +96,11 @@ def _reader(name: str, label: str) -> Reader:
     return fmt.read
 
 
+HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"  # an HF model directory's (vitkit's have own names)
+
 # what each format's weights come in, by the container (see detect_format)
 CONTAINERS = {
-    "vitkit": "a vitkit checkpoint or run directory (vitkit's config.json)",
+    "vitkit": "a vitkit checkpoint or run directory (vitkit.json beside vitkit.safetensors)",
     "hf": "an HF model directory (config.json with model_type 'vit')",
     "jax": "a JAX .npz file",
     "timm": "a timm .pth, .pt, .bin or .safetensors file",
@@ -99,11 +110,11 @@ CONTAINERS = {
 def detect_format(src: str | os.PathLike) -> str:
     """The format of the weights at ``src``, told by the container: a directory whose config.json has a
     ``model_type`` is Hugging Face's, one whose config.json has an ``architecture`` is a timm Hub
-    repository's (timm), any other directory with a config.json or model.safetensors (a checkpoint) or
-    with a best/ or last/ checkpoint (a run) is vitkit's; an .npz file is JAX's, a .pth, .pt, .bin or
-    .safetensors file is timm's, except the model.safetensors (or config.json) of an HF model, a timm Hub
-    folder or a vitkit checkpoint, which is that directory's format. A Hub name (``hub.resolve_weights``)
-    is the format of the folder it is downloaded to.
+    repository's (timm), any other directory with vitkit.json or vitkit.safetensors (or the config.json and
+    model.safetensors of a checkpoint written before them) or with a best/ or last/ checkpoint (a run) is
+    vitkit's; an .npz file is JAX's, a .pth, .pt, .bin or .safetensors file is timm's, except a file of an
+    HF model, a timm Hub folder or a vitkit checkpoint, which is that directory's format. A Hub name
+    (``hub.resolve_weights``) is the format of the folder it is downloaded to.
 
     Only the container is looked at: whether its content is good is for the format's reader to say.
     A path that is none of these is a CheckpointError naming it and the accepted forms.
@@ -111,7 +122,7 @@ def detect_format(src: str | os.PathLike) -> str:
     p = Path(resolve_weights(src))
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or directory{hub_hint(src)}")
-    if p.is_file() and p.name in (WEIGHTS, CONFIG) and _folder_format(p.parent):
+    if p.is_file() and p.name in (HF_WEIGHTS, HF_CONFIG) and _folder_format(p.parent):
         return _folder_format(p.parent)  # a file of an HF or timm folder, as resolve_checkpoint takes a checkpoint's
     if p.is_dir():
         if _folder_format(p):
@@ -123,8 +134,8 @@ def detect_format(src: str | os.PathLike) -> str:
             pass
     elif p.suffix.lower() == ".npz":
         return "jax"
-    elif p.name in (WEIGHTS, CONFIG) and (p.parent / WEIGHTS).is_file() and \
-            _json_object(p.parent / CONFIG).get("format") == "vitkit":
+    elif p.name in FILE_NAMES and checkpoint_files(p.parent)[1].is_file() and \
+            json_object_or_empty(config_file(p.parent)).get("format") == "vitkit":
         return "vitkit"
     elif p.suffix.lower() in TIMM_SUFFIXES:
         return "timm"
@@ -133,17 +144,8 @@ def detect_format(src: str | os.PathLike) -> str:
 
 def _folder_format(folder: Path) -> str | None:
     """'hf' or 'timm' for a folder whose config.json is Hugging Face's or a timm Hub repository's, else None."""
-    obj = _json_object(folder / "config.json")
+    obj = json_object_or_empty(folder / HF_CONFIG)
     return "hf" if "model_type" in obj else "timm" if is_timm_config(obj) else None
-
-
-def _json_object(file: Path) -> dict:
-    """``file`` as a JSON object; {} when it is missing or is no JSON object (its reader reports that)."""
-    try:
-        obj = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
-    return obj if isinstance(obj, dict) else {}
 
 
 def _writer(name: str, label: str) -> Writer:

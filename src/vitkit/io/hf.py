@@ -218,7 +218,8 @@ def hf_config(model) -> dict:
             cfg.global_pool not in ("token", "map"),
         "a LayerNorm after pooling (fc_norm)": cfg.use_fc_norm,
         "post-LN blocks (norm='post')": cfg.norm == "post",
-        "the convolutional stem (stem='conv')": cfg.stem == "conv",
+        "the convolutional stem (stem='conv'; transformers has no conv-stem ViT: `vitkit export` writes ONNX "
+        "or TorchScript, or `--to timm`)": cfg.stem == "conv",
         "LayerScale (layer_scale)": cfg.layer_scale is not None,
         "qk-norm (qk_norm)": cfg.qk_norm,
         "a pre-logits layer together with a head (ViTForImageClassification has no pooler; "

@@ -4,8 +4,9 @@ Read from a state dict or a .pth / .pt / .bin (torch.load with weights_only=True
 file. What the weights show: width, depth, patch size, channels, MLP width, qkv bias, class token,
 register tokens (``reg_token``'s length), position table (image size, and whether it has slots for
 the class and register tokens), LayerScale, qk-norm (``attn.q_norm`` / ``k_norm``), fc_norm (average
-pooling), attention pooling (``attn_pool.*``), classes. What they do not: heads (taken from the named
-sizes' width table, else width / 64), LayerNorm eps (1e-6) and the activation (exact GELU).
+pooling), attention pooling (``attn_pool.*``), classes, and with qk-norm the heads (the norms are as
+wide as one head: heads = width / head width). What they do not: heads without qk-norm (taken from the
+named sizes' width table, else width / 64), LayerNorm eps (1e-6) and the activation (exact GELU).
 
 timm builds some models (many of the ``*_reg*`` ones among them) from parts vitkit does not have:
 SwiGLU MLPs, parallel blocks, Eva's blocks with rotary position embeddings, NaFlex embeddings,
@@ -43,6 +44,8 @@ FOREIGN_KEYS = (
     ("SwiGLU MLPs", "", r"^blocks\.\d+\.mlp\.(fc1_g|fc1_x)\."),
     ("rotary position embeddings", "timm's Eva", r"^rope\.|^blocks\.\d+\.(gamma_1$|attn\.[qv]_bias$)"),
     ("differential attention", "", r"^blocks\.\d+\.(attn\.)?lambda_q1$"),
+    ("a CNN stem, whose strides the weights do not show (read vitkit's own conv-stem checkpoints instead)",
+     "timm's HybridEmbed", r"^patch_embed\.backbone\."),
 )
 
 
@@ -85,6 +88,9 @@ def infer(sd: Mapping[str, torch.Tensor], source: str) -> tuple[dict, dict, int 
     seen["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
     # timm's qk_norm makes both norms in every block; a stray one is reported as unexpected
     seen["qk_norm"] = "blocks.0.attn.q_norm.weight" in sd and "blocks.0.attn.k_norm.weight" in sd
+    heads = _heads_from_qk_norm(sd.get("blocks.0.attn.q_norm.weight"), D)
+    if heads is not None:
+        seen["num_heads"] = heads
     seen["class_token"] = "cls_token" in sd
     reg = sd.get("reg_token")
     seen["reg_tokens"] = reg.shape[1] if reg is not None and reg.ndim == 3 else 0
@@ -108,6 +114,14 @@ def is_timm_config(obj: Mapping) -> bool:
     """Whether a config.json (as a dict) is a timm Hub repository's: an ``architecture`` (and usually a
     ``pretrained_cfg``), no HF ``model_type`` and not vitkit's own."""
     return isinstance(obj.get("architecture"), str) and "model_type" not in obj and obj.get("format") != "vitkit"
+
+
+def _heads_from_qk_norm(weight: torch.Tensor | None, dim: int) -> int | None:
+    """The heads a q-norm weight shows: it is as wide as one head. None without one, or where its
+    width does not divide the model's (the shape check then names the tensor)."""
+    if weight is None or weight.ndim != 1 or not 0 < weight.shape[0] <= dim or dim % weight.shape[0]:
+        return None
+    return dim // weight.shape[0]
 
 
 def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
@@ -177,27 +191,51 @@ def to_timm(model) -> dict[str, torch.Tensor]:
     cfg = model.cfg
     refuse(model, "timm's VisionTransformer", {
         "post-LN blocks (norm='post')": cfg.norm == "post",
-        "the convolutional stem (stem='conv')": cfg.stem == "conv",
         f"activation {cfg.act!r} (a timm state dict loads into exact-GELU models)": cfg.act != "gelu",
         "a pre-logits layer (representation_size)": cfg.representation_size is not None,
     })
-    sd = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
+    sd = {_timm_key(k): v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}  # BatchNorm's step count stays int
     sd["pos_embed"] = learned_pos_table(model).contiguous()
     # keep timm's key order: cls_token, reg_token, pos_embed first
     order = ["cls_token", "reg_token", "pos_embed"]
     return {**{k: sd[k] for k in order if k in sd}, **{k: v for k, v in sd.items() if k not in order}}
 
 
+CONV_STEM = "patch_embed.stem."
+
+
+def _timm_key(key: str) -> str:
+    """vitkit's key as timm names it: the same, but a conv stem's layers are HybridEmbed's backbone."""
+    return "patch_embed.backbone." + key[len(CONV_STEM):] if key.startswith(CONV_STEM) else key
+
+
+def timm_conv_stem_args(cfg: ViTConfig) -> dict | None:
+    """For a conv-stem model (stem='conv'): the arguments of docs/convert.md's ``conv_stem`` function,
+    which builds the stem from torch modules as the backbone of timm's HybridEmbed: the input channels,
+    the channels of each stride-2 conv, the extra stride-1 convs, and whether the first conv is the
+    whitening layer (2x2, stride 2). None for a patch-stem model."""
+    if cfg.stem != "conv":
+        return None
+    n = cfg.patch_size.bit_length() - 1  # log2(P) stride-2 convs
+    widths = [cfg.stem_width * 2**i for i in range(n)]
+    if cfg.stem_whiten:
+        widths[0] = 2 * cfg.in_chans * 4  # the whitening filters and their negatives
+    return dict(in_chans=cfg.in_chans, widths=widths, extra=cfg.stem_convs, whiten=cfg.stem_whiten)
+
+
 def timm_model_kwargs(cfg: ViTConfig) -> dict:
     """Keyword arguments of ``timm.models.vision_transformer.VisionTransformer`` for the same network.
 
-    The model built with them loads ``to_timm(model)`` strictly and computes the same logits.
+    The model built with them loads ``to_timm(model)`` strictly and computes the same logits. A conv-stem
+    model also needs ``embed_layer=partial(HybridEmbed, backbone=conv_stem(**timm_conv_stem_args(cfg)))``
+    (docs/convert.md); its patch size is then 1, a patch of the stem's output grid.
     """
     from torch import nn
 
     return dict(
         img_size=tuple(cfg.img_size),
-        patch_size=cfg.patch_size,
+        patch_size=1 if cfg.stem == "conv" else cfg.patch_size,
         in_chans=cfg.in_chans,
         num_classes=cfg.num_classes,
         global_pool={"token": "token", "avg": "avg", "map": "map", "none": ""}[cfg.global_pool],
@@ -215,6 +253,37 @@ def timm_model_kwargs(cfg: ViTConfig) -> dict:
         dynamic_img_size=cfg.dynamic_img_size,
         norm_layer=functools.partial(nn.LayerNorm, eps=cfg.norm_eps),
     )
+
+
+# timm's VisionTransformer defaults, to name only the arguments that differ from them
+TIMM_DEFAULTS = dict(img_size=(224, 224), patch_size=16, in_chans=3, num_classes=1000, global_pool="token",
+                     embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True, qk_norm=False,
+                     init_values=None, class_token=True, reg_tokens=0, no_embed_class=False, dynamic_img_size=False)
+
+
+def timm_source(cfg: ViTConfig) -> str:
+    """The Python call that builds the same network with timm's ``VisionTransformer`` (imported from
+    ``timm.models.vision_transformer``), naming only what differs from its defaults; a conv-stem model's
+    call uses docs/convert.md's ``conv_stem`` and timm's ``HybridEmbed``, with ``functools.partial``."""
+    kw = timm_model_kwargs(cfg)
+    fc_norm = kw.pop("fc_norm")
+    parts = []
+    for name, default in TIMM_DEFAULTS.items():
+        value = kw[name]
+        if value != default:
+            if name == "img_size" and value[0] == value[1]:
+                value = value[0]
+            parts.append(f"{name}={value!r}")
+    if fc_norm != (kw["global_pool"] == "avg"):  # timm pairs fc_norm with average pooling unless told
+        parts.append(f"fc_norm={fc_norm}")
+    if cfg.norm_eps != 1e-6:
+        parts.append(f"norm_layer=partial(nn.LayerNorm, eps={cfg.norm_eps!r})")
+    stem = timm_conv_stem_args(cfg)
+    if stem is not None:
+        extra = "".join(f", {k}={stem[k]!r}" for k in ("extra", "whiten") if stem[k])
+        backbone = f"conv_stem({stem['in_chans']}, {stem['widths']}{extra})"
+        parts.append(f"embed_layer=partial(HybridEmbed, backbone={backbone})")
+    return f"VisionTransformer({', '.join(parts)})"
 
 
 def save_timm(model, path: str | os.PathLike) -> Path:

@@ -1,7 +1,7 @@
 """The model configuration: one dataclass, every field commented and validated. No torch import.
 
 A ``ViTConfig`` describes the architecture only. How images are prepared for the model (mean, std,
-resize) is a ``Preprocess``; both are saved in a checkpoint's config.json.
+resize) is a ``Preprocess``; both are saved in a checkpoint's vitkit.json.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from ..data.images import DEFAULT_MAX_PIXELS
 from ..infer.fastpath import FastPath
 from ..infer.paths import apply_path, autocast, inference_path, model_logits, path_taken
 from ..infer.scoring import Tally
+from ..train.metrics import confusion_png
 from .loading import label_names, load_model
 
 SPLITS = ("test", "val", "train")  # the parts a dataset may have
@@ -179,15 +180,16 @@ def _source(model_or_path, data, data_format, split, seed):
 def _run_config(model_or_path):
     """The RunConfig of a run directory (a folder with the run's config.json and best/ or last/, not a
     checkpoint), else None."""
-    from ..io.checkpoint import CONFIG, WEIGHTS
+    from ..io.checkpoint import checkpoint_files
     from ..train.config import checked_run_config, read_run_config
 
     if isinstance(model_or_path, torch.nn.Module):
         return None
     path = Path(model_or_path)
-    if not (path / CONFIG).is_file() or (path / WEIGHTS).exists():
+    run_file = path / "config.json"  # the run's, or that of a checkpoint written before vitkit.json
+    if not run_file.is_file() or checkpoint_files(path)[1].exists():
         return None
-    return checked_run_config(read_run_config(path), path / CONFIG)
+    return checked_run_config(read_run_config(path), run_file)
 
 
 def _run_tta(model_or_path) -> bool:
@@ -360,42 +362,6 @@ def _write_outputs(out: Path, res: dict, ds, remap) -> dict:
     res = dict(res, files=files)
     atomic_write_text(out / "metrics.json", json.dumps(res, indent=1) + "\n")
     return files
-
-
-def confusion_png(matrix, classes: list[str], title: str = "") -> bytes | None:
-    """The confusion matrix as PNG bytes (rows: true class, columns: predicted; colour: share of the row),
-    or None when matplotlib is not installed."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        return None
-    m = np.asarray(matrix, dtype=np.float64)
-    K = len(classes)
-    share = m / np.maximum(m.sum(1, keepdims=True), 1)
-    side = min(12.0, 2.5 + 0.45 * K)
-    fig = Figure(figsize=(side + 1.2, side), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    im = ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
-    if K <= 30:
-        ax.set_xticks(range(K), labels=classes, rotation=90 if max(map(len, classes)) > 3 else 0)
-        ax.set_yticks(range(K), labels=classes)
-        if K <= 20:
-            for i in range(K):
-                for j in range(K):
-                    if m[i, j]:
-                        ax.text(j, i, f"{int(m[i, j])}", ha="center", va="center", fontsize=7,
-                                color="white" if share[i, j] > 0.5 else "black")
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
 
 
 def worst_grid(ds, worst: list[dict], cell: int = 96, cols: int = 8) -> bytes:

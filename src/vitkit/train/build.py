@@ -253,8 +253,9 @@ def _from_weights(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], say: Call
     if fmt == "vitkit":
         ckpt = ckpt_io.resolve_checkpoint(resolve_weights(cfg.init_from))
         saved, pre, _, _ = ckpt_io.read_config(ckpt)
+        weights = ckpt_io.checkpoint_files(ckpt)[1]
         model = ckpt_io.model_from_state(mcfg.replace(img_size=saved.img_size, num_classes=saved.num_classes),
-                                         ckpt_io.read_safetensors(ckpt / ckpt_io.WEIGHTS), str(ckpt / ckpt_io.WEIGHTS))
+                                         ckpt_io.read_safetensors(weights), str(weights))
     else:
         from ..io.convert import describe
 
@@ -277,7 +278,7 @@ def prepare_model(cfg: RunConfig, mcfg: ViTConfig, classes: list[str], train_set
     scratch normalises with constants measured on its training images. Gradient checkpointing is set as
     the run asks."""
     if resume_from is not None:
-        state = ckpt_io.read_safetensors(resume_from / ckpt_io.WEIGHTS)
+        state = ckpt_io.read_safetensors(ckpt_io.checkpoint_files(resume_from)[1])
         model = ckpt_io.model_from_state(mcfg.replace(num_classes=len(classes)), state, str(resume_from))
         model.preprocess = ckpt_io.read_config(resume_from)[1]
     else:

@@ -1,7 +1,7 @@
 """Resumable run state, written atomically, and the run directory's lock.
 
-A run directory holds ``last/`` and ``best/``, each a vitkit checkpoint (model.safetensors +
-config.json, loadable with ``vitkit.load``) plus ``trainer.pt``: optimizer, step, epoch, position in
+A run directory holds ``last/`` and ``best/``, each a vitkit checkpoint (vitkit.safetensors +
+vitkit.json, loadable with ``vitkit.load``) plus ``trainer.pt``: optimizer, step, epoch, position in
 the epoch, EMA weights and every RNG state, saved with ``torch.save`` and read back with
 ``torch.load(weights_only=True)``.
 
@@ -124,15 +124,15 @@ def _one_line(e) -> str:
 def find_checkpoint(run_dir: Path, name: str = "last") -> Path | None:
     """``run_dir/name``, or its previous version if a save was interrupted mid-swap; None if neither."""
     for p in (Path(run_dir) / name, Path(run_dir) / f".{name}.old"):
-        if (p / ckpt_io.CONFIG).is_file() and (p / TRAINER_STATE).is_file():
+        if ckpt_io.config_file(p) is not None and (p / TRAINER_STATE).is_file():
             return p
     return None
 
 
 def checkpoint_step(ckpt_dir: Path) -> str:
-    """The step a checkpoint of a run was saved at (its config.json's ``train.step``), or '?'."""
+    """The step a checkpoint of a run was saved at (its vitkit.json's ``train.step``), or '?'."""
     try:
-        return str(json.loads((Path(ckpt_dir) / ckpt_io.CONFIG).read_text())["train"]["step"])
+        return str(json.loads(ckpt_io.config_file(ckpt_dir).read_text())["train"]["step"])
     except Exception:  # noqa: BLE001 - unreadable: the message that names it still goes out
         return "?"
 

@@ -151,8 +151,16 @@ class RunConfig:
     # --- progress and loggers -----------------------------------------------------------------------
     progress_every: float = 30.0  # `vitkit train` writing to a log (not a terminal, which gets a bar): a progress
     #   line every N seconds (step, epoch, loss, accuracy, images/s, ETA); 0 = none
-    loggers: list[Literal["csv", "tensorboard", "wandb"]] = field(default_factory=list)  # also log the metrics to
-    #   metrics.csv, TensorBoard (pip install 'vitkit[tensorboard]') or an offline wandb run ('vitkit[wandb]')
+    loggers: list[Literal["csv", "tensorboard", "wandb", "mlflow"]] = field(default_factory=list)  # also log the
+    #   metrics to metrics.csv, TensorBoard (pip install 'vitkit[tensorboard]'), a wandb run ('vitkit[wandb]') or
+    #   an MLflow run ('vitkit[mlflow]')
+    wandb_mode: str | None = None  # wandb's mode ('online', 'offline', 'disabled'); None = offline. `vitkit
+    #   train` sets it from WANDB_MODE, else 'online' where wandb has credentials (WANDB_API_KEY, ~/.netrc)
+    wandb_project: str | None = None  # the wandb project; None = 'vitkit'. `vitkit train`: WANDB_PROJECT
+    mlflow_tracking_uri: str | None = None  # where MLflow records; None = a file store in the run's mlruns/.
+    #   `vitkit train`: MLFLOW_TRACKING_URI
+    mlflow_experiment: str | None = None  # the MLflow experiment; None = 'vitkit'. `vitkit train`:
+    #   MLFLOW_EXPERIMENT_NAME
     # --- sections ------------------------------------------------------------------------------------
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=lambda: AugmentConfig(crop="pad", pad=2, hflip=0.0,
@@ -232,7 +240,7 @@ def load_toml(path: str | Path) -> dict:
 def read_run_config(path: str | Path) -> dict:
     """A run's config.json (or that of run directory ``path``) as a dict, to replay or resume the run.
 
-    A missing or malformed file, or a checkpoint's config.json, is a ConfigError naming it; the values
+    A missing or malformed file, or a checkpoint's config (vitkit.json), is a ConfigError naming it; the values
     are checked where they are used (``resolve_config``).
     """
     path = Path(path)

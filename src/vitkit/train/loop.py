@@ -17,7 +17,7 @@ import dataclasses
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -47,6 +47,7 @@ def train(
     log: Callable[[str], None] | None = None,
     cache_dir: str | Path | None = None,
     path: FastPath | None = None,
+    loggers: Sequence = (),
 ) -> dict:
     """Train as ``cfg`` says, writing the run directory; return a summary dict.
 
@@ -57,8 +58,9 @@ def train(
     cache). The summary records the seconds spent loading the data (``data_seconds``), whether the
     cache served them (``data_cache``) and the path the run took (``fast_path``: precision, compile,
     channels-last, and why; also its second line): ``path`` as resolved with the run
-    (``train.resolve.resolve_run``), else as ``cfg`` settles it here. Errors are VitkitError subclasses with
-    one-line messages.
+    (``train.resolve.resolve_run``), else as ``cfg`` settles it here. ``loggers``: logger objects besides the
+    config's named loggers (``vitkit.train.metrics.ObjectLog``: ``log_metrics(metrics, step)``, optional
+    ``log_hparams``, ``close``). Errors are VitkitError subclasses with one-line messages.
     """
     cfg = ran_with(cfg.validate(), dist)
     check_loggers(cfg.loggers)
@@ -73,13 +75,14 @@ def train(
         # ends: DDP's reducer holds the group, and the last holder of a gloo group joins its worker threads,
         # which a reducer does while holding the GIL that those threads may be waiting for.
         summary = _run(cfg, run_dir, dist, device, resume, splits, scratch, progress, stop, log, say, cache_dir,
-                       path)
+                       path, loggers)
         barrier(dist)  # all ranks end together: none tears its process group down while rank 0 still writes
         return summary
 
 
 def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, resume: bool, splits,
-         scratch: contextlib.ExitStack, progress: Progress, stop, log, say, cache_dir, path: FastPath | None) -> dict:
+         scratch: contextlib.ExitStack, progress: Progress, stop, log, say, cache_dir, path: FastPath | None,
+         loggers=()) -> dict:
     """``train``'s work inside its process group and the run directory's lock: the summary."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
     cfg = main_config(cfg, dist, device)
@@ -101,7 +104,7 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
         path = run_path(cfg, mcfg, device, len(splits.train))
     trainer = Trainer(cfg, model, splits.train, run_dir, val_set=splits.val, dist=dist, device=device,
                       precision=path.precision, channels_last=path.channels_last, log=log, stop=stop,
-                      progress=progress)
+                      progress=progress, loggers=loggers)
     with contextlib.closing(trainer):
         if saved is not None:
             trainer.restore(saved)

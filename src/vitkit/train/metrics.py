@@ -15,8 +15,18 @@ Records, by ``type``:
 - ``csv``: metrics.csv, one row per step record (split 'train') and per evaluation (split 'val'),
   under fixed columns (``CSV_COLUMNS``);
 - ``tensorboard``: an event file in the run directory (``tensorboard --logdir runs/`` shows each run
-  by its directory's name) with the scalars of ``scalars``; needs the tensorboard package;
-- ``wandb``: an offline Weights & Biases run under run_dir/wandb (``wandb sync`` uploads it); needs wandb.
+  by its directory's name) with the scalars of ``scalars``, the run's config as hyper-parameters (the
+  HPARAMS tab) and, at the end, the confusion matrix as an image; needs the tensorboard package;
+- ``wandb``: a Weights & Biases run under run_dir/wandb, in the mode and project the config names
+  (``wandb_mode``, ``wandb_project``; by default offline, under project 'vitkit': ``wandb sync``
+  uploads it); needs wandb;
+- ``mlflow``: an MLflow run (``mlflow_tracking_uri``, by default a file store in run_dir/mlruns;
+  ``mlflow_experiment``, by default 'vitkit') with the config as parameters; needs mlflow.
+
+Besides the named loggers, ``train(..., loggers=[obj])`` takes objects from Python (``ObjectLog``):
+anything with ``log_metrics(metrics: dict[str, float], step: int)``, and optionally
+``log_hparams(hparams: dict)`` (called once, when a new run starts, with the run's config flattened
+to dotted keys) and ``close()``. ``metrics`` holds the tags of ``scalars``.
 
 Only the main process writes. A resumed run first drops the records written after its checkpoint
 (metrics.jsonl and metrics.csv are trimmed, TensorBoard is told to purge the later steps), so the
@@ -54,6 +64,10 @@ class Logger:
 
     def write(self, rec: dict) -> None:
         raise NotImplementedError
+
+    def confusion(self, matrix, classes: Sequence[str], split: str, step: int) -> None:
+        """The confusion matrix (rows: true class, columns: predicted) of the run's model on ``split``,
+        at the end of a run, for the loggers that show one."""
 
     def close(self) -> None:
         pass
@@ -98,6 +112,10 @@ class MetricsLog:
             if rec.get("step", 0) <= step and rec.get("type") != "final":
                 keep.append(line)
         atomic_write_text(self.file, "".join(line + "\n" for line in keep))
+
+    def confusion(self, matrix, classes: Sequence[str], split: str, step: int) -> None:
+        for logger in self.loggers:
+            logger.confusion(matrix, classes, split, step)
 
     def close(self) -> None:
         for logger in self.loggers:
@@ -160,18 +178,48 @@ def scalars(rec: dict) -> dict[str, float]:
     return {}
 
 
-class TensorBoardLog(Logger):
-    """An event file in the run directory, written with torch.utils.tensorboard (needs tensorboard)."""
+def flat_hparams(config: dict, prefix: str = "") -> dict[str, int | float | str | bool]:
+    """A nested config as one level of dotted keys, each value a number, a string or a bool (a list or
+    None as its text), as TensorBoard's hyper-parameters and MLflow's parameters take them."""
+    out: dict = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_hparams(value, name + "."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            out[name] = json.dumps(value)
+    return out
 
-    def __init__(self, run_dir: Path):
+
+class TensorBoardLog(Logger):
+    """An event file in the run directory, written with torch.utils.tensorboard (needs tensorboard): the
+    scalars, the config as hyper-parameters (when a run starts) and the final confusion matrix."""
+
+    # the scalars TensorBoard's HPARAMS tab sets beside the hyper-parameters
+    HPARAM_METRICS = ("val/acc", "val/loss", "test/acc", "test/loss")
+
+    def __init__(self, run_dir: Path, config: dict | None = None):
         self.dir = Path(run_dir)
+        self.config = config or {}
         self.writer = None
 
     def open(self, step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams
 
         # resumed at step > 0: TensorBoard hides what an earlier segment logged after that step
         self.writer = SummaryWriter(str(self.dir), purge_step=step + 1 if step else None)
+        if not step:  # a new run; a resumed one wrote them when it started
+            for summary in hparams(flat_hparams(self.config), dict.fromkeys(self.HPARAM_METRICS, 0.0)):
+                self.writer.file_writer.add_summary(summary)
+            self.writer.flush()
+
+    def confusion(self, matrix, classes: Sequence[str], split: str, step: int) -> None:
+        self.writer.add_image(f"{split}/confusion", confusion_image(matrix, classes, f"{split} confusion"), step,
+                              dataformats="HWC")
+        self.writer.flush()
 
     def write(self, rec: dict) -> None:
         values = scalars(rec)
@@ -186,22 +234,31 @@ class TensorBoardLog(Logger):
             self.writer = None
 
 
+def _run_id(file: Path) -> str | None:
+    """The id kept in ``file`` (a run directory's wandb-id.txt, say), or None without one."""
+    return file.read_text(encoding="utf-8").strip() or None if file.exists() else None
+
+
 class WandbLog(Logger):
-    """An offline Weights & Biases run under run_dir/wandb, one per run directory: its id is kept in
-    run_dir/wandb-id.txt, so a resumed run continues it (``wandb sync run_dir/wandb/offline-run-*``)."""
+    """A Weights & Biases run under run_dir/wandb, one per run directory: its id is kept in
+    run_dir/wandb-id.txt, so a resumed run continues it. Mode and project as the config's
+    ``wandb_mode`` and ``wandb_project`` say, by default offline (``wandb sync run_dir/wandb/offline-run-*``)
+    under project 'vitkit'."""
 
     def __init__(self, run_dir: Path, config: dict):
         self.dir = Path(run_dir)
         self.config = config
+        self.mode = config.get("wandb_mode") or "offline"
+        self.project = config.get("wandb_project") or "vitkit"
         self.run = None
 
     def open(self, step: int) -> None:
         import wandb
 
         id_file = self.dir / "wandb-id.txt"
-        run_id = id_file.read_text(encoding="utf-8").strip() if id_file.exists() else uuid.uuid4().hex[:12]
+        run_id = _run_id(id_file) or uuid.uuid4().hex[:12]
         atomic_write_text(id_file, run_id + "\n")
-        self.run = wandb.init(mode="offline", dir=str(self.dir), project="vitkit", name=self.dir.name, id=run_id,
+        self.run = wandb.init(mode=self.mode, dir=str(self.dir), project=self.project, name=self.dir.name, id=run_id,
                               resume="allow", config=self.config)
 
     def write(self, rec: dict) -> None:
@@ -215,12 +272,76 @@ class WandbLog(Logger):
             self.run = None
 
 
+class MlflowLog(Logger):
+    """An MLflow run, one per run directory: its id is kept in run_dir/mlflow-id.txt, so a resumed run
+    continues it. Tracking URI and experiment as the config's ``mlflow_tracking_uri`` and
+    ``mlflow_experiment`` say, by default a file store in run_dir/mlruns (``mlflow ui --backend-store-uri
+    run_dir/mlruns``) and experiment 'vitkit'. A new run records the config as parameters."""
+
+    def __init__(self, run_dir: Path, config: dict):
+        self.dir = Path(run_dir)
+        self.config = config
+        self.uri = config.get("mlflow_tracking_uri") or (self.dir / "mlruns").resolve().as_uri()
+        self.experiment = config.get("mlflow_experiment") or "vitkit"
+        self.client = self.run_id = None
+
+    def open(self, step: int) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+        id_file = self.dir / "mlflow-id.txt"
+        self.run_id = _run_id(id_file)
+        if self.run_id is None:
+            found = self.client.get_experiment_by_name(self.experiment)
+            experiment = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
+            self.run_id = self.client.create_run(experiment, run_name=self.dir.name).info.run_id
+            atomic_write_text(id_file, self.run_id + "\n")
+            params = flat_hparams(self.config)
+            for name, value in params.items():  # MLflow keeps a parameter's first value: set once, here
+                self.client.log_param(self.run_id, name, str(value)[:500])
+
+    def write(self, rec: dict) -> None:
+        for tag, value in scalars(rec).items():
+            self.client.log_metric(self.run_id, tag, value, step=rec["step"])
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.set_terminated(self.run_id)
+            self.client = None
+
+
+class ObjectLog(Logger):
+    """A logger object from Python (see the module's docstring): ``log_metrics(metrics, step)``, and
+    ``log_hparams(hparams)`` and ``close()`` where it has them."""
+
+    def __init__(self, obj, config: dict):
+        if not callable(getattr(obj, "log_metrics", None)):
+            raise ConfigError(f"loggers: a {type(obj).__name__} has no log_metrics(metrics, step) method")
+        self.obj = obj
+        self.config = config
+
+    def open(self, step: int) -> None:
+        if not step and callable(getattr(self.obj, "log_hparams", None)):
+            self.obj.log_hparams(flat_hparams(self.config))
+
+    def write(self, rec: dict) -> None:
+        values = scalars(rec)
+        if values:
+            self.obj.log_metrics(values, rec["step"])
+
+    def close(self) -> None:
+        if callable(getattr(self.obj, "close", None)):
+            self.obj.close()
+
+
 # name -> (the package it needs, or None; how to build it from the run directory and the config dict)
 LOGGERS = {
     "csv": (None, lambda run_dir, config: CsvLog(run_dir)),
-    "tensorboard": ("tensorboard", lambda run_dir, config: TensorBoardLog(run_dir)),
+    "tensorboard": ("tensorboard", lambda run_dir, config: TensorBoardLog(run_dir, config)),
     "wandb": ("wandb", lambda run_dir, config: WandbLog(run_dir, config)),
+    "mlflow": ("mlflow", lambda run_dir, config: MlflowLog(run_dir, config)),
 }
+CONFUSION_LOGGERS = ("tensorboard",)  # the named loggers that show the final confusion matrix
 
 
 def check_loggers(names: Sequence[str]) -> None:
@@ -233,10 +354,69 @@ def check_loggers(names: Sequence[str]) -> None:
             raise ConfigError(f"loggers: {name} needs the {package} package: pip install 'vitkit[{name}]'")
 
 
-def open_loggers(names: Sequence[str], run_dir: Path, config: dict) -> list[Logger]:
-    """The loggers ``names`` asks for, in order, to be opened by ``MetricsLog.open``."""
+def open_loggers(names: Sequence[str], run_dir: Path, config: dict, objects: Sequence = ()) -> list[Logger]:
+    """The loggers ``names`` asks for, in order, then the logger ``objects`` (``ObjectLog``), to be opened
+    by ``MetricsLog.open``."""
     check_loggers(names)
-    return [LOGGERS[name][1](Path(run_dir), config) for name in names]
+    return [LOGGERS[name][1](Path(run_dir), config) for name in names] + [ObjectLog(o, config) for o in objects]
+
+
+def confusion_image(matrix, classes: Sequence[str], title: str = ""):
+    """The confusion matrix as an (H, W, 3) uint8 array: drawn with labels by matplotlib where it is
+    installed (``confusion_png``), else a heat map of each row's shares, 8 pixels a cell."""
+    import io
+
+    import numpy as np
+
+    png = confusion_png(matrix, list(classes), title)
+    if png is not None:
+        from PIL import Image
+
+        return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    m = np.asarray(matrix, dtype=np.float64)
+    share = m / np.maximum(m.sum(1, keepdims=True), 1)
+    cells = (255 * (1 - share)).astype(np.uint8).repeat(8, 0).repeat(8, 1)  # dark: a large share
+    return np.stack([cells, cells, np.full_like(cells, 255)], -1)
+
+
+def confusion_png(matrix, classes: list[str], title: str = "") -> bytes | None:
+    """The confusion matrix as PNG bytes (rows: true class, columns: predicted; colour: share of the row),
+    or None when matplotlib is not installed."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    import io
+
+    import numpy as np
+
+    m = np.asarray(matrix, dtype=np.float64)
+    K = len(classes)
+    share = m / np.maximum(m.sum(1, keepdims=True), 1)
+    side = min(12.0, 2.5 + 0.45 * K)
+    fig = Figure(figsize=(side + 1.2, side), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    if K <= 30:
+        ax.set_xticks(range(K), labels=classes, rotation=90 if max(map(len, classes)) > 3 else 0)
+        ax.set_yticks(range(K), labels=classes)
+        if K <= 20:
+            for i in range(K):
+                for j in range(K):
+                    if m[i, j]:
+                        ax.text(j, i, f"{int(m[i, j])}", ha="center", va="center", fontsize=7,
+                                color="white" if share[i, j] > 0.5 else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 @dataclass
@@ -308,5 +488,6 @@ def write_plots(run_dir: Path) -> str | None:
     return None
 
 
-__all__ = ["MetricsLog", "Logger", "CsvLog", "TensorBoardLog", "WandbLog", "LOGGERS", "CSV_COLUMNS", "check_loggers",
-           "open_loggers", "scalars", "csv_row", "StepWindow", "write_plots"]
+__all__ = ["MetricsLog", "Logger", "CsvLog", "TensorBoardLog", "WandbLog", "MlflowLog", "ObjectLog", "LOGGERS",
+           "CONFUSION_LOGGERS", "CSV_COLUMNS", "check_loggers", "open_loggers", "scalars", "csv_row", "flat_hparams",
+           "confusion_image", "confusion_png", "StepWindow", "write_plots"]

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, b
 from .ema import EMA
 from .fsdp import full_optimizer_state, full_tensor, full_weights, load_optimizer_state, plain_copy, shard_model
 from .loader import BatchLoader, loader_workers, micro_batches
-from .metrics import MetricsLog, StepWindow, open_loggers, write_plots
+from .metrics import CONFUSION_LOGGERS, MetricsLog, StepWindow, open_loggers, write_plots
 from .optim import build_optimizer, follow_param_layout
 from .schedule import Schedule
 from .state import TrainerState
@@ -74,15 +74,16 @@ def main_log(log: Callable[[str], None] | None, dist: DistInfo) -> Callable[[str
 
 @torch.no_grad()
 def evaluate_split(model, images, device: torch.device, precision: str = "fp32", batch_size: int = 256,
-                   dist: DistInfo = DistInfo(), tta: bool = False) -> dict:
+                   dist: DistInfo = DistInfo(), tta: bool = False, confusion: bool = False) -> dict:
     """Loss and top-1 accuracy of ``model`` on an ImageSet (sharded over processes, summed); ``tta``: of
-    the mean logits of each image and its mirror (``runtime.model_logits``)."""
+    the mean logits of each image and its mirror (``runtime.model_logits``). ``confusion``: also the
+    confusion matrix, (K, K) int64 counts (rows: true class, columns: predicted)."""
     base = ckpt_io.unwrap(model)
     was_training = base.training
     base.eval()
     broadcast_buffers(base, dist)  # every shard is scored with the buffers rank 0's checkpoint holds
     idx_all = torch.arange(dist.rank, len(images), dist.world_size)
-    tally = Tally(base.cfg.num_classes)
+    tally = Tally(base.cfg.num_classes, confusion=confusion)
     for i in range(0, len(idx_all), batch_size):
         idx = idx_all[i : i + batch_size]
         if getattr(images, "images", None) is not None:
@@ -98,7 +99,11 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
     all_reduce_sum(sums, dist)
     base.train(was_training)
     count = max(sums[2].item(), 1)
-    return {"loss": sums[0].item() / count, "acc": sums[1].item() / count, "n": int(sums[2].item())}
+    out = {"loss": sums[0].item() / count, "acc": sums[1].item() / count, "n": int(sums[2].item())}
+    if confusion:
+        K = base.cfg.num_classes
+        out["confusion"] = all_reduce_sum(tally.conf.double().flatten(), dist).long().reshape(K, K).tolist()
+    return out
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, model: nn.Module, train_set, run_dir: str | Path, *, val_set=None,
                  dist: DistInfo = DistInfo(), device: torch.device = torch.device("cpu"), precision: str = "fp32",
                  channels_last: bool = False, log: Callable[[str], None] | None = None,
-                 stop: Callable[[], bool] | None = None, progress: Progress | None = None):
+                 stop: Callable[[], bool] | None = None, progress: Progress | None = None, loggers: Sequence = ()):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.dist = dist
@@ -168,7 +173,7 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.generator = torch.Generator(device=device)
         self.eval_batch_size = max(cfg.batch_size // cfg.accum_steps, 64)
-        loggers = open_loggers(cfg.loggers, self.run_dir, cfg.to_dict()) if dist.is_main else []
+        loggers = open_loggers(cfg.loggers, self.run_dir, cfg.to_dict(), loggers) if dist.is_main else []
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=dist.is_main, loggers=loggers)
         self.window = StepWindow()
         self.lr = 0.0  # the learning rate of the last step
@@ -506,7 +511,22 @@ class Trainer:
             self.save("best")
         if test_set is not None:
             summary.update(self._test(final, test_set))
+        self._log_confusion(final, test_set)
         return summary
+
+    def _log_confusion(self, final: nn.Module, test_set) -> None:
+        """The confusion matrix of the run's model (best/'s, as ``_test`` scores it) on the test split, else
+        the validation split, for the loggers that show one; computed only for them (on every process)."""
+        images, split = (test_set, "test") if test_set is not None else (self.val_set, "val")
+        if images is None or not any(name in CONFUSION_LOGGERS for name in self.cfg.loggers):
+            return
+        best = self.val_set is not None and self.state.best_step != self.state.step
+        model = self._load_best() if best else final
+        r = evaluate_split(model, images, self.device, self.precision, self.eval_batch_size, self.dist,
+                           self.cfg.tta, confusion=True)
+        if self.dist.is_main:
+            classes = ckpt_io.unwrap(model).labels or [str(i) for i in range(len(r["confusion"]))]
+            self.metrics.confusion(r["confusion"], classes, split, self.state.step)
 
     def _test(self, final: nn.Module, test_set) -> dict:
         # the test accuracy of what `vitkit.load(run_dir)` gives (best/), and the final model's when best/

@@ -13,7 +13,7 @@ def register(p):
     p.add_argument("dest", help="where to write: a vitkit checkpoint directory, a timm .safetensors/.pth file or "
                                 "an HF model directory")
     p.add_argument("--from", dest="src_format", choices=["timm", "hf", "jax"], default=None,
-                   help="format of SRC (default: told by the container: a folder with vitkit's config.json, an HF "
+                   help="format of SRC (default: told by the container: a vitkit checkpoint or run folder, an HF "
                         "folder, a JAX .npz file, a timm .pth/.bin/.safetensors file)")
     p.add_argument("--to", dest="dest_format", choices=["timm", "hf"], default=None,
                    help="format of DEST (default: a vitkit checkpoint)")
@@ -56,6 +56,13 @@ def run(args) -> int:
         print(f"resampled position embeddings {'x'.join(map(str, r['from']))} -> {'x'.join(map(str, r['to']))} "
               f"({r['interpolation']}{', antialias' if r['antialias'] else ''})")
     print(f"wrote {dest_format}: {', '.join(report['files'])}")
+    if dest_format == "timm":
+        from ...io.timm import timm_source
+        from ...model.config import ViTConfig
+
+        cfg = ViTConfig.from_dict(report["config"])
+        where = " (conv_stem: docs/convert.md)" if cfg.stem == "conv" else ""
+        print(f"timm builds it as: {timm_source(cfg)}{where}")
     if args.json:
         print(json.dumps(report))
     return 0

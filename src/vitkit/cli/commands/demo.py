@@ -1,26 +1,21 @@
-"""`vitkit demo`: build a model and classify one of the built-in sample digits (no training)."""
+"""`vitkit demo`: a small model shipped with vitkit, trained on the built-in digits, reads a few test digits."""
 
 from __future__ import annotations
 
 
 def register(p):
-    p.add_argument("--model", default="vit_mini_patch4_28", help="a named model (see `vitkit list`)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
+    p.add_argument("-n", type=int, default=3, metavar="N", help="how many test digits to show (default: 3)")
+    p.add_argument("--start", type=int, default=0, metavar="I",
+                   help="the first of the 2,000 built-in test digits to show (default: 0)")
 
 
 def run(args) -> int:
-    import torch
+    from ...core.errors import ConfigError
+    from ...tools.demo import demo
 
-    from ...model.variants import build_model
-    from ...model.vit import count_params
-
-    model = build_model(args.model, seed=args.seed).eval()
-    c = model.cfg
-    g = torch.Generator().manual_seed(args.seed)
-    x = torch.rand(1, c.in_chans, *c.img_size, generator=g)
-    with torch.no_grad():
-        probs = model(x).softmax(-1)[0]
-    top = probs.topk(min(3, probs.numel()))
-    print(f"{args.model}: {count_params(model) / 1e6:.3f}M parameters, input {tuple(x.shape)}")
-    print("untrained top-3:", ", ".join(f"class {i} {p:.3f}" for p, i in zip(top.values.tolist(), top.indices.tolist())))
+    if not 1 <= args.n <= 100:
+        raise ConfigError(f"-n {args.n}: show between 1 and 100 digits")
+    if not 0 <= args.start < 2000:
+        raise ConfigError(f"--start {args.start}: the built-in test digits are numbered 0 to 1999")
+    print("\n".join(demo(args.n, args.start)))
     return 0

@@ -181,8 +181,14 @@ def add_progress_and_loggers(p: argparse.ArgumentParser) -> None:
 
 
 def progress_and_loggers_flags(args) -> dict:
-    """The config keys of the flags above (None: not given)."""
-    return {"progress_every": args.progress_every, "loggers": args.log}
+    """The config keys of the flags above, and of the loggers' environment variables where no override
+    sets them (None: not given)."""
+    from ..logger_env import logger_settings
+
+    given = list(getattr(args, "overrides", None) or []) + list(getattr(args, "rest", None) or [])
+    keys = {item.split("=", 1)[0].strip() for item in given}
+    env = {k: v for k, v in logger_settings().items() if k not in keys}
+    return {"progress_every": args.progress_every, "loggers": args.log, **env}
 
 
 def logger_list(text: str) -> list[str]:
