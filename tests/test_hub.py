@@ -85,7 +85,7 @@ def hub(tmp_path):
 
 
 def saved_preprocess(run: Path) -> dict:
-    return json.loads((run / "best" / "config.json").read_text())["preprocess"]
+    return json.loads((run / "best" / "vitkit.json").read_text())["preprocess"]
 
 
 # ------------------------------------------------------------------------------- names, end to end
@@ -164,7 +164,7 @@ def test_convert_by_name_and_a_model_without_published_weights(hub, tmp_path):
     cache, _, _ = hub
     r = offline(cache, "convert", "hf-hub:org/tiny-timm", str(tmp_path / "ckpt"))
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["preprocess"]["crop_pct"] == 0.9
+    assert json.loads((tmp_path / "ckpt" / "vitkit.json").read_text())["preprocess"]["crop_pct"] == 0.9
     r = offline(cache, code="import vitkit; vitkit.create_model('vit_test', pretrained=True)")
     assert r.returncode == 1 and "model 'vit_test' has no published weights" in r.stderr.splitlines()[-1]
 
@@ -232,9 +232,9 @@ def test_a_timm_tags_test_size_brings_its_test_crop(tmp_path):
     cfg = dict(PRETRAINED_CFG, test_input_size=[3, 48, 48], test_crop_pct=1.0)
     folder = timm_folder(tmp_path / "tag", random_model(), pretrained_cfg=cfg)
     assert main(["convert", str(folder), str(tmp_path / "a"), "--img-size", "48"]) == 0
-    assert json.loads((tmp_path / "a" / "config.json").read_text())["preprocess"]["crop_pct"] == 1.0
+    assert json.loads((tmp_path / "a" / "vitkit.json").read_text())["preprocess"]["crop_pct"] == 1.0
     assert main(["convert", str(folder), str(tmp_path / "b"), "--img-size", "40"]) == 0
-    assert json.loads((tmp_path / "b" / "config.json").read_text())["preprocess"]["crop_pct"] == 0.9
+    assert json.loads((tmp_path / "b" / "vitkit.json").read_text())["preprocess"]["crop_pct"] == 0.9
 
 
 def test_hf_preprocessor_config_squash_and_crop(tmp_path):
@@ -275,7 +275,7 @@ def test_a_bare_file_reports_its_assumed_preprocessing_and_takes_overrides(tmp_p
     assert ("preprocessing not in the source, assumed: preprocess.std=[0.5, 0.5, 0.5], "
             "preprocess.interpolation=bicubic, preprocess.resize=shorter_then_crop "
             "(change with --set preprocess.KEY=VALUE)") in out
-    pre = json.loads((tmp_path / "ck" / "config.json").read_text())["preprocess"]
+    pre = json.loads((tmp_path / "ck" / "vitkit.json").read_text())["preprocess"]
     assert pre["crop_pct"] == 0.9 and pre["mean"] == IMAGENET["mean"]
     assert main(["convert", str(weights), str(tmp_path / "x"), "--set", "num_heads=2",
                  "--set", "preprocess.crop=0.9"]) == 1

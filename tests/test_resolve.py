@@ -79,7 +79,7 @@ def test_fit_feeds_logger_objects(tmp_path):
             self.records, self.closed = [], False
 
         def log_metrics(self, metrics, step):
-            self.records.append((step, metrics.get("type")))
+            self.records.append((step, metrics))
 
         def close(self):
             self.closed = True
@@ -87,8 +87,10 @@ def test_fit_feeds_logger_objects(tmp_path):
     data = image_folder(tmp_path / "data")
     logger = Collect()
     vitkit.fit(data, epochs=1, out=tmp_path / "run", model=TINY_MODEL, log=None, loggers=[logger],
-               settings={"batch_size": 8, "threads": 1, "device": "cpu", "plots": False, "processes": 1})
-    assert logger.closed and ("final" in {t for _, t in logger.records})
+               settings={"batch_size": 8, "threads": 1, "device": "cpu", "plots": False, "processes": 1,
+                         "log_every": 1})
+    assert logger.closed and any("test/acc" in m or "val/acc" in m for _, m in logger.records)
+    assert any("train/loss" in m for _, m in logger.records)
 
 
 def test_fit_without_data_for_weights_is_one_line(tmp_path):

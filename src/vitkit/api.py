@@ -97,9 +97,9 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     config keys (dotted, as ``--set`` takes them) and values; ``overrides``: 'KEY=VALUE' texts. ``model``:
     a named model (`vitkit list`), or with foreign ``weights`` the named model that supplies what they do
     not show. ``loggers``: objects with ``log_metrics(metrics: dict, step: int)`` (and optionally
-    ``close()``), fed every metrics.jsonl record; a run of several processes runs them in processes of
-    its own (started as `vitkit train --nproc N` starts them), whose records reach the loggers when it
-    ends. ``log``: where the run's lines go (None: nowhere); ``progress``: a ``core.progress.Progress``.
+    ``log_hparams(config: dict)`` and ``close()``), fed as the run logs; a run of several processes runs in
+    processes of its own (started as `vitkit train --nproc N` starts them), whose records reach the
+    loggers, from its metrics.jsonl, when it ends. ``log``: where the run's lines go (None: nowhere); ``progress``: a ``core.progress.Progress``.
     """
     from .train.resolve import RunRequest, resolve_run
 
@@ -117,7 +117,7 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
         say(note)
     if run.cfg.processes > 1:
         summary = _fit_launched(run, cache_dir, log is None)
-        _replay(run.run_dir, loggers)
+        _replay(run.run_dir, run.cfg.to_dict(), loggers)
     else:
         summary = _fit_here(run, cache_dir, loggers, say, progress)
     return FitResult(summary, run.run_dir)
@@ -127,10 +127,8 @@ def _fit_here(run, cache_dir, loggers, say, progress) -> dict:
     """The resolved run trained in this process."""
     from .train.loop import train
 
-    summary = train(run.cfg, run.run_dir, resume=run.resume, progress=progress, log=say, path=run.path,
-                    cache_dir=cache_dir)
-    _replay(run.run_dir, loggers)
-    return summary
+    return train(run.cfg, run.run_dir, resume=run.resume, progress=progress, log=say, path=run.path,
+                 cache_dir=cache_dir, loggers=list(loggers or ()))
 
 
 def _fit_launched(run, cache_dir, quiet: bool) -> dict:
@@ -154,20 +152,23 @@ def _fit_launched(run, cache_dir, quiet: bool) -> dict:
     return json.loads(summary_file.read_text())
 
 
-def _replay(run_dir: Path, loggers: list | None) -> None:
-    """Feed the run's metrics.jsonl records to ``loggers`` (objects with ``log_metrics``), then close them."""
+def _replay(run_dir: Path, config: dict, loggers: list | None) -> None:
+    """Feed the run's metrics.jsonl records to ``loggers`` as a run feeds them (``train.metrics.ObjectLog``),
+    then close them."""
     import json
+
+    from .train.metrics import ObjectLog
 
     if not loggers:
         return
     with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
-    for logger in loggers:
+    for obj in loggers:
+        log = ObjectLog(obj, config)
+        log.open(0)
         for rec in records:
-            logger.log_metrics(rec, int(rec.get("step", 0)))
-        close = getattr(logger, "close", None)
-        if close is not None:
-            close()
+            log.write(rec)
+        log.close()
 
 
 __all__ = ["create_model", "fit", "FitResult"]

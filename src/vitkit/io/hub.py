@@ -56,7 +56,7 @@ PRETRAINED: dict[str, str] = {
 
 # the files fetched from a repository: the configs and the safetensors weights (one file, or shards and
 # their index); the pickled weights only where a repository has no safetensors
-FILES = tuple(dict.fromkeys((CONFIG, "config.json", "preprocessor_config.json", WEIGHTS,
+FILES = tuple(dict.fromkeys((CONFIG, "config.json", "preprocessor_config.json", WEIGHTS, "model.safetensors",
                              "model.safetensors.index.json", "model-*-of-*.safetensors")))
 FALLBACK_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin")
 
@@ -126,7 +126,7 @@ def download(name: str) -> Path:
                           "pip install 'vitkit[hub]'") from None
     try:
         folder = Path(hub.snapshot_download(repo, revision=revision, allow_patterns=list(FILES)))
-        if not any(folder.glob("model*.safetensors*")):
+        if not any(folder.glob("*.safetensors*")):
             folder = Path(hub.snapshot_download(repo, revision=revision,
                                                 allow_patterns=list(FILES + FALLBACK_FILES)))
     except Exception as e:  # noqa: BLE001 - huggingface_hub's errors, the network's, the disk's: one line each

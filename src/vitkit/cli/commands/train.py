@@ -176,8 +176,9 @@ def add_progress_and_loggers(p: argparse.ArgumentParser) -> None:
                    help=_h("where stderr is not a terminal (a log), a progress line every SECONDS; 0: none",
                            "progress_every"))
     g.add_argument("--log", type=logger_list, metavar="LOGGERS", help="also log the metrics to: csv (metrics.csv), "
-                   "tensorboard, wandb (offline); a comma list, e.g. --log tensorboard,csv (metrics.jsonl is always "
-                   "written)")
+                   "tensorboard, wandb (WANDB_MODE and WANDB_PROJECT honoured; offline without credentials), mlflow "
+                   "(MLFLOW_TRACKING_URI, else the run's mlruns/); a comma list, e.g. --log tensorboard,csv "
+                   "(metrics.jsonl is always written)")
 
 
 def progress_and_loggers_flags(args) -> dict:
