@@ -116,3 +116,117 @@ def test_out_at_an_empty_folder_or_a_run_that_saved_no_checkpoint_is_taken(data,
     rc, _, err = train(capsys, data, early)
     assert rc == 0, err
     assert (early / "last" / "model.safetensors").is_file() and (early / "notes.txt").read_text() == "keep\n"
+
+
+# ================================================================== 2. FIFOs in data folders; signals
+def vitkit_run(*argv, timeout: float = 60) -> tuple[int, str, list[str]]:
+    """``vitkit ARGV`` in a process of its own (and its own session, killed whole if it hangs): (exit code,
+    stdout, stderr lines). A command blocked in a system call in a worker thread cannot be interrupted
+    in-process, so whatever could hang runs here."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    p = subprocess.Popen([sys.executable, "-m", "vitkit", *map(str, argv)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"vitkit {' '.join(map(str, argv))}: still running after {timeout} s")
+    return p.returncode, out, err.splitlines()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    import vitkit
+    from helpers import tiny_model
+
+    return vitkit.save(tiny_model(head_std=1.0, labels=["cat", "dog"], num_classes=2),
+                       tmp_path_factory.mktemp("ck") / "ckpt")
+
+
+@pytest.fixture
+def fifo_data(tmp_path) -> Path:
+    """An image folder with a FIFO named like an image in one class folder."""
+    root = image_folder(tmp_path / "imgs", n=4, test=2)
+    os.mkfifo(root / "train" / "cat" / "p.png")
+    os.mkfifo(root / "test" / "dog" / "q.png")
+    return root
+
+
+def test_a_fifo_in_a_folder_is_skipped_with_a_warning_never_opened(ckpt, fifo_data):
+    fifo = fifo_data / "train" / "cat" / "p.png"
+    rc, out, err = vitkit_run("predict", ckpt, fifo_data / "train", "--json", "--quiet")
+    assert rc == 0, err
+    assert err == [f"vitkit: warning: skipped {fifo}: not a regular file (a FIFO); not read"], err
+    assert len(json.loads(out)["predictions"]) == 8
+    rc, out, err = vitkit_run("predict", ckpt, fifo_data / "train", "--strict", "--quiet")
+    assert rc == 1
+    one_error(err, names=re.escape(str(fifo)) + r": not a regular file \(a FIFO\)")
+    rc, out, err = vitkit_run("eval", ckpt, "--data", fifo_data, "--quiet")
+    assert rc == 0 and f"vitkit: warning: skipped {fifo_data / 'test' / 'dog' / 'q.png'}: not a regular file (a FIFO); " \
+        "not read" in err and all(line.startswith("vitkit: warning: skipped") for line in err), err
+
+
+def test_a_fifo_given_directly_is_one_line(ckpt, tmp_path):
+    fifo = tmp_path / "p.png"
+    os.mkfifo(fifo)
+    rc, out, err = vitkit_run("predict", ckpt, fifo, "--quiet")
+    assert rc == 1
+    one_error(err, names=re.escape(str(fifo)) + r": not a regular file \(a FIFO\)")
+    rc, out, err = vitkit_run("explain", ckpt, fifo, "--out", tmp_path / "x")
+    assert rc == 1
+    one_error(err, names=re.escape(str(fifo)) + r": not a regular file \(a FIFO\)")
+
+
+def test_training_on_a_folder_with_fifos_skips_them(fifo_data, tmp_path):
+    rc, out, err = vitkit_run("train", "--data", fifo_data, "--epochs", "1", "--out", tmp_path / "run",
+                              *[a for a in FAST_TRAIN_ARGS if a != "--quiet"])
+    assert rc == 0 and "Traceback" not in "\n".join(err), err
+    assert f"skipped 2 unreadable file(s), e.g. {fifo_data / 'train' / 'cat' / 'p.png'}: not a regular file (a FIFO); " \
+        "not read" in out, out
+    rc, out, err = vitkit_run("train", "--data", fifo_data, "--epochs", "1", "--out", tmp_path / "strict",
+                              *FAST_TRAIN_ARGS, "--set", "data.strict=true")
+    assert rc == 1
+    one_error(err, names=r"p\.png: not a regular file \(a FIFO\)")
+
+
+# a command held in its library call (a stand-in that sleeps), so that the signal arrives while it runs
+HELD = """
+import sys, time, importlib
+sys.path.insert(0, {tests!r})
+module, name = sys.argv[1], sys.argv[2]
+def held(*args, **kwargs):
+    print("ready", flush=True)
+    time.sleep(60)
+setattr(importlib.import_module(module), name, held)
+from vitkit.cli.main import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("command", ["predict", "eval", "explain"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_end_a_command_at_once(command, sig, ckpt, tmp_path):
+    module, argv = {
+        "predict": ("vitkit.tools.predict", ["predict", ckpt, tmp_path]),
+        "eval": ("vitkit.tools.evaluate", ["eval", ckpt, "--data", tmp_path]),
+        "explain": ("vitkit.tools.explain", ["explain", ckpt, tmp_path / "x.png", "--out", tmp_path / "o"]),
+    }[command]
+    name = {"eval": "evaluate"}.get(command, command)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    p = subprocess.Popen([sys.executable, "-c", HELD.format(tests=str(ROOT / "tests")), module, name,
+                          *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        p.kill()
+        p.wait()
+    if sig == signal.SIGTERM:
+        assert (p.returncode, err) == (143, "vitkit: interrupted (SIGTERM)\n"), (p.returncode, err)
+    else:
+        assert (p.returncode, err) == (130, "vitkit: interrupted\n"), (p.returncode, err)
+    assert took < 10

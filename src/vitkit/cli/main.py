@@ -8,10 +8,13 @@ arguments) and ``run(args) -> int``. Modules are imported only when their subcom
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import importlib.util
+import signal
 import sys
+import threading
 import warnings
 
 from ..core.errors import VitkitError, VitkitWarning
@@ -117,6 +120,28 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
         _default(message, category, filename, lineno, file, line)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is (also inside a blocking system call), so that it ends at once,
+    as Ctrl-C ends it; ``vitkit train`` takes both signals over to save its run first."""
+
+
+@contextlib.contextmanager
+def _sigterm_ends_the_command():
+    """SIGTERM raises Terminated while a command runs (in the main thread, where handlers are set)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise Terminated
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Only the chosen subcommand's arguments are registered: importing every command module costs time.
@@ -131,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        with warnings.catch_warnings():
+        with _sigterm_ends_the_command(), warnings.catch_warnings():
             warnings.showwarning = _show_warning
             command = _load(COMMANDS[args.command][0])
             from ..core.hardware import keep_freed_memory
@@ -141,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     except VitkitError as e:
         print(f"vitkit: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("vitkit: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C: 130; SIGTERM: 143 (128 + the signal's number, as a shell reports it)
+        print("vitkit: interrupted" + (" (SIGTERM)" if isinstance(e, Terminated) else ""), file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
 
 
 if __name__ == "__main__":  # pragma: no cover

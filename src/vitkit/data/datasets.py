@@ -36,6 +36,7 @@ from .images import (
     decode_array,
     header_size,
     is_image_name,
+    open_regular,
     pil_limits,
     short_side_size,
     show_path,
@@ -585,7 +586,7 @@ def _resize_uint8(images: torch.Tensor, size: tuple[int, int], chunk: int = 4096
 # MNIST IDX
 def _read_bytes(path: Path) -> bytes:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             raw = f.read()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
