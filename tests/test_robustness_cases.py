@@ -230,3 +230,50 @@ def test_sigterm_and_sigint_end_a_command_at_once(command, sig, ckpt, tmp_path):
     else:
         assert (p.returncode, err) == (130, "vitkit: interrupted\n"), (p.returncode, err)
     assert took < 10
+
+
+# ================================================================= 7. --json output is strict JSON
+def _no_constant(name):
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def strict_json(line: str):
+    """``line`` parsed as strict JSON: NaN, Infinity and -Infinity are refused."""
+    return json.loads(line, parse_constant=_no_constant)
+
+
+@pytest.fixture(scope="module")
+def nan_ckpt(tmp_path_factory) -> Path:
+    """A checkpoint whose head's bias is NaN: every logit, probability and loss is NaN."""
+    import torch
+
+    import vitkit
+    from helpers import tiny_model
+
+    m = tiny_model(head_std=1.0, labels=["cat", "dog"], num_classes=2)
+    with torch.no_grad():
+        m.head.bias.fill_(float("nan"))
+    return vitkit.save(m, tmp_path_factory.mktemp("nan") / "ckpt")
+
+
+def test_json_output_is_strict_json_also_for_nan(nan_ckpt, ckpt, data, tmp_path, capsys):
+    image = data / "test" / "cat" / "0.png"
+    commands = {
+        "predict": ["predict", nan_ckpt, image, "--json", "--quiet"],
+        "eval": ["eval", nan_ckpt, "--data", data, "--json", "--quiet"],
+        "explain": ["explain", nan_ckpt, image, "--out", tmp_path / "x", "--json"],
+        "bench": ["bench", ckpt, "--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--threads", "1",
+                  "--device", "cpu", "--json"],
+        "convert": ["convert", ckpt, tmp_path / "timm.safetensors", "--to", "timm", "--json"],
+        "export": ["export", nan_ckpt, "--format", "torchscript", "--out", tmp_path / "m.pt", "--no-check", "--json"],
+        "list": ["list", "vit_test", "--json"],
+        "train": ["train", "--data", data, "--epochs", "1", "--out", tmp_path / "run", *FAST_TRAIN_ARGS, "--json"],
+    }
+    parsed = {}
+    for name, argv in commands.items():
+        rc, out, err = cli(capsys, *argv)
+        assert rc == 0 and "Traceback" not in "\n".join(err), (name, err)
+        parsed[name] = strict_json(out.strip().splitlines()[-1])
+    assert parsed["predict"]["predictions"][0]["top"][0]["prob"] is None
+    assert parsed["eval"]["loss"] is None
+    assert parsed["list"][0]["name"] == "vit_test" and parsed["train"]["status"] == "completed"

@@ -33,9 +33,8 @@ def register(p):
 
 
 def run(args) -> int:
-    import json
-
     from ...io.convert import convert, describe
+    from . import json_line
 
     parser = args._convert_parser
     src_format = args.src_format or source_format(args.src)
@@ -55,7 +54,7 @@ def run(args) -> int:
               f"({r['interpolation']}{', antialias' if r['antialias'] else ''})")
     print(f"wrote {dest_format}: {', '.join(report['files'])}")
     if args.json:
-        print(json.dumps(report))
+        print(json_line(report))
     return 0
 
 

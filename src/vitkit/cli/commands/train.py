@@ -493,14 +493,14 @@ def train_here(args, cfg, run_dir, dist, note: str | None = None) -> int:
 
 def report(args, summary: dict, run_dir) -> int:
     """The main process's last lines (how to continue a stopped run; the accuracies) and the exit code."""
-    import json
+    from . import json_line
 
     if summary.get("status") == "interrupted":
         if args.quiet:  # quiet silences progress, not how to continue
             print(f"vitkit: stopped at step {summary.get('step', 0)}; continue with: vitkit train --resume {run_dir}",
                   file=sys.stderr)
         if args.json:
-            print(json.dumps(summary))
+            print(json_line(summary))
         return 130
     parts = []
     if "test_acc" in summary:
@@ -510,7 +510,7 @@ def report(args, summary: dict, run_dir) -> int:
     parts.append(f"train time {summary['train_seconds']:.1f} s (total {summary['total_seconds']:.1f} s)")
     print(", ".join(parts) + f"; saved {run_dir}")
     if args.json:
-        print(json.dumps(summary))
+        print(json_line(summary))
     return 0
 
 
