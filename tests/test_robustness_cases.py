@@ -277,3 +277,113 @@ def test_json_output_is_strict_json_also_for_nan(nan_ckpt, ckpt, data, tmp_path,
     assert parsed["predict"]["predictions"][0]["top"][0]["prob"] is None
     assert parsed["eval"]["loss"] is None
     assert parsed["list"][0]["name"] == "vit_test" and parsed["train"]["status"] == "completed"
+
+
+# ===================================================== 3. configs of absurd size, or nested without end
+def _edit_json(file: Path, **changes) -> None:
+    data = json.loads(file.read_text())
+    for key, value in changes.items():
+        target = data
+        *path, last = key.split(".")
+        for k in path:
+            target = target[k]
+        target[last] = value
+    file.write_text(json.dumps(data))
+
+
+HUGE = {  # field (of the checkpoint's model config) -> (value, the field the error names)
+    "depth": (10**9, "depth"),
+    "embed_dim": (2**31, "embed_dim"),
+    "img_size": ([10**6, 10**6], "img_size"),
+    "num_classes": (2**40, "num_classes"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(HUGE))
+def test_a_checkpoint_of_absurd_size_is_one_line(field, ckpt, data, tmp_path, capsys):
+    import shutil
+
+    bad = Path(shutil.copytree(ckpt, tmp_path / "ck"))
+    value, named = HUGE[field]
+    changes = {f"model.{field}": value}
+    if field == "embed_dim":
+        changes["model.num_heads"] = 1
+    _edit_json(bad / "config.json", **changes)
+    t0 = time.monotonic()
+    for argv in (["predict", bad, data / "test" / "cat" / "0.png"], ["convert", bad, tmp_path / "t.safetensors",
+                                                                    "--to", "timm"]):
+        rc, _, err = cli(capsys, *argv)
+        assert rc == 1
+        line = one_error(err, names=re.escape(str(bad / "config.json")) + rf".*ViTConfig\.{named}: ")
+        assert "over the limit" in line, line
+    assert time.monotonic() - t0 < 20
+
+
+HF_HUGE = {"num_hidden_layers": 10**9, "hidden_size": 2**31, "image_size": 10**6}
+
+
+@pytest.fixture(scope="module")
+def hf_dir(ckpt, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hf") / "hf"
+    assert main(["convert", str(ckpt), str(out), "--to", "hf"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("key", sorted(HF_HUGE))
+def test_an_hf_config_of_absurd_size_is_one_line(key, hf_dir, tmp_path, capsys):
+    import shutil
+
+    bad = Path(shutil.copytree(hf_dir, tmp_path / "hf"))
+    _edit_json(bad / "config.json", **{key: HF_HUGE[key]},
+               **({"num_attention_heads": 1, "intermediate_size": 2**33} if key == "hidden_size" else {}))
+    t0 = time.monotonic()
+    rc, _, err = cli(capsys, "convert", bad, tmp_path / "ck", "--from", "hf")
+    assert rc == 1
+    line = one_error(err, names=re.escape(str(bad)))
+    assert "over the limit" in line, line
+    assert time.monotonic() - t0 < 20
+
+
+def test_the_limits_can_be_raised_for_a_larger_model(monkeypatch):
+    from vitkit.core.errors import ConfigError
+    from vitkit.model import config as model_config
+
+    with pytest.raises(ConfigError, match=r"ViTConfig\.depth: 500 blocks of width 2048 .* over the limit of 5e\+09"):
+        model_config.ViTConfig(depth=500, embed_dim=2048, num_heads=16)
+    monkeypatch.setattr(model_config, "MAX_PARAMS", 3e10)
+    assert model_config.ViTConfig(depth=500, embed_dim=2048, num_heads=16).depth == 500
+
+
+DEEP = 100_000
+
+
+def _deep_json() -> str:
+    return '{"model": ' + "[" * DEEP + "]" * DEEP + "}"
+
+
+def _deep_toml() -> str:
+    return "x = " + "[" * DEEP + "]" * DEEP + "\n"
+
+
+def test_a_config_nested_without_end_is_one_line(ckpt, hf_dir, data, tmp_path, capsys):
+    import shutil
+
+    cases = []
+    bad_ck = Path(shutil.copytree(ckpt, tmp_path / "ck"))
+    (bad_ck / "config.json").write_text(_deep_json())
+    cases.append((bad_ck / "config.json", ["predict", bad_ck, data / "test" / "cat" / "0.png"]))
+    bad_hf = Path(shutil.copytree(hf_dir, tmp_path / "hf"))
+    (bad_hf / "config.json").write_text(_deep_json())
+    cases.append((bad_hf / "config.json", ["convert", bad_hf, tmp_path / "out", "--from", "hf"]))
+    for name, text in (("x.json", _deep_json()), ("x.toml", _deep_toml())):
+        (tmp_path / name).write_text(text)
+        cases.append((tmp_path / name, ["train", "--config", tmp_path / name, "--out", tmp_path / "run", "--quiet"]))
+    dotted = tmp_path / "dotted.toml"  # dotted keys nest without brackets
+    dotted.write_text(".".join(["a"] * 5000) + " = 1\n")
+    cases.append((dotted, ["train", "--config", dotted, "--out", tmp_path / "run", "--quiet"]))
+    for file, argv in cases:
+        rc, _, err = cli(capsys, *argv)
+        assert rc == 1, (argv, err)
+        one_error(err, names=re.escape(str(file)) + r".*nested more than \d+ levels deep")
+    rc, _, err = cli(capsys, "list", "vit_test")  # the interpreter is fine afterwards
+    assert rc == 0

@@ -14,13 +14,13 @@ format's key table and layout, built on ``keys.py`` (applying a key table with h
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..core.errors import CheckpointError, ConfigError
+from ..core.strict import parse_json
 from ..model.config import ViTConfig
 from ..model.vit import count_params
 from .arch import parse_overrides
@@ -129,7 +129,7 @@ def detect_format(src: str | os.PathLike) -> str:
 def _json_object(file: Path) -> dict:
     """``file`` as a JSON object; {} when it is missing or is no JSON object (its reader reports that)."""
     try:
-        obj = json.loads(file.read_text(encoding="utf-8"))
+        obj = parse_json(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return {}
     return obj if isinstance(obj, dict) else {}

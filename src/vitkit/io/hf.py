@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import CheckpointError
-from ..core.strict import read_json_object
+from ..core.strict import parse_json, read_json_object
 from ..model.config import Preprocess, ViTConfig
 from .arch import mlp_ratio_for, resolve_config
 from .atomic import atomic_write_bytes, atomic_write_text
@@ -101,7 +101,7 @@ def read_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor],
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (path / index).is_file():
             try:
-                weight_map = json.loads((path / index).read_text(encoding="utf-8"))["weight_map"]
+                weight_map = parse_json((path / index).read_text(encoding="utf-8"))["weight_map"]
                 shards = sorted(set(weight_map.values()))
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise CheckpointError(f"{path / index}: not a valid shard index (no 'weight_map')") from None
@@ -180,7 +180,7 @@ def _preprocess(path: Path, in_chans: int) -> Preprocess | None:
     if not file.is_file():
         return None
     try:
-        p = json.loads(file.read_text(encoding="utf-8"))
+        p = parse_json(file.read_text(encoding="utf-8"))
         interp = {v: k for k, v in RESAMPLE_TO_HF.items()}.get(p.get("resample"), "bilinear")
         pre = Preprocess(mean=tuple(p["image_mean"]), std=tuple(p["image_std"]), interpolation=interp)
         return pre.for_channels(in_chans)
