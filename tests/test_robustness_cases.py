@@ -387,3 +387,134 @@ def test_a_config_nested_without_end_is_one_line(ckpt, hf_dir, data, tmp_path, c
         one_error(err, names=re.escape(str(file)) + r".*nested more than \d+ levels deep")
     rc, _, err = cli(capsys, "list", "vit_test")  # the interpreter is fine afterwards
     assert rc == 0
+
+
+# ================================== 4. decoded-image cache entries that pass the checksum but not the shape
+def _cache_folder(root: Path) -> Path:
+    from helpers import noise_image
+
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(5):
+            noise_image(20 + 4 * (i % 3), 24, seed=10 * (c == "b") + i).save(root / c / f"{i}.png")
+    return root
+
+
+def _open_cached(root, cache):
+    import torch
+
+    from vitkit.data import open_dataset
+
+    d = open_dataset(root, val_fraction=0, cache_dir=cache, short_side=20)
+    d.train.get_batch(torch.arange(len(d.train)))  # every image read back
+    return d
+
+
+def _rewrite(entry: Path, meta, shapes, pixels, compress: bool = False) -> None:
+    """An entry with the right key and a recomputed checksum, holding what it is given."""
+    import zipfile
+    import zlib
+
+    import numpy as np
+
+    if isinstance(meta, dict):
+        meta = dict(meta, crc=zlib.crc32(np.ascontiguousarray(pixels)))
+    members = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8), "shapes": shapes, "pixels": pixels}
+    with zipfile.ZipFile(entry, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as z:
+        for name, array in members.items():
+            with z.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+
+
+def _bad_entries():
+    import numpy as np
+
+    def tall(meta, shapes, pixels):  # all pixels as one 1-wide grey image, the others unreadable
+        rows = [[pixels.size, 1, 1]] + [[-1, -1, -1]] * (len(shapes) - 1)
+        return meta, np.array(rows, np.int64), pixels
+
+    def negative(meta, shapes, pixels):
+        s = shapes.copy()
+        s[0] = [-s[0, 0], -s[0, 1], s[0, 2]]  # the same product, negative sides
+        return meta, s, pixels
+
+    def zero(meta, shapes, pixels):
+        s = shapes.copy()
+        s[1] = [0, 5, 3]
+        return meta, s, pixels[: pixels.size - int(np.prod(shapes[1]))]
+
+    return {
+        "meta-list": lambda m, s, p: ([m["key"]], s, p),
+        "meta-errors-list": lambda m, s, p: ({**m, "errors": []}, s, p),
+        "shapes-0d": lambda m, s, p: (m, np.array(len(s)), p),
+        "shapes-float": lambda m, s, p: (m, s.astype(np.float64), p),
+        "negative": negative,
+        "zero": zero,
+        "fortran-pixels": lambda m, s, p: (m, s, np.asfortranarray(np.stack([p, p], 1))),
+        "float64-pixels": lambda m, s, p: (m, s, p.astype(np.float64)),
+        "2d-pixels": lambda m, s, p: (m, s, p.reshape(-1, 1)),
+        "one-tall-image": tall,
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_bad_entries()))
+def test_a_cache_entry_of_the_wrong_structure_is_a_miss(case, tmp_path, monkeypatch):
+    import numpy as np
+    import torch
+
+    root, cache = _cache_folder(tmp_path / "data"), tmp_path / "cache"
+    first = _open_cached(root, cache)
+    (entry,) = (cache / "decoded").glob("*.npz")
+    with np.load(entry) as z:
+        meta, shapes, pixels = json.loads(bytes(z["meta"]).decode()), z["shapes"], z["pixels"]
+    _rewrite(entry, *_bad_entries()[case](meta, shapes, pixels))
+    again = _open_cached(root, cache)
+    assert again.cache == "miss"
+    a, b = (d.train.get_batch(torch.arange(len(d.train)))[0] for d in (first, again))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert _open_cached(root, cache).cache == "hit"  # written again, whole
+
+
+def test_a_cache_entry_claiming_a_gigabyte_is_not_read(tmp_path):
+    import resource
+
+    import numpy as np
+
+    root, cache = _cache_folder(tmp_path / "data"), tmp_path / "cache"
+    _open_cached(root, cache)
+    (entry,) = (cache / "decoded").glob("*.npz")
+    with np.load(entry) as z:
+        meta, shapes = json.loads(bytes(z["meta"]).decode()), z["shapes"]
+    rows = [[1 << 15, 1 << 15, 1]] + [[-1, -1, -1]] * (len(shapes) - 1)  # 1 GiB of zeros, deflated to 1 MB
+    big = np.zeros(1 << 30, np.uint8)
+    _rewrite(entry, meta, np.array(rows, np.int64), big, compress=True)
+    del big
+    assert entry.stat().st_size < 8 << 20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; the writing above set it already
+    from vitkit.data.cache import DecodeCache
+
+    name = entry.stem
+    assert DecodeCache(cache).load(name, meta["key"], len(shapes)) is None
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss <= peak + (64 << 10)  # no new 1 GiB
+
+
+def test_a_folder_named_like_an_old_entry_and_a_failed_write(tmp_path, capsys):
+    root, cache = _cache_folder(tmp_path / "data"), tmp_path / "cache"
+    _open_cached(root, cache)
+    (entry,) = (cache / "decoded").glob("*.npz")
+    stale = entry.with_name(entry.name.split("-")[0] + "-" + "0" * 32 + ".npz")
+    stale.mkdir()
+    (stale / "mine.txt").write_text("keep\n")
+    (root / "a" / "new.png").write_bytes((root / "a" / "0.png").read_bytes())  # another key: a new entry
+    d = _open_cached(root, cache)
+    assert d.cache == "miss" and (stale / "mine.txt").read_text() == "keep\n" and not entry.exists()
+    # the write fails: the run says so, and never that it cached the data
+    data = image_folder(tmp_path / "imgs", n=4, test=2)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would go\n")
+    rc, out, err = cli(capsys, "train", "--data", data, "--epochs", "1", "--out", tmp_path / "run", "--cache-dir",
+                       blocked, "--json", *[a for a in FAST_TRAIN_ARGS if a != "--quiet"])
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[-1])["data_cache"] == "miss, not cached"
+    assert "cached in" not in out.replace("not cached in", ""), out
+    assert any(line.startswith("warning: decoded images not cached") for line in out.splitlines()), out
