@@ -518,3 +518,83 @@ def test_a_folder_named_like_an_old_entry_and_a_failed_write(tmp_path, capsys):
     assert json.loads(out.splitlines()[-1])["data_cache"] == "miss, not cached"
     assert "cached in" not in out.replace("not cached in", ""), out
     assert any(line.startswith("warning: decoded images not cached") for line in out.splitlines()), out
+
+
+# ============================================= 8. labels that do not fit, weights that are not floats, link loops
+def test_an_hf_id2label_of_another_length_is_a_warning(hf_dir, tmp_path):
+    import shutil
+
+    from vitkit.core.errors import VitkitWarning
+    from vitkit.io.convert import read
+
+    bad = Path(shutil.copytree(hf_dir, tmp_path / "hf"))
+    _edit_json(bad / "config.json", id2label={"0": "cat", "1": "dog", "2": "bird"},
+               label2id={"cat": 0, "dog": 1, "bird": 2})
+    with pytest.warns(VitkitWarning, match=re.escape(str(bad / "config.json")) + r": id2label names 3 classes but "
+                      r"the head has 2"):
+        model = read(bad, "hf")[0]
+    assert model.labels is None
+
+
+def _weights_with(ckpt: Path, tmp_path: Path, change) -> Path:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = Path(shutil.copytree(ckpt, tmp_path / "bad"))
+    state = load_file(str(bad / "model.safetensors"))
+    change(state)
+    save_file(state, str(bad / "model.safetensors"))
+    return bad
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bool"])
+def test_weights_that_are_not_floats_are_refused_naming_the_tensor(dtype, ckpt, data, tmp_path, capsys):
+    import torch
+
+    def change(state):
+        state["head.weight"] = state["head.weight"].to(getattr(torch, dtype))
+
+    bad = _weights_with(ckpt, tmp_path, change)
+    for argv in (["predict", bad, data / "test" / "cat" / "0.png"], ["convert", bad, tmp_path / "t.safetensors",
+                                                                    "--to", "timm"]):
+        rc, _, err = cli(capsys, *argv)
+        assert rc == 1
+        one_error(err, names=re.escape(str(bad / "model.safetensors")) + rf": tensor head\.weight is {dtype}, not "
+                  "floating point")
+    timm_file = tmp_path / "timm.safetensors"  # the foreign readers check the same
+    assert main(["convert", str(ckpt), str(timm_file), "--to", "timm"]) == 0
+    capsys.readouterr()
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(timm_file))
+    state["head.weight"] = state["head.weight"].to(getattr(torch, dtype))
+    save_file(state, str(timm_file))
+    rc, _, err = cli(capsys, "convert", timm_file, tmp_path / "ck2", "--from", "timm", "--model", "vit_test")
+    assert rc == 1
+    one_error(err, names=r"tensor head\.weight is " + dtype)
+
+
+def test_weights_holding_nan_load_with_a_warning_naming_the_tensor(ckpt, data, tmp_path, capsys):
+    def change(state):
+        state["blocks.0.mlp.fc1.weight"][0, 0] = float("nan")
+
+    bad = _weights_with(ckpt, tmp_path, change)
+    rc, out, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json", "--quiet")
+    assert rc == 0
+    assert err == [f"vitkit: warning: {bad / 'model.safetensors'}: tensor blocks.0.mlp.fc1.weight holds NaN or "
+                   "infinite values; the model's outputs will not be finite"], err
+
+
+def test_a_weights_file_linked_to_itself_is_a_link_loop(ckpt, data, tmp_path, capsys):
+    import shutil
+
+    bad = Path(shutil.copytree(ckpt, tmp_path / "loop"))
+    (bad / "model.safetensors").unlink()
+    os.symlink("model.safetensors", bad / "model.safetensors")
+    rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png")
+    assert rc == 1
+    one_error(err, names=re.escape(str(bad / "model.safetensors")) + ": a symbolic link loop$")
+    rc, _, err = cli(capsys, "convert", bad / "model.safetensors", tmp_path / "ck", "--from", "timm")
+    assert rc == 1
+    one_error(err, names="a symbolic link loop")
