@@ -598,3 +598,52 @@ def test_a_weights_file_linked_to_itself_is_a_link_loop(ckpt, data, tmp_path, ca
     rc, _, err = cli(capsys, "convert", bad / "model.safetensors", tmp_path / "ck", "--from", "timm")
     assert rc == 1
     one_error(err, names="a symbolic link loop")
+
+
+# ============================================================ 6. a rank killed in a run of two processes
+# Loaded as sitecustomize by the processes of the test's run (their PYTHONPATH holds it): the rank named in
+# the environment kills itself with SIGKILL at its Nth training step, as the kernel's OOM killer would.
+KILL_RANK = """
+import os
+if os.environ.get("KILL_RANK") == os.environ.get("RANK", "-"):
+    import signal
+    import vitkit.train.trainer as trainer
+    real, calls = trainer.Trainer.train_step, [0]
+
+    def step_then_die(self, *a, **k):
+        calls[0] += 1
+        if calls[0] == int(os.environ["KILL_AT_STEP"]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, *a, **k)
+
+    trainer.Trainer.train_step = step_then_die
+"""
+
+
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_killed_rank_ends_the_run_in_one_line_with_how_to_resume(rank, data, tmp_path):
+    from vitkit.train.checkpoint import checkpoint_step
+
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(KILL_RANK)
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), str(ROOT / "src")]), KILL_RANK=str(rank),
+               KILL_AT_STEP="3")  # 8 training images, one step an epoch: dies in epoch 3, step 2 saved
+    argv = [sys.executable, "-m", "vitkit", "train", "--data", data, "--epochs", "3", "--nproc", "2", "--out", run,
+            *FAST_TRAIN_ARGS]
+    t0 = time.monotonic()
+    r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, timeout=120, env=env)
+    assert time.monotonic() - t0 < 60
+    assert r.returncode == 128 + signal.SIGKILL, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines == [f"vitkit: error: process {rank} of 2 failed (killed by SIGKILL); tracebacks in {run}/failure.log; "
+                     f"the last checkpoint {run}/last (step 2) is kept; continue with: vitkit train --resume {run}"], \
+        r.stderr
+    assert checkpoint_step(run / "last") == "2"
+    assert "Traceback (most recent call last)" in (run / "failure.log").read_text()
+    if rank == 1:  # the line's command continues the run (the hook does nothing then)
+        r = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--quiet", "--json"],
+                           capture_output=True, text=True, timeout=120, env=dict(env, KILL_RANK="-"))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.splitlines()[-1])["status"] == "completed"

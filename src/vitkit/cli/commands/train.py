@@ -430,7 +430,7 @@ def launch_processes(args, cfg, run_dir, plan) -> int:
         argv += ["--auto-resume"]  # a restarted attempt continues from the checkpoint an earlier one saved
     if cfg.threads is None:  # ... and on the threads, counted once while the machine is not yet busy with them
         argv += ["--threads", str(default_threads(cfg.processes))]
-    return launch(argv, plan)
+    return launch(argv, plan, run_dir)
 
 
 @contextlib.contextmanager
