@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import importlib
 import importlib.util
+import os
 import signal
 import sys
 import threading
@@ -166,9 +167,23 @@ def main(argv: list[str] | None = None) -> int:
     except VitkitError as e:
         print(f"vitkit: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as e:  # Ctrl-C: 130; SIGTERM: 143 (128 + the signal's number, as a shell reports it)
-        print("vitkit: interrupted" + (" (SIGTERM)" if isinstance(e, Terminated) else ""), file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
+    except Terminated:
+        print("vitkit: interrupted (SIGTERM)", file=sys.stderr)
+        return _end_by_sigterm()
+    except KeyboardInterrupt:
+        print("vitkit: interrupted", file=sys.stderr)
+        return 130
+
+
+def _end_by_sigterm() -> int:
+    """End this process by SIGTERM's own default action, so that its parent (a shell: exit status 143; a
+    launcher) sees a process stopped by the signal; 143 where that cannot be done."""
+    if threading.current_thread() is threading.main_thread() and sys.platform != "win32":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":  # pragma: no cover

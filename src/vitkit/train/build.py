@@ -109,9 +109,9 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
     if not resume:
         _check_run_config_file(run_dir)
     if (foreign := foreign_checkpoint_file(run_dir)) is not None:
-        raise ConfigError(f"out: {foreign} was not written by vitkit, and each checkpoint replaces "
-                          f"{run_dir / foreign.relative_to(run_dir).parts[0]} whole; move it away or choose "
-                          "another --out")
+        raise ConfigError(f"{'' if resume else 'out: '}{foreign} was not written by vitkit, and each checkpoint "
+                          f"replaces {run_dir / foreign.relative_to(run_dir).parts[0]} whole; move it away"
+                          + ("" if resume else " or choose another --out"))
 
 
 def _check_run_config_file(run_dir: Path) -> None:

@@ -323,11 +323,11 @@ def report_failure(failures: dict, logs, run_dir: str | os.PathLike | None = Non
     """The exit code of a launch in which processes failed (``failures``: torch's ProcessFailure by
     global rank), after showing the failure unless the terminal shows it already.
 
-    Local rank 0 writes to the terminal: when it ended on a vitkit error (recorded in its error file)
-    that one line is the report. Otherwise the cause is shown, in one line: a process's own vitkit
-    error; else a process killed by a signal other than the launcher's SIGTERM (it died: the others
-    only lost it); else a crash; else a process that exited on its own, with the last lines of its
-    output. With ``run_dir``, the line ends with the checkpoint kept and how to resume, and the crashes'
+    Local rank 0 writes to the terminal: when it ended on a vitkit error (recorded in its error file), or
+    on an exit of its own while the others were stopped or lost it, its output is the report. Otherwise
+    the cause (``_cause_order``) is shown in one line: a process's own vitkit error; else a process killed
+    by a signal other than the launcher's SIGTERM (it died: the others only lost it); else one that exited
+    on its own, with the last lines of its output; else a crash. With ``run_dir``, the line ends with the checkpoint kept and how to resume, and the crashes'
     tracebacks, which the processes did not print, go to ``run_dir``/FAILURE_LOG."""
     log = write_failure_log(run_dir, failures) if run_dir is not None else None
     terminal = logs.latest.error_files.get(0)
@@ -337,8 +337,8 @@ def report_failure(failures: dict, logs, run_dir: str | os.PathLike | None = Non
         return own or 1
     said = mine is not None and mine.exitcode > 0 and not _crashed(mine)  # local rank 0's output says why
     others = {rank: f for rank, f in failures.items() if f is not mine or not said}
-    if said and all(f.exitcode < 0 and not _recorded(f) for f in others.values()):
-        return own  # local rank 0 failed on its own (its output is on the terminal); the others were stopped
+    if said and all((f.exitcode < 0 and not _recorded(f)) or _crashed(f) for f in others.values()):
+        return own  # local rank 0 failed on its own (its output is on the terminal); the others were stopped or lost it
     rank, f = min((others or failures).items(), key=lambda rf: (_cause_order(rf[1]), rf[1].timestamp, rf[0]))
     where = f"process {rank} of {logs.world_size}"
     after = _resume_hint(run_dir, log) if run_dir is not None else ""
@@ -355,12 +355,13 @@ def report_failure(failures: dict, logs, run_dir: str | os.PathLike | None = Non
 
 def _cause_order(f) -> int:
     """How surely a failure is the cause of a launch's end (lowest first): its own vitkit error; killed by a
-    signal other than the launcher's SIGTERM; a crash; an exit of its own; stopped by the launcher."""
+    signal other than the launcher's SIGTERM; an exit of its own that recorded nothing (it ended abruptly);
+    a crash (in a distributed run most often the loss of another process); stopped by the launcher."""
     if _recorded(f) and not _crashed(f):
         return 0
     if f.exitcode < 0:
         return 4 if f.signal_name() == "SIGTERM" else 1
-    return 2 if _crashed(f) else 3
+    return 3 if _crashed(f) else 2
 
 
 def _resume_hint(run_dir, log: Path | None) -> str:
