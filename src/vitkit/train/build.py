@@ -129,8 +129,9 @@ def _check_run_config_file(run_dir: Path) -> None:
             raise ConfigError("not a regular file")
         checked_run_config(read_run_config(config), config)
     except ConfigError as e:
-        raise ConfigError(f"out: {config} is not a vitkit run's config ({str(e).removeprefix(f'{config}: ').split(';')[0]}), "
-                          "and a run would replace it; choose a new or empty folder as --out") from None
+        why = str(e).removeprefix(f"{config}: ").split(";")[0]
+        raise ConfigError(f"out: {config} is not a vitkit run's config ({why}), and a run would replace it; "
+                          "choose a new or empty folder as --out") from None
 
 
 def _left_by_a_run(name: str) -> bool:

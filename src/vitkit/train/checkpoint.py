@@ -250,5 +250,6 @@ class RunLock:
         self.release()
 
 
-__all__ = ["save_checkpoint", "find_checkpoint", "foreign_checkpoint_file", "checkpoint_step", "resume_point", "load_trainer_state", "rng_state",
-           "set_rng_state", "cleanup_temp", "write_json", "RunLock"]
+__all__ = ["save_checkpoint", "find_checkpoint", "foreign_checkpoint_file", "checkpoint_step", "resume_point",
+           "load_trainer_state", "rng_state", "set_rng_state", "cleanup_temp", "write_json", "RunLock",
+           "CHECKPOINT_FILES"]

@@ -327,8 +327,9 @@ def report_failure(failures: dict, logs, run_dir: str | os.PathLike | None = Non
     on an exit of its own while the others were stopped or lost it, its output is the report. Otherwise
     the cause (``_cause_order``) is shown in one line: a process's own vitkit error; else a process killed
     by a signal other than the launcher's SIGTERM (it died: the others only lost it); else one that exited
-    on its own, with the last lines of its output; else a crash. With ``run_dir``, the line ends with the checkpoint kept and how to resume, and the crashes'
-    tracebacks, which the processes did not print, go to ``run_dir``/FAILURE_LOG."""
+    on its own, with the last lines of its output; else a crash. With ``run_dir``, the line ends with the
+    checkpoint kept and how to resume, and the crashes' tracebacks, which the processes did not print, go to
+    ``run_dir``/FAILURE_LOG."""
     log = write_failure_log(run_dir, failures) if run_dir is not None else None
     terminal = logs.latest.error_files.get(0)
     own = next((f.exitcode for f in failures.values() if f.local_rank == 0 and f.exitcode > 0), None)
