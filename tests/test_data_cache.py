@@ -118,7 +118,7 @@ def test_read_only_data_folder_and_unwritable_cache(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("in the way")
     d = _open(root, blocked)
-    assert d.cache == "miss" and d.cache_notes and "not cached" in d.cache_notes[0]
+    assert d.cache == "miss, not cached" and d.cache_notes and "not cached" in d.cache_notes[0]
 
 
 def test_train_reports_loading_and_the_cache(tmp_path, capsys):

@@ -198,7 +198,7 @@ EP = ["--rdzv-endpoint", "node0:29500"]
 ])
 def test_bad_launch_flags_are_one_line_before_any_process_starts(tmp_path, capsys, monkeypatch, flags, message):
     started = []
-    monkeypatch.setattr(launch_mod, "launch", lambda argv, plan: started.append(plan) or 0)
+    monkeypatch.setattr(launch_mod, "launch", lambda argv, plan, run_dir=None: started.append(plan) or 0)
     code = main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--threads", "1", *flags])
     err = capsys.readouterr().err.strip()
     assert code == 1 and not started and not (tmp_path / "r").exists()
@@ -208,7 +208,7 @@ def test_bad_launch_flags_are_one_line_before_any_process_starts(tmp_path, capsy
 def test_the_launch_plan_of_the_flags(tmp_path, monkeypatch):
     data = image_folder(tmp_path / "data")
     started = []
-    monkeypatch.setattr(launch_mod, "launch", lambda argv, plan: started.append(plan) or 0)
+    monkeypatch.setattr(launch_mod, "launch", lambda argv, plan, run_dir=None: started.append(plan) or 0)
     base = ["train", "--data", str(data), *FAST, "--epochs", "1"]  # fixed epochs: the recipe keeps one process
     assert main([*base, "--out", str(tmp_path / "a"), "--nnodes", "2", *EP, "--rdzv-backend", "static",
                  "--node-rank", "1"]) == 0

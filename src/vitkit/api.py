@@ -144,7 +144,7 @@ def _fit_launched(run, cache_dir, quiet: bool) -> dict:
     write_resolved(run)
     argv = ["train", "--out", str(run.run_dir), "--resolved", "--cache-dir", str(cache_dir or "none")]
     argv += (["--resume", str(run.run_dir)] if run.resume else []) + (["--quiet"] if quiet else [])
-    code = launch(argv, launch_plan(run.cfg.processes))
+    code = launch(argv, launch_plan(run.cfg.processes), run.run_dir)
     summary_file = run.run_dir / "summary.json"
     if code != 0 or not summary_file.is_file():
         raise TrainingError(f"{run.run_dir}: the run's processes ended with exit code {code}; see the lines above "

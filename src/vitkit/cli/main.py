@@ -8,10 +8,14 @@ arguments) and ``run(args) -> int``. Modules are imported only when their subcom
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import importlib.util
+import os
+import signal
 import sys
+import threading
 import warnings
 
 from ..core.errors import VitkitError, VitkitWarning
@@ -121,6 +125,28 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
         _default(message, category, filename, lineno, file, line)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is (also inside a blocking system call), so that it ends at once,
+    as Ctrl-C ends it; ``vitkit train`` takes both signals over to save its run first."""
+
+
+@contextlib.contextmanager
+def _sigterm_ends_the_command():
+    """SIGTERM raises Terminated while a command runs (in the main thread, where handlers are set)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise Terminated
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Only the chosen subcommand's arguments are registered: importing every command module costs time.
@@ -135,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        with warnings.catch_warnings():
+        with _sigterm_ends_the_command(), warnings.catch_warnings():
             warnings.showwarning = _show_warning
             command = _load(COMMANDS[args.command][0])
             from ..core.hardware import keep_freed_memory
@@ -145,9 +171,23 @@ def main(argv: list[str] | None = None) -> int:
     except VitkitError as e:
         print(f"vitkit: error: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("vitkit: interrupted (SIGTERM)", file=sys.stderr)
+        return _end_by_sigterm()
     except KeyboardInterrupt:
         print("vitkit: interrupted", file=sys.stderr)
         return 130
+
+
+def _end_by_sigterm() -> int:
+    """End this process by SIGTERM's own default action, so that its parent (a shell: exit status 143; a
+    launcher) sees a process stopped by the signal; 143 where that cannot be done."""
+    if threading.current_thread() is threading.main_thread() and sys.platform != "win32":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -160,14 +160,42 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return out
 
 
+MAX_NESTING = 64  # the deepest nesting of lists and tables a config file (JSON, TOML) may have; vitkit's own
+#   go 3 deep. Deeper would only make the parsers and every recursive use of the result exhaust the stack.
+
+
+def check_nesting(data, limit: int = MAX_NESTING) -> None:
+    """ValueError if ``data`` (parsed JSON or TOML) nests lists and dicts more than ``limit`` levels deep;
+    walked without recursion."""
+    stack = [(data, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, (dict, list)):
+            if depth > limit:
+                raise ValueError(f"nested more than {limit} levels deep")
+            stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+
+
+def parse_json(text: str | bytes):
+    """``json.loads(text)``, where nesting beyond MAX_NESTING levels is a ValueError, as any other bad JSON
+    (json itself would raise RecursionError, or leave it to whatever walks the result)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_NESTING} levels deep") from None
+    check_nesting(data)
+    return data
+
+
 def read_json_object(file, error: type[Exception] = ConfigError) -> dict:
     """The JSON object in ``file`` as a dict; text that is not JSON, or JSON that is not an object, is
     ``error`` naming the file."""
-    import json
     from pathlib import Path
 
     try:
-        data = json.loads(Path(file).read_text(encoding="utf-8"))
+        data = parse_json(Path(file).read_text(encoding="utf-8"))
     except ValueError as e:  # UnicodeDecodeError included
         raise error(f"{file}: not valid JSON ({e})") from None
     if not isinstance(data, dict):

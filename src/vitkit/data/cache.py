@@ -17,15 +17,19 @@ state of the same folder and settings are removed when a new one is written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import zipfile
 import zlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from ..core.errors import VitkitError
+from ..core.strict import parse_json
 from ..io.atomic import atomic_path
 
 VERSION = 1  # of the entry format and of what decoding gives; a change makes every old entry a miss
@@ -66,23 +70,30 @@ class DecodeCache:
     def _file(self, name: str) -> Path:
         return self.folder / f"{name}.npz"
 
-    def load(self, name: str, key: str, count: int) -> list | None:
+    def load(self, name: str, key: str, count: int, fits: Callable[[int, int, int], bool] | None = None) -> list | None:
         """The results stored under ``name`` ([(uint8 (h, w, C) array, None) | (None, reason)]), or None
-        when there is no entry or it is damaged, stale or of another length."""
+        when there is no entry or it is damaged, stale, of another length, or not what ``store`` writes:
+        its members' declared sizes, dtypes and shapes are checked before they are read, and each image's
+        (h, w, C) must satisfy ``fits`` (the decode settings' sizes), so that an entry of the right key
+        and checksum but a wrong structure is a miss too, not an error later."""
         try:
-            with np.load(self._file(name), allow_pickle=False) as z:
-                meta = json.loads(bytes(z["meta"]).decode("utf-8"))
-                shapes, pixels = z["shapes"], z["pixels"]
-        except Exception:  # noqa: BLE001 - missing, truncated or not an entry at all: a miss
+            with zipfile.ZipFile(self._file(name)) as z:
+                meta = parse_json(_member(z, "meta", np.uint8, None, META_BYTES + ENTRY_BYTES * count).tobytes())
+                if not isinstance(meta, dict) or meta.get("key") != key or not isinstance(meta.get("errors"), dict):
+                    return None
+                shapes = _member(z, "shapes", np.int64, (count, 3), 24 * count)
+                if not _shapes_ok(shapes, fits):
+                    return None
+                pixels = _member(z, "pixels", np.uint8, (int(np.prod(shapes, 1).clip(0).sum()),), None)
+        except Exception:  # noqa: BLE001 - missing, truncated, a folder, or not an entry at all: a miss
             return None
-        if (meta.get("key") != key or len(shapes) != count or shapes.ndim != 2 or shapes.shape[1] != 3
-                or meta.get("crc") != zlib.crc32(pixels) or int(np.prod(shapes, 1).clip(0).sum()) != pixels.size):
+        if meta.get("crc") != zlib.crc32(pixels):
             return None
-        errors = meta.get("errors", {})
+        errors = meta["errors"]
         out, at = [], 0
         for i, (h, w, c) in enumerate(shapes.tolist()):
             if h < 0:
-                out.append((None, errors.get(str(i), "unreadable")))
+                out.append((None, str(errors.get(str(i), "unreadable"))))
                 continue
             n = h * w * c
             out.append((pixels[at : at + n].reshape(h, w, c), None))
@@ -105,9 +116,51 @@ class DecodeCache:
             return f"decoded images not cached ({e})"
         prefix = name.split("-", 1)[0]
         for old in self.folder.glob(f"{prefix}-*.npz"):
-            if old != target:
-                old.unlink(missing_ok=True)
+            if old != target and (old.is_symlink() or not old.is_dir()):  # a folder of that name is left alone
+                with contextlib.suppress(OSError):
+                    old.unlink()
         return None
+
+
+META_BYTES = 1 << 16  # the most an entry's meta member may declare: its key and checksum, and
+ENTRY_BYTES = 4096  # at most this much for each file's reason it could not be read
+
+
+def _member(z: zipfile.ZipFile, name: str, dtype, shape: tuple | None, limit: int | None) -> np.ndarray:
+    """Member ``name`` of an entry: a C-ordered 1-D or ``shape`` array of ``dtype``, stored uncompressed (as
+    ``store`` writes it), its header checked before its data is read, its declared size that of the array
+    its header describes and at most ``limit`` bytes; else ValueError. Reading a member thus costs no more
+    than the bytes it takes in the file."""
+    info = z.getinfo(f"{name}.npy")
+    if info.compress_type != zipfile.ZIP_STORED:  # store writes members as they are: reading one costs its size
+        raise ValueError(f"{name}: compressed")
+    with z.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"{name}: npy version {version}")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        got_shape, fortran, got_dtype = read_header(f)
+        if got_dtype != np.dtype(dtype) or fortran or len(got_shape) != (1 if shape is None else len(shape)):
+            raise ValueError(f"{name}: {got_dtype} {got_shape}")
+        if shape is not None and tuple(got_shape) != shape:
+            raise ValueError(f"{name}: shape {got_shape}, expected {shape}")
+        nbytes = int(np.prod(got_shape)) * np.dtype(dtype).itemsize
+        if (limit is not None and nbytes > limit) or info.file_size != f.tell() + nbytes:
+            raise ValueError(f"{name}: declares {info.file_size} bytes")
+        out = np.empty(got_shape, dtype)  # writable, as np.load gives it
+        if f.readinto(memoryview(out.reshape(-1)).cast("B")) != nbytes:
+            raise ValueError(f"{name}: truncated")
+    return out
+
+
+def _shapes_ok(shapes: np.ndarray, fits: Callable[[int, int, int], bool] | None) -> bool:
+    """Each row an image's (h, w, C), each positive (and as ``fits`` wants), or (-1, -1, -1): unreadable."""
+    for h, w, c in shapes.tolist():
+        if (h, w, c) == (-1, -1, -1):
+            continue
+        if min(h, w, c) < 1 or (fits is not None and not fits(h, w, c)):
+            return False
+    return True
 
 
 def check_outside(cache_dir: str | os.PathLike, data_root: str | os.PathLike) -> None:

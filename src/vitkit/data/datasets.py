@@ -14,6 +14,7 @@ Every error is a one-line DataError naming the file or folder at fault.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import math
 import os
@@ -36,6 +37,7 @@ from .images import (
     decode_array,
     header_size,
     is_image_name,
+    open_regular,
     pil_limits,
     short_side_size,
     show_path,
@@ -157,7 +159,8 @@ class DataSplits:
     format: str  # 'folder' | 'split-folder' | 'mnist' | 'cifar10' | 'cifar100' | 'demo'
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason), files left out
     cache: str = "off"  # the decoded-image cache: 'hit' (every decoded part read back from it), 'miss'
-    #   (decoded, and stored), 'off' (no cache, or nothing to decode: arrays, streamed folders)
+    #   (decoded, and stored), 'miss, not cached' (decoded; storing failed: ``cache_notes`` says why), 'off' (no
+    #   cache, or nothing to decode: arrays, streamed folders)
     cache_notes: list[str] = field(default_factory=list)  # why the cache could not be written, if so
 
     @property
@@ -288,9 +291,10 @@ class _Opts:
     cache_notes: list[str] = field(default_factory=list)
 
     def cache_summary(self) -> str:
-        """'hit' when every decoded part came from the cache, 'miss' when one was decoded, else 'off'."""
+        """'hit' when every decoded part came from the cache, 'miss' when one was decoded (and stored), 'miss,
+        not cached' when one could not be stored, else 'off'."""
         used = set(self.cache_used)
-        return "hit" if used == {"hit"} else "miss" if used else "off"
+        return "hit" if used == {"hit"} else "miss, not cached" if "uncached" in used else "miss" if used else "off"
 
 
 def _check_folder(root: Path) -> None:
@@ -537,7 +541,7 @@ def _decode_items(paths: list[Path], channels: int, in_memory: bool, o: _Opts, w
     if kind == "decode" and o.cache is not None:
         settings = {"channels": channels, "size": o.img_size, "short_side": o.short_side, "max_pixels": o.max_pixels}
         entry = o.cache.key(o.root, paths, settings, part=f"{where}:{part}")
-        found = o.cache.load(*entry, len(paths))
+        found = o.cache.load(*entry, len(paths), fits=functools.partial(_decoded_fits, channels, o))
         if found is not None:
             o.cache_used.append("hit")
             return found
@@ -547,11 +551,20 @@ def _decode_items(paths: list[Path], channels: int, in_memory: bool, o: _Opts, w
         res = _pmap(kind, paths, channels, o.max_pixels, o.img_size, o.short_side,
                     _workers(o.num_workers, len(paths)), task)
     if entry is not None:
-        o.cache_used.append("miss")
         note = o.cache.store(*entry, res)
+        o.cache_used.append("uncached" if note else "miss")
         if note:
             o.cache_notes.append(note)
     return res
+
+
+def _decoded_fits(channels: int, o: _Opts, h: int, w: int, c: int) -> bool:
+    """Whether an h x w x c image is one that decoding with ``o``'s settings can give (a cache entry's)."""
+    if c != channels:
+        return False
+    if o.img_size is not None:
+        return (h, w) == tuple(o.img_size)
+    return o.short_side is None or min(h, w) <= o.short_side
 
 
 # ==================================================================================================
@@ -586,7 +599,7 @@ def _resize_uint8(images: torch.Tensor, size: tuple[int, int], chunk: int = 4096
 # MNIST IDX
 def _read_bytes(path: Path) -> bytes:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             raw = f.read()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)

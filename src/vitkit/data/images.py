@@ -13,6 +13,7 @@ import contextlib
 import glob
 import io
 import os
+import stat
 import threading
 import warnings
 from pathlib import Path
@@ -135,6 +136,38 @@ def open_pil(f, head: bytes, path: Path, shown: str):
         raise DataError(f"{shown}: {_sniff(head)}") from None
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def not_regular(mode: int) -> str | None:
+    """What a file of ``mode`` (an os.stat st_mode) is when it is not a regular file ('a FIFO', ...), or None."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path):
+    """``path`` opened for binary reading when it is a regular file (after following links). A FIFO, socket
+    or device is never opened (opening a FIFO waits for a writer, forever): a DataError says what it is; so
+    does a path that cannot be opened (missing, a broken link, a directory, ...)."""
+    shown = show_path(path)
+    try:
+        what = not_regular(os.stat(path).st_mode)
+        if what is None:  # opened without blocking and checked again: the name may have changed meanwhile
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+            what = not_regular(os.fstat(fd).st_mode)
+            if what is None:
+                os.set_blocking(fd, True)
+                return os.fdopen(fd, "rb")
+            os.close(fd)
+    except OSError as e:
+        _check_path(Path(path))  # names the cause (missing, broken link, directory, ...)
+        raise DataError(f"{shown}: cannot open ({e.strerror or e})") from None
+    _check_path(Path(path))  # a directory, a FIFO, ...
+    raise DataError(f"{shown}: not a regular file ({what}); not read")
+
+
 def _check_path(path: Path) -> None:
     if path.is_symlink() and not path.exists():
         raise DataError(f"{show_path(path)}: broken symbolic link (points to {show_path(os.readlink(path))})")
@@ -142,8 +175,8 @@ def _check_path(path: Path) -> None:
         raise DataError(f"{show_path(path)}: no such file")
     if path.is_dir():
         raise DataError(f"{show_path(path)}: is a directory, not an image file")
-    if not path.is_file():
-        raise DataError(f"{show_path(path)}: not a regular file")
+    if (what := not_regular(path.stat().st_mode)) is not None:
+        raise DataError(f"{show_path(path)}: not a regular file ({what}); not read")
 
 
 def _to_uint8_array(im, path: Path) -> np.ndarray:
@@ -238,11 +271,7 @@ def decode_array(path, channels: int, max_pixels: int | None, size: tuple[int, i
     shown = show_path(path)
     if channels not in (1, 3):
         raise DataError(f"{shown}: channels must be 1 (grey) or 3 (RGB), got {channels!r}")
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        _check_path(path)  # names the cause (missing, broken link, directory, ...)
-        raise DataError(f"{shown}: cannot open ({e.strerror or e})") from None
+    f = open_regular(path)
     try:
         with f:
             head = f.read(_SMALL_FILE)
@@ -293,9 +322,8 @@ def header_size(path: Path, max_pixels: int | None) -> tuple[int, int]:
     """(H, W) of an image file after EXIF rotation, reading the header only; raises DataError."""
     Image = _img()
     shown = show_path(path)
-    _check_path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(512)
             if not head:
                 raise DataError(f"{shown}: empty file (0 bytes)")
@@ -355,6 +383,8 @@ def list_images(inputs: list[str], recursive: bool = True) -> list[Path]:
                 raise DataError(f"{show_path(p)}: folder has no image files ({_ext_hint()})")
         elif p.is_file() or p.is_symlink():
             found = [p]  # an explicit file is taken whatever its extension (decode_image will judge it)
+        elif os.path.exists(p):  # a FIFO, socket or device: never opened
+            _check_path(p)
         elif glob.has_magic(item):
             matches = _glob(item, recursive)
             for m in matches:

@@ -12,6 +12,7 @@ torch.load(weights_only=True) for .pth files of other libraries.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import warnings
@@ -20,8 +21,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..core.errors import CheckpointError, ConfigError
-from ..core.strict import read_json_object
+from ..core.errors import CheckpointError, ConfigError, VitkitWarning
+from ..core.strict import parse_json, read_json_object
 from ..model.config import Preprocess, ViTConfig
 from .atomic import atomic_write_bytes, atomic_write_text
 
@@ -76,7 +77,7 @@ def json_object_or_empty(file: Path | None) -> dict:
     if file is None:
         return {}
     try:
-        obj = json.loads(file.read_text(encoding="utf-8"))
+        obj = parse_json(file.read_text(encoding="utf-8"))  # nesting bounded
     except (OSError, UnicodeDecodeError, ValueError):
         return {}
     return obj if isinstance(obj, dict) else {}
@@ -158,12 +159,23 @@ def read_config(ckpt_dir: Path) -> tuple[ViTConfig, Preprocess, list[str] | None
     return cfg, pre, labels, raw
 
 
+def _absent(file: Path) -> str:
+    """Why ``file`` is no regular file to read: missing, a symbolic link loop or a broken link, or what it is."""
+    try:
+        os.stat(file)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        return f"a broken symbolic link (to {os.readlink(file)})" if file.is_symlink() else "missing"
+    return "a directory" if file.is_dir() else "not a regular file"
+
+
 def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not file.is_file():
-        raise CheckpointError(f"{file}: missing")
+        raise CheckpointError(f"{file}: {_absent(file)}")
     try:
         return load_file(str(file))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -180,7 +192,8 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path}: no such file")
+        why = _absent(path)
+        raise CheckpointError(f"{path}: {'no such file' if why == 'missing' else why}")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         return read_safetensors(path)
@@ -241,6 +254,26 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], 
         if k in state and tuple(state[k].shape) != tuple(own[k].shape)
     ]
     raise_misfit(source, "config", missing, unexpected, shapes, limit=8)
+    check_values(own, state, source)
+
+
+def check_values(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Weights that the model holds as floats must be floats (int8 or bool weights are a CheckpointError
+    naming the tensor); NaN or infinite values are a warning naming the first such tensor: the model
+    loads, and its outputs will not be finite."""
+    nonfinite = []
+    for k, v in state.items():
+        if not own[k].is_floating_point():
+            continue
+        if not v.is_floating_point():
+            raise CheckpointError(f"{source}: tensor {k} is {str(v.dtype).removeprefix('torch.')}, not floating "
+                                  "point; a model's weights are floats")
+        if not bool(torch.isfinite(v).all()):
+            nonfinite.append(k)
+    if nonfinite:
+        more = f" and {len(nonfinite) - 1} more" if len(nonfinite) > 1 else ""
+        warnings.warn(f"{source}: tensor {nonfinite[0]}{more} holds NaN or infinite values; the model's outputs "
+                      "will not be finite", VitkitWarning, stacklevel=2)
 
 
 def raise_misfit(

@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import torch
 
-from ..core.errors import CheckpointError
-from ..core.strict import read_json_object
+from ..core.errors import CheckpointError, VitkitWarning
+from ..core.strict import parse_json, read_json_object
 from ..model.config import Preprocess, ViTConfig
 from .arch import mlp_ratio_for, resolve_config
 from .atomic import atomic_write_bytes, atomic_write_text
@@ -102,7 +103,7 @@ def read_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor],
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (path / index).is_file():
             try:
-                weight_map = json.loads((path / index).read_text(encoding="utf-8"))["weight_map"]
+                weight_map = parse_json((path / index).read_text(encoding="utf-8"))["weight_map"]
                 shards = sorted(set(weight_map.values()))
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise CheckpointError(f"{path / index}: not a valid shard index (no 'weight_map')") from None
@@ -162,10 +163,15 @@ def infer(hf_cfg: dict, sd: dict, source: str) -> tuple[dict, dict]:
     return seen, {"prefix": prefix}
 
 
-def _labels(hf_cfg: dict, num_classes: int) -> list[str] | None:
-    """Class names from id2label, unless HF's placeholders LABEL_i."""
+def _labels(hf_cfg: dict, num_classes: int, source: str = "config.json") -> list[str] | None:
+    """Class names from id2label, unless HF's placeholders LABEL_i; an id2label of another length than the
+    head's classes is left out, with a warning."""
     id2label = hf_cfg.get("id2label")
-    if not isinstance(id2label, dict) or len(id2label) != num_classes or not num_classes:
+    if not isinstance(id2label, dict) or not num_classes:
+        return None
+    if len(id2label) != num_classes:
+        warnings.warn(f"{source}: id2label names {len(id2label)} classes but the head has {num_classes}; the "
+                      "labels are left out (predictions show class numbers)", VitkitWarning, stacklevel=2)
         return None
     try:
         names = [str(id2label[k]) for k in sorted(id2label, key=int)]
@@ -201,7 +207,7 @@ def read_hf(path, cfg: ViTConfig | None = None, model=None, *, model_name=None, 
     expected = expected_state(cfg)
     state = assemble(expected, hf_table(cfg, notes["prefix"]), sd, source)
     model = build(cfg, state, source, model)
-    model.labels = _labels(hf_cfg, cfg.num_classes)
+    model.labels = _labels(hf_cfg, cfg.num_classes, str(Path(source).parent / "config.json"))
     model.preprocess, assumed, pre_from = _preprocess(Path(source).parent, cfg)
     return model, {"source": source, "assumed": {}, "preprocess_assumed": assumed, "preprocess_from": pre_from}
 

@@ -22,6 +22,14 @@ def _bad(name: str, msg: str):
     raise ConfigError(f"ViTConfig.{name}: {msg}")
 
 
+# The largest model a ViTConfig may describe, checked before anything is built, so that a config of absurd
+# size (a hostile or mistyped file: depth 1e9, a width of 2**31) is one line rather than minutes of churn and
+# a MemoryError. A caller who means a larger model raises them first, e.g. ``vitkit.model.config.MAX_PARAMS
+# = 3e10`` for ViT-22B (21.7e9 parameters); ViT-g/14, the largest named model here, has 1.0e9.
+MAX_PARAMS = 5_000_000_000  # parameters (estimated from the config: ``ViTConfig.param_estimate``)
+MAX_TOKENS = 65_536  # tokens per image: patches and prefix tokens (a 4096x4096 image in patches of 16)
+
+
 @dataclass
 class ViTConfig:
     # --- input -----------------------------------------------------------------------------------
@@ -123,6 +131,55 @@ class ViTConfig:
         self._check_sizes()
         self._check_tokens()
         self._check_layers()
+        self._check_scale()
+
+    def param_estimate(self) -> dict[str, int]:
+        """The parameters of the model this config builds, by part (stem, pos_embed, blocks, head), from
+        the config alone, within a fraction of a percent of what the model counts (norms and BatchNorm
+        statistics are not all counted); enough to refuse a config of absurd size before building it."""
+        D, C, P, hid = self.embed_dim, self.in_chans, self.patch_size, self.mlp_hidden
+        if self.stem == "conv":
+            widths = [C] + [self.stem_width * 2 ** i for i in range(max(P.bit_length() - 1, 0))]
+            widths += [widths[-1]] * self.stem_convs
+            stem = sum(9 * a * b + 2 * b for a, b in zip(widths, widths[1:])) + widths[-1] * D + D
+        else:
+            stem = D * C * P * P + D
+        slots = self.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
+        pos = (slots * D if self.pos_embed == "learn" else 0) + self.num_prefix_tokens * D
+        block = 4 * D * D + 4 * D + 2 * D * hid + hid + D + 4 * D + (2 * D if self.layer_scale else 0)
+        feat = self.representation_size or D
+        head = feat * self.num_classes + self.num_classes + (D * feat + feat if self.representation_size else 0)
+        if self.global_pool == "map":
+            head += D + block
+        return {"stem": stem, "pos_embed": pos, "blocks": self.depth * block, "head": head + 2 * D}
+
+    def _check_scale(self) -> None:
+        """Tokens per image within MAX_TOKENS, parameters within MAX_PARAMS; the error names the field that
+        makes the most of them."""
+        h, w = self.img_size
+        tokens = self.num_patches + self.num_prefix_tokens
+        if tokens > MAX_TOKENS:
+            field = "reg_tokens" if self.reg_tokens > self.num_patches else "img_size"
+            _bad(field, f"{h}x{w} in patches of {self.patch_size} with {self.num_prefix_tokens} prefix tokens make "
+                        f"{tokens} tokens per image, over the limit of {MAX_TOKENS} (vitkit.model.config.MAX_TOKENS; "
+                        "raise it for larger inputs)")
+        parts = self.param_estimate()
+        total = sum(parts.values())
+        if total <= MAX_PARAMS:
+            return
+        part = max(parts, key=parts.get)
+        field, what = {
+            "stem": ("stem_width" if self.stem == "conv" else "patch_size",
+                     f"a {self.stem} stem to width {self.embed_dim}"),
+            "pos_embed": ("img_size", f"position embeddings of {tokens} tokens of width {self.embed_dim}"),
+            "blocks": (max(("depth", self.depth / 48), ("embed_dim", self.embed_dim / 6144),
+                           ("mlp_ratio", self.mlp_ratio / 4), key=lambda kv: kv[1])[0],
+                       f"{self.depth} blocks of width {self.embed_dim} (MLP {self.mlp_hidden})"),
+            "head": ("representation_size" if (self.representation_size or 0) > self.num_classes else "num_classes",
+                     f"a head of {self.num_classes} classes on width {self.representation_size or self.embed_dim}"),
+        }[part]
+        _bad(field, f"{what} make {total:.2g} parameters, over the limit of {MAX_PARAMS:.2g} "
+                    "(vitkit.model.config.MAX_PARAMS; raise it to build a larger model)")
 
     def _check_sizes(self) -> None:
         """Widths, counts and rates: each in its range; the image in whole patches, the width in whole heads."""

@@ -12,6 +12,7 @@ folders are decoded at) and the building of the model all take it from there.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -28,8 +29,8 @@ from ..io.hub import resolve_weights
 from ..io.preprocess import apply_preprocess
 from ..model.config import Preprocess, ViTConfig
 from ..model.vit import VisionTransformer, count_params
-from .checkpoint import find_checkpoint
-from .config import RunConfig
+from .checkpoint import LOCK, find_checkpoint, foreign_checkpoint_file
+from .config import RunConfig, checked_run_config, read_run_config
 from .metrics import check_loggers
 
 
@@ -95,7 +96,11 @@ def read_init(cfg: RunConfig, fmt: str | None = None) -> tuple[VisionTransformer
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
-    """A new run needs a directory that holds no run yet; --resume continues one in place."""
+    """A new run needs a directory that holds no run yet: a new or empty one, or the folder of a vitkit run
+    that saved no checkpoint (its config.json reads back as a run's); --resume continues one in place. A
+    folder holding files vitkit did not write is refused, naming one, so that nothing of the user's is
+    replaced: neither the names a run writes (config.json, metrics.jsonl, ...) nor anything inside last/
+    and best/, which each checkpoint replaces whole."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"out: {run_dir} exists and is not a directory")
     if not resume and find_checkpoint(run_dir, "last") is not None:
@@ -103,6 +108,39 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
             f"{run_dir}: already holds a run (last/ checkpoint); continue it with --resume {run_dir} "
             "or choose another --out"
         )
+    if not run_dir.is_dir():
+        return
+    if not resume:
+        _check_run_config_file(run_dir)
+    if (foreign := foreign_checkpoint_file(run_dir)) is not None:
+        raise ConfigError(f"{'' if resume else 'out: '}{foreign} was not written by vitkit, and each checkpoint "
+                          f"replaces {run_dir / foreign.relative_to(run_dir).parts[0]} whole; move it away"
+                          + ("" if resume else " or choose another --out"))
+
+
+def _check_run_config_file(run_dir: Path) -> None:
+    """A folder a new run may take: empty (but for what a killed run leaves: its lock, temporary checkpoints),
+    or a vitkit run's, told by its config.json reading back as a run config."""
+    config = run_dir / "config.json"
+    if not os.path.lexists(config):
+        mine = [p for p in sorted(run_dir.iterdir()) if not _left_by_a_run(p.name)]
+        if mine:
+            raise ConfigError(f"out: {run_dir} is not empty and not a vitkit run folder ({mine[0]} was not "
+                              "written by vitkit); choose a new or empty folder as --out")
+        return
+    try:
+        if config.is_symlink() or not config.is_file():
+            raise ConfigError("not a regular file")
+        checked_run_config(read_run_config(config), config)
+    except ConfigError as e:
+        why = str(e).removeprefix(f"{config}: ").split(";")[0]
+        raise ConfigError(f"out: {config} is not a vitkit run's config ({why}), and a run would replace it; "
+                          "choose a new or empty folder as --out") from None
+
+
+def _left_by_a_run(name: str) -> bool:
+    """A name a run killed before writing its config.json may leave: its lock or a temporary checkpoint."""
+    return name == LOCK or (name.startswith(".") and name.endswith(".tmp"))
 
 
 def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False) -> ViTConfig:

@@ -129,6 +129,26 @@ def find_checkpoint(run_dir: Path, name: str = "last") -> Path | None:
     return None
 
 
+CHECKPOINT_FILES = frozenset({ckpt_io.WEIGHTS, ckpt_io.CONFIG, TRAINER_STATE})  # what a run's checkpoint folder holds
+CHECKPOINT_NAMES = ("last", "best")  # a run's checkpoints, each swapped in whole (its previous folder removed)
+
+
+def foreign_checkpoint_file(run_dir: Path) -> Path | None:
+    """The first entry of a run's checkpoint folders (last/, best/ and their previous versions) that vitkit
+    does not write there, or None. Saving a checkpoint replaces such a folder whole, so anything else in
+    it would be lost; a checkpoint name that is not a folder is returned itself."""
+    for name in CHECKPOINT_NAMES:
+        for folder in (Path(run_dir) / name, Path(run_dir) / f".{name}.old"):
+            if not os.path.lexists(folder):
+                continue
+            if folder.is_symlink() or not folder.is_dir():
+                return folder
+            for entry in sorted(folder.iterdir()):
+                if entry.name not in CHECKPOINT_FILES or entry.is_symlink() or not entry.is_file():
+                    return entry
+    return None
+
+
 def checkpoint_step(ckpt_dir: Path) -> str:
     """The step a checkpoint of a run was saved at (its vitkit.json's ``train.step``), or '?'."""
     try:
@@ -230,5 +250,6 @@ class RunLock:
         self.release()
 
 
-__all__ = ["save_checkpoint", "find_checkpoint", "checkpoint_step", "resume_point", "load_trainer_state", "rng_state",
-           "set_rng_state", "cleanup_temp", "write_json", "RunLock"]
+__all__ = ["save_checkpoint", "find_checkpoint", "foreign_checkpoint_file", "checkpoint_step", "resume_point",
+           "load_trainer_state", "rng_state", "set_rng_state", "cleanup_temp", "write_json", "RunLock",
+           "CHECKPOINT_FILES"]

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..core.errors import ConfigError
-from ..core.strict import apply_overrides, from_dict, parse_override, read_json_object, to_dict
+from ..core.strict import (
+    MAX_NESTING,
+    apply_overrides,
+    check_nesting,
+    from_dict,
+    parse_override,
+    read_json_object,
+    to_dict,
+)
 from ..data import AugmentConfig
 
 
@@ -225,7 +233,11 @@ def load_toml(path: str | Path) -> dict:
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            data = tomllib.load(f)
+        check_nesting(data)
+        return data
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML (nested more than {MAX_NESTING} levels deep)") from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except IsADirectoryError:
@@ -235,6 +247,8 @@ def load_toml(path: str | Path) -> dict:
     except UnicodeDecodeError as e:  # TOML is UTF-8 text; tomllib lets the decoding error through
         raise ConfigError(f"{path}: not valid TOML (not UTF-8 text: byte 0x{e.object[e.start]:02x} at "
                           f"offset {e.start})") from None
+    except ValueError as e:  # check_nesting's
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
 
 
 def read_run_config(path: str | Path) -> dict:

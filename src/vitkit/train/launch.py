@@ -155,9 +155,10 @@ def check_node_rank(node_rank: int | None, backend: str, min_nodes: int, max_nod
 
 
 # ------------------------------------------------------------------------------------------- the launch
-def launch(argv: list[str], plan: LaunchPlan) -> int:
+def launch(argv: list[str], plan: LaunchPlan, run_dir: str | os.PathLike | None = None) -> int:
     """Run ``vitkit ARGV`` as ``plan`` says; return the exit code (0, 130 when stopped by a signal, or the
-    failure's)."""
+    failure's). ``run_dir``: the run's folder, where a failure's report points (its checkpoint, how to
+    resume) and where the processes' tracebacks go (``FAILURE_LOG``)."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import (  # noqa: F401
@@ -176,7 +177,7 @@ def launch(argv: list[str], plan: LaunchPlan) -> int:
         try:
             elastic_launch(launch_config(plan, logs), sys.executable)("-m", "vitkit", *argv)
         except ChildFailedError as e:
-            return report_failure(e.failures, logs)
+            return report_failure(e.failures, logs, run_dir)
         except SignalException:
             return 130  # every process got the signal: they stopped at the same step, rank 0 saved
         except RendezvousError as e:
@@ -282,57 +283,127 @@ def follow_launcher() -> None:
 
 
 # ------------------------------------------------------------------------------------------- failures
-def record_error(error_file: str | None, message: str) -> None:
+def record_error(error_file: str | None, message: str, trace: str | None = None) -> None:
     """A launched process's one-line vitkit error, written to its error file (TORCHELASTIC_ERROR_FILE,
     which the command line passes), in the layout torch's ProcessFailure reads: the launcher then
-    knows what the process printed. Nothing without an error file (not launched)."""
+    knows what the process printed. ``trace``: the traceback of a crash, which the process did not print
+    (the launcher writes it to the run's ``FAILURE_LOG``). Nothing without an error file (not launched)."""
     if error_file:
+        record = {"message": message, "timestamp": int(time.time())}
+        if trace is not None:
+            record["traceback"] = trace
         with contextlib.suppress(OSError):
-            Path(error_file).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
+            Path(error_file).write_text(json.dumps(record))
 
 
 @contextlib.contextmanager
 def errors_recorded(error_file: str | None):
-    """Record (``record_error``) a VitkitError that ends this launched process, and let it go on."""
+    """Record (``record_error``) a VitkitError that ends this launched process, and let it go on. Any
+    other exception (a crash; in a distributed run most often the loss of another process, which the
+    collective it waited in reports in many lines) is recorded with its traceback and ends the process
+    with exit code 1 without printing it: the launcher's report says in one line what happened."""
     try:
         yield
     except VitkitError as e:
         record_error(error_file, str(e))
         raise
+    except Exception as e:  # noqa: BLE001 - reported by the launcher
+        if not error_file:
+            raise
+        import traceback
+
+        record_error(error_file, f"{type(e).__name__}: {_first_line(e)[:200]}", traceback.format_exc())
+        raise SystemExit(1) from None
 
 
-def report_failure(failures: dict, logs) -> int:
+FAILURE_LOG = "failure.log"  # in the run folder: the tracebacks of processes that crashed, appended per failure
+
+
+def report_failure(failures: dict, logs, run_dir: str | os.PathLike | None = None) -> int:
     """The exit code of a launch in which processes failed (``failures``: torch's ProcessFailure by
     global rank), after showing the failure unless the terminal shows it already.
 
-    Local rank 0 writes to the terminal: when it ended on a vitkit error (its error file exists) that
-    one line is the report. Otherwise the cause is shown: the failure that recorded an error, else one
-    that ended on its own rather than stopped by the launcher's signal, the earliest; as its one-line
-    error, or as the last lines of its output."""
+    Local rank 0 writes to the terminal: when it ended on a vitkit error (recorded in its error file), or
+    on an exit of its own while the others were stopped or lost it, its output is the report. Otherwise
+    the cause (``_cause_order``) is shown in one line: a process's own vitkit error; else a process killed
+    by a signal other than the launcher's SIGTERM (it died: the others only lost it); else one that exited
+    on its own, with the last lines of its output; else a crash. With ``run_dir``, the line ends with the
+    checkpoint kept and how to resume, and the crashes' tracebacks, which the processes did not print, go to
+    ``run_dir``/FAILURE_LOG."""
+    log = write_failure_log(run_dir, failures) if run_dir is not None else None
     terminal = logs.latest.error_files.get(0)
     own = next((f.exitcode for f in failures.values() if f.local_rank == 0 and f.exitcode > 0), None)
-    if terminal and os.path.isfile(terminal):
+    mine = next((f for f in failures.values() if f.local_rank == 0), None)
+    if terminal and os.path.isfile(terminal) and not (mine is not None and _crashed(mine)):
         return own or 1
-    others = {rank: f for rank, f in failures.items() if f.local_rank != 0}
-    if own is not None and all(f.exitcode < 0 and not _recorded(f) for f in others.values()):
-        return own  # local rank 0 failed on its own (its output is on the terminal); the others were stopped
-    candidates = others or failures  # local rank 0 alone, killed (by the system: the launcher stops no one first)
-    rank, f = min(candidates.items(), key=lambda rf: (not _recorded(rf[1]), rf[1].exitcode < 0, rf[1].timestamp,
-                                                      rf[0]))
+    said = mine is not None and mine.exitcode > 0 and not _crashed(mine)  # local rank 0's output says why
+    others = {rank: f for rank, f in failures.items() if f is not mine or not said}
+    if said and all((f.exitcode < 0 and not _recorded(f)) or _crashed(f) for f in others.values()):
+        return own  # local rank 0 failed on its own (its output is on the terminal); the others were stopped or lost it
+    rank, f = min((others or failures).items(), key=lambda rf: (_cause_order(rf[1]), rf[1].timestamp, rf[0]))
     where = f"process {rank} of {logs.world_size}"
-    if _recorded(f):
-        print(f"vitkit: error: {where}: {f.message}", file=sys.stderr)
+    after = _resume_hint(run_dir, log) if run_dir is not None else ""
+    if _recorded(f) and not _crashed(f):
+        print(f"vitkit: error: {where}: {f.message}{after}", file=sys.stderr)
         return max(f.exitcode, 1)
     ended = f"exit code {f.exitcode}" if f.exitcode >= 0 else f"killed by {f.signal_name()}"
-    print(f"vitkit: error: {where} failed ({ended})", file=sys.stderr)
-    for line in _tail(logs.latest.stderrs.get(f.local_rank)):
-        print(f"  [rank {rank}] {line}", file=sys.stderr)
+    print(f"vitkit: error: {where} failed ({f.message if _crashed(f) else ended}){after}", file=sys.stderr)
+    if f.exitcode > 0 and not _crashed(f):
+        for line in _tail(logs.latest.stderrs.get(f.local_rank)):
+            print(f"  [rank {rank}] {line}", file=sys.stderr)
     return f.exitcode if f.exitcode > 0 else 128 - f.exitcode
+
+
+def _cause_order(f) -> int:
+    """How surely a failure is the cause of a launch's end (lowest first): its own vitkit error; killed by a
+    signal other than the launcher's SIGTERM; an exit of its own that recorded nothing (it ended abruptly);
+    a crash (in a distributed run most often the loss of another process); stopped by the launcher."""
+    if _recorded(f) and not _crashed(f):
+        return 0
+    if f.exitcode < 0:
+        return 4 if f.signal_name() == "SIGTERM" else 1
+    return 3 if _crashed(f) else 2
+
+
+def _resume_hint(run_dir, log: Path | None) -> str:
+    """'; tracebacks in LOG; the last checkpoint RUN/last (step N) is kept; continue with: vitkit train
+    --resume RUN', or that no checkpoint was saved."""
+    from ...train.checkpoint import checkpoint_step, find_checkpoint
+
+    hint = f"; tracebacks in {log}" if log is not None else ""
+    ckpt = find_checkpoint(Path(run_dir), "last")
+    if ckpt is None:
+        return hint + "; no checkpoint was saved yet"
+    return hint + (f"; the last checkpoint {ckpt} (step {checkpoint_step(ckpt)}) is kept; continue with: "
+                   f"vitkit train --resume {run_dir}")
+
+
+def write_failure_log(run_dir, failures: dict) -> Path | None:
+    """Append the tracebacks the failed processes recorded (``errors_recorded``) to ``run_dir``/FAILURE_LOG;
+    its path, or None when there were none or the run folder cannot take them."""
+    traces = [(rank, f) for rank, f in sorted(failures.items()) if _crashed(f)]
+    if not traces or not Path(run_dir).is_dir():
+        return None
+    file = Path(run_dir) / FAILURE_LOG
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        with open(file, "a", encoding="utf-8") as out:
+            for rank, f in traces:
+                out.write(f"--- {stamp}: process {rank} (pid {f.pid}) failed\n{f.error_file_data['traceback']}\n")
+    except OSError:
+        return None
+    return file
 
 
 def _recorded(failure) -> bool:
     """Whether the process recorded its error (``record_error``) before it ended."""
     return isinstance(failure.message, str) and bool(failure.message) and os.path.isfile(failure.error_file)
+
+
+def _crashed(failure) -> bool:
+    """Whether the process recorded a crash: an exception other than a vitkit error, with its traceback."""
+    data = failure.error_file_data
+    return _recorded(failure) and isinstance(data, dict) and isinstance(data.get("traceback"), str)
 
 
 def _tail(path: str | None) -> list[str]:
@@ -349,5 +420,6 @@ def _first_line(e: BaseException) -> str:
 
 
 __all__ = ["LaunchPlan", "launch_plan", "parse_nnodes", "parse_endpoint", "check_resolves", "launch", "launch_config",
-           "rank_logs", "follow_launcher", "record_error", "errors_recorded", "report_failure", "RDZV_BACKENDS",
+           "rank_logs", "follow_launcher", "record_error", "errors_recorded", "report_failure", "write_failure_log",
+           "FAILURE_LOG", "RDZV_BACKENDS",
            "DEFAULT_RDZV_ID"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 
 def _printable(obj):
@@ -13,12 +14,15 @@ def _printable(obj):
         return {_printable(k): _printable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_printable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None  # JSON has no NaN or infinity: a strict parser refuses Python's bare NaN
     return obj
 
 
 def json_line(obj) -> str:
-    """The one-line JSON result of a command: strict JSON, even for file names that are not UTF-8."""
-    return json.dumps(_printable(obj))
+    """The one-line JSON result of a command: strict JSON, even for file names that are not UTF-8 and
+    numbers that are not finite (null)."""
+    return json.dumps(_printable(obj), allow_nan=False)
 
 
 def pixels(text: str) -> int:

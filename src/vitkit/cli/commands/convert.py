@@ -35,9 +35,8 @@ def register(p):
 
 
 def run(args) -> int:
-    import json
-
     from ...io.convert import convert, describe
+    from . import json_line
 
     parser = args._convert_parser
     src_format = args.src_format or source_format(args.src)
@@ -64,7 +63,7 @@ def run(args) -> int:
         where = " (conv_stem: docs/convert.md)" if cfg.stem == "conv" else ""
         print(f"timm builds it as: {timm_source(cfg)}{where}")
     if args.json:
-        print(json.dumps(report))
+        print(json_line(report))
     return 0
 
 

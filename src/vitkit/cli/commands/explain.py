@@ -3,7 +3,7 @@ and the gradient-weighted rollout of one class over the image."""
 
 from __future__ import annotations
 
-from . import image_size, max_pixels, pixels
+from . import image_size, json_line, max_pixels, pixels
 
 
 def register(p):
@@ -30,8 +30,6 @@ def register(p):
 
 
 def run(args) -> int:
-    import json
-
     from ...tools.explain import MAPS, explain
 
     res = explain(args.checkpoint, args.image, out=args.out, method=args.method, head_fusion=args.head_fusion,
@@ -41,7 +39,7 @@ def run(args) -> int:
         out = dict(res)
         for k in MAPS:
             out[k] = None if res[k] is None else [[round(float(v), 6) for v in row] for row in res[k]]
-        print(json.dumps(out))
+        print(json_line(out))
         return 0
     h, w = res["input_size"]
     gh, gw = res["grid"]

@@ -9,12 +9,11 @@ def register(p):
 
 
 def run(args) -> int:
-    import json
-
     import torch
 
     from ...model.variants import build_model, list_models
     from ...model.vit import count_params
+    from . import json_line
 
     names = list_models(args.pattern)
     rows = []
@@ -25,7 +24,7 @@ def run(args) -> int:
         rows.append(dict(name=name, params=count_params(m), img_size=list(c.img_size), patch_size=c.patch_size,
                          embed_dim=c.embed_dim, depth=c.depth, num_heads=c.num_heads))
     if args.json:
-        print(json.dumps(rows))
+        print(json_line(rows))
         return 0
     if not rows:
         print(f"no model matches {args.pattern!r}")

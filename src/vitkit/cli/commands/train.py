@@ -17,8 +17,8 @@ import signal
 import sys
 
 from ...train.launch import DEFAULT_RDZV_ID
-from .timm_flags import add_timm_aliases, timm_flags
 from . import seconds
+from .timm_flags import add_timm_aliases, timm_flags
 
 
 def _h(text: str, key: str, finetune: bool = False) -> str:
@@ -375,7 +375,7 @@ def launch_processes(args, run, plan) -> int:
     elif args.threads is None:  # elsewhere the processes resolve again (rank 0's config wins when they meet),
         argv += ["--threads", str(run.cfg.threads)]  # on threads counted once while the machine is not busy
     say_notes(args, run)
-    return launch(argv, plan)
+    return launch(argv, plan, run.run_dir)
 
 
 def say_notes(args, run) -> None:
@@ -443,14 +443,14 @@ def train_here(args, run, dist) -> int:
 
 def report(args, summary: dict, run_dir) -> int:
     """The main process's last lines (how to continue a stopped run; the accuracies) and the exit code."""
-    import json
+    from . import json_line
 
     if summary.get("status") == "interrupted":
         if args.quiet:  # quiet silences progress, not how to continue
             print(f"vitkit: stopped at step {summary.get('step', 0)}; continue with: vitkit train --resume {run_dir}",
                   file=sys.stderr)
         if args.json:
-            print(json.dumps(summary))
+            print(json_line(summary))
         return 130
     parts = []
     if "test_acc" in summary:
@@ -460,7 +460,7 @@ def report(args, summary: dict, run_dir) -> int:
     parts.append(f"train time {summary['train_seconds']:.1f} s (total {summary['total_seconds']:.1f} s)")
     print(", ".join(parts) + f"; saved {run_dir}")
     if args.json:
-        print(json.dumps(summary))
+        print(json_line(summary))
     return 0
 
 

@@ -1,0 +1,628 @@
+"""What a careless or hostile user finds, end to end: an --out folder of someone else's files, FIFOs in a data
+folder, signals, configs that would build a model of terabytes or nest without end, decoded-image cache
+entries that pass the checksum but not the shape, non-finite numbers in --json output, weights that are
+not float, a rank killed in a run of several processes.
+
+Every case: one line (``vitkit: error: ...`` or a warning), no traceback, no hang (each that could hang
+runs under a timeout), and no file of the user's lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import FAST_TRAIN_ARGS, image_folder, tiny_model
+from test_robustness import assert_clean as one_error
+from test_robustness import cli
+
+import vitkit
+from vitkit.cli.main import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` by relative path, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return image_folder(tmp_path_factory.mktemp("data"), n=4, test=2)
+
+
+def train(capsys, data, out, *extra):
+    return cli(capsys, "train", "--data", data, "--epochs", "1", "--out", out, *FAST_TRAIN_ARGS, *extra)
+
+
+# ============================================================= 1. --out at a folder of the user's files
+USERS_FOLDERS = {
+    "config-json": {"config.json": b"mine\n"},
+    "config-json-and-last": {"config.json": b"mine\n", "last/notes.txt": b"keep\n"},
+    "config-json-object": {"config.json": b'{"name": "my project"}\n'},
+    "metrics": {"metrics.jsonl": b"my log\n"},
+    "last-notes": {"last/notes.txt": b"keep\n"},
+    "other-files": {"notes.txt": b"keep\n", "summary.json": b"{}\n"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(USERS_FOLDERS))
+def test_out_at_a_folder_of_the_users_files_is_refused(name, data, tmp_path, capsys):
+    out = tmp_path / "d"
+    for rel, content in USERS_FOLDERS[name].items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(content)
+    before = snapshot(out)
+    rc, _, err = train(capsys, data, out)
+    assert rc == 1
+    line = one_error(err, names=re.escape(str(out)))
+    assert "not written by vitkit" in line or "not a vitkit run" in line, line
+    assert snapshot(out) == before  # nothing replaced, nothing deleted, nothing added
+    assert sorted(p.name for p in out.iterdir()) == sorted({Path(r).parts[0] for r in USERS_FOLDERS[name]})
+
+
+def test_out_at_a_vitkit_run_with_the_users_file_in_last_is_refused_on_resume(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc, _, err = train(capsys, data, out)
+    assert rc == 0, err
+    (out / "last" / "notes.txt").write_text("keep\n")
+    rc, _, err = cli(capsys, "train", "--resume", out, "--epochs", "2", "--quiet")
+    assert rc == 1
+    one_error(err, names=re.escape(str(out / "last" / "notes.txt")) + ".*not written by vitkit")
+    assert (out / "last" / "notes.txt").read_text() == "keep\n"
+
+
+def test_out_at_an_empty_folder_or_a_run_that_saved_no_checkpoint_is_taken(data, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc, _, err = train(capsys, data, empty)
+    assert rc == 0, err
+    # a run killed before its first checkpoint leaves config.json, classes.json, metrics.jsonl and its lock:
+    # a new run may take the folder, and the user's own file beside them stays
+    early = tmp_path / "early"
+    early.mkdir()
+    for name in ("config.json", "classes.json", "metrics.jsonl"):
+        (early / name).write_bytes((empty / name).read_bytes())
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (early / ".lock").write_text(f"{socket.gethostname()} {dead.stdout.strip()}\n")  # a dead process's lock
+    (early / "notes.txt").write_text("keep\n")
+    rc, _, err = train(capsys, data, early)
+    assert rc == 0, err
+    assert (early / "last" / "model.safetensors").is_file() and (early / "notes.txt").read_text() == "keep\n"
+
+
+# ================================================================== 2. FIFOs in data folders; signals
+def vitkit_run(*argv, timeout: float = 60) -> tuple[int, str, list[str]]:
+    """``vitkit ARGV`` in a process of its own (and its own session, killed whole if it hangs): (exit code,
+    stdout, stderr lines). A command blocked in a system call in a worker thread cannot be interrupted
+    in-process, so whatever could hang runs here."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    p = subprocess.Popen([sys.executable, "-m", "vitkit", *map(str, argv)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"vitkit {' '.join(map(str, argv))}: still running after {timeout} s")
+    return p.returncode, out, err.splitlines()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return vitkit.save(tiny_model(head_std=1.0, labels=["cat", "dog"], num_classes=2),
+                       tmp_path_factory.mktemp("ck") / "ckpt")
+
+
+@pytest.fixture
+def fifo_data(tmp_path) -> Path:
+    """An image folder with a FIFO named like an image in one class folder."""
+    root = image_folder(tmp_path / "imgs", n=4, test=2)
+    os.mkfifo(root / "train" / "cat" / "p.png")
+    os.mkfifo(root / "test" / "dog" / "q.png")
+    return root
+
+
+def test_a_fifo_in_a_folder_is_skipped_with_a_warning_never_opened(ckpt, fifo_data):
+    fifo = fifo_data / "train" / "cat" / "p.png"
+    rc, out, err = vitkit_run("predict", ckpt, fifo_data / "train", "--json", "--quiet")
+    assert rc == 0, err
+    assert err == [f"vitkit: warning: skipped {fifo}: not a regular file (a FIFO); not read"], err
+    assert len(json.loads(out)["predictions"]) == 8
+    rc, out, err = vitkit_run("predict", ckpt, fifo_data / "train", "--strict", "--quiet")
+    assert rc == 1
+    one_error(err, names=re.escape(str(fifo)) + r": not a regular file \(a FIFO\)")
+    rc, out, err = vitkit_run("eval", ckpt, "--data", fifo_data, "--quiet")
+    q = fifo_data / "test" / "dog" / "q.png"
+    assert rc == 0 and f"vitkit: warning: skipped {q}: not a regular file (a FIFO); not read" in err, err
+    assert all(line.startswith("vitkit: warning: skipped") for line in err), err
+
+
+def test_a_fifo_given_directly_is_one_line(ckpt, tmp_path):
+    fifo = tmp_path / "p.png"
+    os.mkfifo(fifo)
+    rc, out, err = vitkit_run("predict", ckpt, fifo, "--quiet")
+    assert rc == 1
+    one_error(err, names=re.escape(str(fifo)) + r": not a regular file \(a FIFO\)")
+    rc, out, err = vitkit_run("explain", ckpt, fifo, "--out", tmp_path / "x")
+    assert rc == 1
+    one_error(err, names=re.escape(str(fifo)) + r": not a regular file \(a FIFO\)")
+
+
+def test_training_on_a_folder_with_fifos_skips_them(fifo_data, tmp_path):
+    rc, out, err = vitkit_run("train", "--data", fifo_data, "--epochs", "1", "--out", tmp_path / "run",
+                              *[a for a in FAST_TRAIN_ARGS if a != "--quiet"])
+    assert rc == 0 and "Traceback" not in "\n".join(err), err
+    p = fifo_data / "train" / "cat" / "p.png"
+    assert f"skipped 2 unreadable file(s), e.g. {p}: not a regular file (a FIFO); not read" in out, out
+    rc, out, err = vitkit_run("train", "--data", fifo_data, "--epochs", "1", "--out", tmp_path / "strict",
+                              *FAST_TRAIN_ARGS, "--set", "data.strict=true")
+    assert rc == 1
+    one_error(err, names=r"p\.png: not a regular file \(a FIFO\)")
+
+
+# a command held in its library call (a stand-in that sleeps), so that the signal arrives while it runs
+HELD = """
+import sys, time, importlib
+sys.path.insert(0, {tests!r})
+module, name = sys.argv[1], sys.argv[2]
+def held(*args, **kwargs):
+    print("ready", flush=True)
+    time.sleep(60)
+setattr(importlib.import_module(module), name, held)
+from vitkit.cli.main import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("command", ["predict", "eval", "explain"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_end_a_command_at_once(command, sig, ckpt, tmp_path):
+    module, argv = {
+        "predict": ("vitkit.tools.predict", ["predict", ckpt, tmp_path]),
+        "eval": ("vitkit.tools.evaluate", ["eval", ckpt, "--data", tmp_path]),
+        "explain": ("vitkit.tools.explain", ["explain", ckpt, tmp_path / "x.png", "--out", tmp_path / "o"]),
+    }[command]
+    name = {"eval": "evaluate"}.get(command, command)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    p = subprocess.Popen([sys.executable, "-c", HELD.format(tests=str(ROOT / "tests")), module, name,
+                          *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        p.kill()
+        p.wait()
+    if sig == signal.SIGTERM:  # ended by the signal itself, after its line: a shell's status 143
+        assert (p.returncode, err) == (-signal.SIGTERM, "vitkit: interrupted (SIGTERM)\n"), (p.returncode, err)
+    else:
+        assert (p.returncode, err) == (130, "vitkit: interrupted\n"), (p.returncode, err)
+    assert took < 10
+
+
+# ================================================================= 7. --json output is strict JSON
+def _no_constant(name):
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def strict_json(line: str):
+    """``line`` parsed as strict JSON: NaN, Infinity and -Infinity are refused."""
+    return json.loads(line, parse_constant=_no_constant)
+
+
+@pytest.fixture(scope="module")
+def nan_ckpt(tmp_path_factory) -> Path:
+    """A checkpoint whose head's bias is NaN: every logit, probability and loss is NaN."""
+    import torch
+
+    m = tiny_model(head_std=1.0, labels=["cat", "dog"], num_classes=2)
+    with torch.no_grad():
+        m.head.bias.fill_(float("nan"))
+    return vitkit.save(m, tmp_path_factory.mktemp("nan") / "ckpt")
+
+
+def test_json_output_is_strict_json_also_for_nan(nan_ckpt, ckpt, data, tmp_path, capsys):
+    image = data / "test" / "cat" / "0.png"
+    commands = {
+        "predict": ["predict", nan_ckpt, image, "--json", "--quiet"],
+        "eval": ["eval", nan_ckpt, "--data", data, "--json", "--quiet"],
+        "explain": ["explain", nan_ckpt, image, "--out", tmp_path / "x", "--json"],
+        "bench": ["bench", ckpt, "--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--threads", "1",
+                  "--device", "cpu", "--json"],
+        "convert": ["convert", ckpt, tmp_path / "timm.safetensors", "--to", "timm", "--json"],
+        "export": ["export", nan_ckpt, "--format", "torchscript", "--out", tmp_path / "m.pt", "--no-check", "--json"],
+        "list": ["list", "vit_test", "--json"],
+        "train": ["train", "--data", data, "--epochs", "1", "--out", tmp_path / "run", *FAST_TRAIN_ARGS, "--json"],
+    }
+    parsed = {}
+    for name, argv in commands.items():
+        rc, out, err = cli(capsys, *argv)
+        assert rc == 0 and "Traceback" not in "\n".join(err), (name, err)
+        parsed[name] = strict_json(out.strip().splitlines()[-1])
+    assert parsed["predict"]["predictions"][0]["top"][0]["prob"] is None
+    assert parsed["eval"]["loss"] is None
+    assert parsed["list"][0]["name"] == "vit_test" and parsed["train"]["status"] == "completed"
+
+
+# ===================================================== 3. configs of absurd size, or nested without end
+def _edit_json(file: Path, **changes) -> None:
+    data = json.loads(file.read_text())
+    for key, value in changes.items():
+        target = data
+        *path, last = key.split(".")
+        for k in path:
+            target = target[k]
+        target[last] = value
+    file.write_text(json.dumps(data))
+
+
+HUGE = {  # field (of the checkpoint's model config) -> (value, the field the error names)
+    "depth": (10**9, "depth"),
+    "embed_dim": (2**31, "embed_dim"),
+    "img_size": ([10**6, 10**6], "img_size"),
+    "num_classes": (2**40, "num_classes"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(HUGE))
+def test_a_checkpoint_of_absurd_size_is_one_line(field, ckpt, data, tmp_path, capsys):
+    import shutil
+
+    bad = Path(shutil.copytree(ckpt, tmp_path / "ck"))
+    value, named = HUGE[field]
+    changes = {f"model.{field}": value}
+    if field == "embed_dim":
+        changes["model.num_heads"] = 1
+    _edit_json(bad / "config.json", **changes)
+    t0 = time.monotonic()
+    for argv in (["predict", bad, data / "test" / "cat" / "0.png"], ["convert", bad, tmp_path / "t.safetensors",
+                                                                    "--to", "timm"]):
+        rc, _, err = cli(capsys, *argv)
+        assert rc == 1
+        line = one_error(err, names=re.escape(str(bad / "config.json")) + rf".*ViTConfig\.{named}: ")
+        assert "over the limit" in line, line
+    assert time.monotonic() - t0 < 20
+
+
+HF_HUGE = {"num_hidden_layers": 10**9, "hidden_size": 2**31, "image_size": 10**6}
+
+
+@pytest.fixture(scope="module")
+def hf_dir(ckpt, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hf") / "hf"
+    assert main(["convert", str(ckpt), str(out), "--to", "hf"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("key", sorted(HF_HUGE))
+def test_an_hf_config_of_absurd_size_is_one_line(key, hf_dir, tmp_path, capsys):
+    import shutil
+
+    bad = Path(shutil.copytree(hf_dir, tmp_path / "hf"))
+    _edit_json(bad / "config.json", **{key: HF_HUGE[key]},
+               **({"num_attention_heads": 1, "intermediate_size": 2**33} if key == "hidden_size" else {}))
+    t0 = time.monotonic()
+    rc, _, err = cli(capsys, "convert", bad, tmp_path / "ck", "--from", "hf")
+    assert rc == 1
+    line = one_error(err, names=re.escape(str(bad)))
+    assert "over the limit" in line, line
+    assert time.monotonic() - t0 < 20
+
+
+def test_the_limits_can_be_raised_for_a_larger_model(monkeypatch):
+    from vitkit.core.errors import ConfigError
+    from vitkit.model import config as model_config
+
+    with pytest.raises(ConfigError, match=r"ViTConfig\.depth: 500 blocks of width 2048 .* over the limit of 5e\+09"):
+        model_config.ViTConfig(depth=500, embed_dim=2048, num_heads=16)
+    monkeypatch.setattr(model_config, "MAX_PARAMS", 3e10)
+    assert model_config.ViTConfig(depth=500, embed_dim=2048, num_heads=16).depth == 500
+
+
+DEEP = 100_000
+
+
+def _deep_json() -> str:
+    return '{"model": ' + "[" * DEEP + "]" * DEEP + "}"
+
+
+def _deep_toml() -> str:
+    return "x = " + "[" * DEEP + "]" * DEEP + "\n"
+
+
+def test_a_config_nested_without_end_is_one_line(ckpt, hf_dir, data, tmp_path, capsys):
+    import shutil
+
+    cases = []
+    bad_ck = Path(shutil.copytree(ckpt, tmp_path / "ck"))
+    (bad_ck / "config.json").write_text(_deep_json())
+    cases.append((bad_ck / "config.json", ["predict", bad_ck, data / "test" / "cat" / "0.png"]))
+    bad_hf = Path(shutil.copytree(hf_dir, tmp_path / "hf"))
+    (bad_hf / "config.json").write_text(_deep_json())
+    cases.append((bad_hf / "config.json", ["convert", bad_hf, tmp_path / "out", "--from", "hf"]))
+    for name, text in (("x.json", _deep_json()), ("x.toml", _deep_toml())):
+        (tmp_path / name).write_text(text)
+        cases.append((tmp_path / name, ["train", "--config", tmp_path / name, "--out", tmp_path / "run", "--quiet"]))
+    dotted = tmp_path / "dotted.toml"  # dotted keys nest without brackets
+    dotted.write_text(".".join(["a"] * 5000) + " = 1\n")
+    cases.append((dotted, ["train", "--config", dotted, "--out", tmp_path / "run", "--quiet"]))
+    for file, argv in cases:
+        rc, _, err = cli(capsys, *argv)
+        assert rc == 1, (argv, err)
+        one_error(err, names=re.escape(str(file)) + r".*nested more than \d+ levels deep")
+    rc, _, err = cli(capsys, "list", "vit_test")  # the interpreter is fine afterwards
+    assert rc == 0
+
+
+# ================================== 4. decoded-image cache entries that pass the checksum but not the shape
+def _cache_folder(root: Path) -> Path:
+    from helpers import noise_image
+
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(5):
+            noise_image(20 + 4 * (i % 3), 24, seed=10 * (c == "b") + i).save(root / c / f"{i}.png")
+    return root
+
+
+def _open_cached(root, cache):
+    import torch
+
+    from vitkit.data import open_dataset
+
+    d = open_dataset(root, val_fraction=0, cache_dir=cache, short_side=20)
+    d.train.get_batch(torch.arange(len(d.train)))  # every image read back
+    return d
+
+
+def _rewrite(entry: Path, meta, shapes, pixels, compress: bool = False) -> None:
+    """An entry with the right key and a recomputed checksum, holding what it is given."""
+    import zipfile
+    import zlib
+
+    import numpy as np
+
+    if isinstance(meta, dict):
+        meta = dict(meta, crc=zlib.crc32(np.ascontiguousarray(pixels)))
+    members = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8), "shapes": shapes, "pixels": pixels}
+    with zipfile.ZipFile(entry, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as z:
+        for name, array in members.items():
+            with z.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+
+
+def _bad_entries():
+    import numpy as np
+
+    def tall(meta, shapes, pixels):  # all pixels as one 1-wide grey image, the others unreadable
+        rows = [[pixels.size, 1, 1]] + [[-1, -1, -1]] * (len(shapes) - 1)
+        return meta, np.array(rows, np.int64), pixels
+
+    def negative(meta, shapes, pixels):
+        s = shapes.copy()
+        s[0] = [-s[0, 0], -s[0, 1], s[0, 2]]  # the same product, negative sides
+        return meta, s, pixels
+
+    def zero(meta, shapes, pixels):
+        s = shapes.copy()
+        s[1] = [0, 5, 3]
+        return meta, s, pixels[: pixels.size - int(np.prod(shapes[1]))]
+
+    return {
+        "meta-list": lambda m, s, p: ([m["key"]], s, p),
+        "meta-errors-list": lambda m, s, p: ({**m, "errors": []}, s, p),
+        "shapes-0d": lambda m, s, p: (m, np.array(len(s)), p),
+        "shapes-float": lambda m, s, p: (m, s.astype(np.float64), p),
+        "negative": negative,
+        "zero": zero,
+        "fortran-pixels": lambda m, s, p: (m, s, np.asfortranarray(np.stack([p, p], 1))),
+        "float64-pixels": lambda m, s, p: (m, s, p.astype(np.float64)),
+        "2d-pixels": lambda m, s, p: (m, s, p.reshape(-1, 1)),
+        "one-tall-image": tall,
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_bad_entries()))
+def test_a_cache_entry_of_the_wrong_structure_is_a_miss(case, tmp_path, monkeypatch):
+    import numpy as np
+    import torch
+
+    root, cache = _cache_folder(tmp_path / "data"), tmp_path / "cache"
+    first = _open_cached(root, cache)
+    (entry,) = (cache / "decoded").glob("*.npz")
+    with np.load(entry) as z:
+        meta, shapes, pixels = json.loads(bytes(z["meta"]).decode()), z["shapes"], z["pixels"]
+    _rewrite(entry, *_bad_entries()[case](meta, shapes, pixels))
+    again = _open_cached(root, cache)
+    assert again.cache == "miss"
+    a, b = (d.train.get_batch(torch.arange(len(d.train)))[0] for d in (first, again))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert _open_cached(root, cache).cache == "hit"  # written again, whole
+
+
+def test_a_cache_entry_claiming_a_gigabyte_is_not_read(tmp_path):
+    import resource
+
+    import numpy as np
+
+    root, cache = _cache_folder(tmp_path / "data"), tmp_path / "cache"
+    _open_cached(root, cache)
+    (entry,) = (cache / "decoded").glob("*.npz")
+    with np.load(entry) as z:
+        meta, shapes = json.loads(bytes(z["meta"]).decode()), z["shapes"]
+    rows = [[1 << 15, 1 << 15, 1]] + [[-1, -1, -1]] * (len(shapes) - 1)  # 1 GiB of zeros, deflated to 1 MB
+    big = np.zeros(1 << 30, np.uint8)
+    _rewrite(entry, meta, np.array(rows, np.int64), big, compress=True)
+    del big
+    assert entry.stat().st_size < 8 << 20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; the writing above set it already
+    from vitkit.data.cache import DecodeCache
+
+    name = entry.stem
+    assert DecodeCache(cache).load(name, meta["key"], len(shapes)) is None
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss <= peak + (64 << 10)  # no new 1 GiB
+
+
+def test_a_folder_named_like_an_old_entry_and_a_failed_write(tmp_path, capsys):
+    root, cache = _cache_folder(tmp_path / "data"), tmp_path / "cache"
+    _open_cached(root, cache)
+    (entry,) = (cache / "decoded").glob("*.npz")
+    stale = entry.with_name(entry.name.split("-")[0] + "-" + "0" * 32 + ".npz")
+    stale.mkdir()
+    (stale / "mine.txt").write_text("keep\n")
+    (root / "a" / "new.png").write_bytes((root / "a" / "0.png").read_bytes())  # another key: a new entry
+    d = _open_cached(root, cache)
+    assert d.cache == "miss" and (stale / "mine.txt").read_text() == "keep\n" and not entry.exists()
+    # the write fails: the run says so, and never that it cached the data
+    data = image_folder(tmp_path / "imgs", n=4, test=2)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would go\n")
+    rc, out, err = cli(capsys, "train", "--data", data, "--epochs", "1", "--out", tmp_path / "run", "--cache-dir",
+                       blocked, "--json", *[a for a in FAST_TRAIN_ARGS if a != "--quiet"])
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[-1])["data_cache"] == "miss, not cached"
+    assert "cached in" not in out.replace("not cached in", ""), out
+    assert any(line.startswith("warning: decoded images not cached") for line in out.splitlines()), out
+
+
+# ============================================= 8. labels that do not fit, weights that are not floats, link loops
+def test_an_hf_id2label_of_another_length_is_a_warning(hf_dir, tmp_path):
+    import shutil
+
+    from vitkit.core.errors import VitkitWarning
+    from vitkit.io.convert import read
+
+    bad = Path(shutil.copytree(hf_dir, tmp_path / "hf"))
+    _edit_json(bad / "config.json", id2label={"0": "cat", "1": "dog", "2": "bird"},
+               label2id={"cat": 0, "dog": 1, "bird": 2})
+    with pytest.warns(VitkitWarning, match=re.escape(str(bad / "config.json")) + r": id2label names 3 classes but "
+                      r"the head has 2"):
+        model = read(bad, "hf")[0]
+    assert model.labels is None
+
+
+def _weights_with(ckpt: Path, tmp_path: Path, change) -> Path:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = Path(shutil.copytree(ckpt, tmp_path / "bad"))
+    state = load_file(str(bad / "model.safetensors"))
+    change(state)
+    save_file(state, str(bad / "model.safetensors"))
+    return bad
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bool"])
+def test_weights_that_are_not_floats_are_refused_naming_the_tensor(dtype, ckpt, data, tmp_path, capsys):
+    import torch
+
+    def change(state):
+        state["head.weight"] = state["head.weight"].to(getattr(torch, dtype))
+
+    bad = _weights_with(ckpt, tmp_path, change)
+    for argv in (["predict", bad, data / "test" / "cat" / "0.png"], ["convert", bad, tmp_path / "t.safetensors",
+                                                                    "--to", "timm"]):
+        rc, _, err = cli(capsys, *argv)
+        assert rc == 1
+        one_error(err, names=re.escape(str(bad / "model.safetensors")) + rf": tensor head\.weight is {dtype}, not "
+                  "floating point")
+    timm_file = tmp_path / "timm.safetensors"  # the foreign readers check the same
+    assert main(["convert", str(ckpt), str(timm_file), "--to", "timm"]) == 0
+    capsys.readouterr()
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(timm_file))
+    state["head.weight"] = state["head.weight"].to(getattr(torch, dtype))
+    save_file(state, str(timm_file))
+    rc, _, err = cli(capsys, "convert", timm_file, tmp_path / "ck2", "--from", "timm", "--model", "vit_test")
+    assert rc == 1
+    one_error(err, names=r"tensor head\.weight is " + dtype)
+
+
+def test_weights_holding_nan_load_with_a_warning_naming_the_tensor(ckpt, data, tmp_path, capsys):
+    def change(state):
+        state["blocks.0.mlp.fc1.weight"][0, 0] = float("nan")
+
+    bad = _weights_with(ckpt, tmp_path, change)
+    rc, out, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json", "--quiet")
+    assert rc == 0
+    assert err == [f"vitkit: warning: {bad / 'model.safetensors'}: tensor blocks.0.mlp.fc1.weight holds NaN or "
+                   "infinite values; the model's outputs will not be finite"], err
+
+
+def test_a_weights_file_linked_to_itself_is_a_link_loop(ckpt, data, tmp_path, capsys):
+    import shutil
+
+    bad = Path(shutil.copytree(ckpt, tmp_path / "loop"))
+    (bad / "model.safetensors").unlink()
+    os.symlink("model.safetensors", bad / "model.safetensors")
+    rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png")
+    assert rc == 1
+    one_error(err, names=re.escape(str(bad / "model.safetensors")) + ": a symbolic link loop$")
+    rc, _, err = cli(capsys, "convert", bad / "model.safetensors", tmp_path / "ck", "--from", "timm")
+    assert rc == 1
+    one_error(err, names="a symbolic link loop")
+
+
+# ============================================================ 6. a rank killed in a run of two processes
+# Loaded as sitecustomize by the processes of the test's run (their PYTHONPATH holds it): the rank named in
+# the environment kills itself with SIGKILL at its Nth training step, as the kernel's OOM killer would.
+KILL_RANK = """
+import os
+if os.environ.get("KILL_RANK") == os.environ.get("RANK", "-"):
+    import signal
+    import vitkit.train.trainer as trainer
+    real, calls = trainer.Trainer.train_step, [0]
+
+    def step_then_die(self, *a, **k):
+        calls[0] += 1
+        if calls[0] == int(os.environ["KILL_AT_STEP"]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, *a, **k)
+
+    trainer.Trainer.train_step = step_then_die
+"""
+
+
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_killed_rank_ends_the_run_in_one_line_with_how_to_resume(rank, data, tmp_path):
+    from vitkit.train.checkpoint import checkpoint_step
+
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(KILL_RANK)
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), str(ROOT / "src")]), KILL_RANK=str(rank),
+               KILL_AT_STEP="3")  # 8 training images, one step an epoch: dies in epoch 3, step 2 saved
+    argv = [sys.executable, "-m", "vitkit", "train", "--data", data, "--epochs", "3", "--nproc", "2", "--out", run,
+            *FAST_TRAIN_ARGS]
+    t0 = time.monotonic()
+    r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, timeout=120, env=env)
+    assert time.monotonic() - t0 < 60
+    assert r.returncode == 128 + signal.SIGKILL, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines == [f"vitkit: error: process {rank} of 2 failed (killed by SIGKILL); tracebacks in {run}/failure.log; "
+                     f"the last checkpoint {run}/last (step 2) is kept; continue with: vitkit train --resume {run}"], \
+        r.stderr
+    assert checkpoint_step(run / "last") == "2"
+    assert "Traceback (most recent call last)" in (run / "failure.log").read_text()
+    if rank == 1:  # the line's command continues the run (the hook does nothing then)
+        r = subprocess.run([sys.executable, "-m", "vitkit", "train", "--resume", str(run), "--quiet", "--json"],
+                           capture_output=True, text=True, timeout=120, env=dict(env, KILL_RANK="-"))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.splitlines()[-1])["status"] == "completed"
