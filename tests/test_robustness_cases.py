@@ -99,7 +99,7 @@ def test_out_at_an_empty_folder_or_a_run_that_saved_no_checkpoint_is_taken(data,
     (early / "notes.txt").write_text("keep\n")
     rc, _, err = train(capsys, data, early)
     assert rc == 0, err
-    assert (early / "last" / "model.safetensors").is_file() and (early / "notes.txt").read_text() == "keep\n"
+    assert (early / "last" / "vitkit.safetensors").is_file() and (early / "notes.txt").read_text() == "keep\n"
 
 
 # ================================================================== 2. FIFOs in data folders; signals
@@ -287,13 +287,13 @@ def test_a_checkpoint_of_absurd_size_is_one_line(field, ckpt, data, tmp_path, ca
     changes = {f"model.{field}": value}
     if field == "embed_dim":
         changes["model.num_heads"] = 1
-    _edit_json(bad / "config.json", **changes)
+    _edit_json(bad / "vitkit.json", **changes)
     t0 = time.monotonic()
     for argv in (["predict", bad, data / "test" / "cat" / "0.png"], ["convert", bad, tmp_path / "t.safetensors",
                                                                     "--to", "timm"]):
         rc, _, err = cli(capsys, *argv)
         assert rc == 1
-        line = one_error(err, names=re.escape(str(bad / "config.json")) + rf".*ViTConfig\.{named}: ")
+        line = one_error(err, names=re.escape(str(bad / "vitkit.json")) + rf".*ViTConfig\.{named}: ")
         assert "over the limit" in line, line
     assert time.monotonic() - t0 < 20
 
@@ -349,8 +349,8 @@ def test_a_config_nested_without_end_is_one_line(ckpt, hf_dir, data, tmp_path, c
 
     cases = []
     bad_ck = Path(shutil.copytree(ckpt, tmp_path / "ck"))
-    (bad_ck / "config.json").write_text(_deep_json())
-    cases.append((bad_ck / "config.json", ["predict", bad_ck, data / "test" / "cat" / "0.png"]))
+    (bad_ck / "vitkit.json").write_text(_deep_json())
+    cases.append((bad_ck / "vitkit.json", ["predict", bad_ck, data / "test" / "cat" / "0.png"]))
     bad_hf = Path(shutil.copytree(hf_dir, tmp_path / "hf"))
     (bad_hf / "config.json").write_text(_deep_json())
     cases.append((bad_hf / "config.json", ["convert", bad_hf, tmp_path / "out", "--from", "hf"]))
@@ -521,9 +521,9 @@ def _weights_with(ckpt: Path, tmp_path: Path, change) -> Path:
     from safetensors.torch import load_file, save_file
 
     bad = Path(shutil.copytree(ckpt, tmp_path / "bad"))
-    state = load_file(str(bad / "model.safetensors"))
+    state = load_file(str(bad / "vitkit.safetensors"))
     change(state)
-    save_file(state, str(bad / "model.safetensors"))
+    save_file(state, str(bad / "vitkit.safetensors"))
     return bad
 
 
@@ -539,7 +539,7 @@ def test_weights_that_are_not_floats_are_refused_naming_the_tensor(dtype, ckpt, 
                                                                     "--to", "timm"]):
         rc, _, err = cli(capsys, *argv)
         assert rc == 1
-        one_error(err, names=re.escape(str(bad / "model.safetensors")) + rf": tensor head\.weight is {dtype}, not "
+        one_error(err, names=re.escape(str(bad / "vitkit.safetensors")) + rf": tensor head\.weight is {dtype}, not "
                   "floating point")
     timm_file = tmp_path / "timm.safetensors"  # the foreign readers check the same
     assert main(["convert", str(ckpt), str(timm_file), "--to", "timm"]) == 0
@@ -561,7 +561,7 @@ def test_weights_holding_nan_load_with_a_warning_naming_the_tensor(ckpt, data, t
     bad = _weights_with(ckpt, tmp_path, change)
     rc, out, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json", "--quiet")
     assert rc == 0
-    assert err == [f"vitkit: warning: {bad / 'model.safetensors'}: tensor blocks.0.mlp.fc1.weight holds NaN or "
+    assert err == [f"vitkit: warning: {bad / 'vitkit.safetensors'}: tensor blocks.0.mlp.fc1.weight holds NaN or "
                    "infinite values; the model's outputs will not be finite"], err
 
 
@@ -569,12 +569,12 @@ def test_a_weights_file_linked_to_itself_is_a_link_loop(ckpt, data, tmp_path, ca
     import shutil
 
     bad = Path(shutil.copytree(ckpt, tmp_path / "loop"))
-    (bad / "model.safetensors").unlink()
-    os.symlink("model.safetensors", bad / "model.safetensors")
+    (bad / "vitkit.safetensors").unlink()
+    os.symlink("vitkit.safetensors", bad / "vitkit.safetensors")
     rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png")
     assert rc == 1
-    one_error(err, names=re.escape(str(bad / "model.safetensors")) + ": a symbolic link loop$")
-    rc, _, err = cli(capsys, "convert", bad / "model.safetensors", tmp_path / "ck", "--from", "timm")
+    one_error(err, names=re.escape(str(bad / "vitkit.safetensors")) + ": a symbolic link loop$")
+    rc, _, err = cli(capsys, "convert", bad / "vitkit.safetensors", tmp_path / "ck", "--from", "timm")
     assert rc == 1
     one_error(err, names="a symbolic link loop")
 

@@ -368,7 +368,7 @@ def _cause_order(f) -> int:
 def _resume_hint(run_dir, log: Path | None) -> str:
     """'; tracebacks in LOG; the last checkpoint RUN/last (step N) is kept; continue with: vitkit train
     --resume RUN', or that no checkpoint was saved."""
-    from ...train.checkpoint import checkpoint_step, find_checkpoint
+    from .checkpoint import checkpoint_step, find_checkpoint
 
     hint = f"; tracebacks in {log}" if log is not None else ""
     ckpt = find_checkpoint(Path(run_dir), "last")
