@@ -124,7 +124,7 @@ def default_baselines(data: str) -> list[str]:
     """The baselines for the data's image size: photo ones when its images are larger than PHOTO_SIDE."""
     on_src_path()
     from vitkit.core.errors import DataError
-    from vitkit.train.recipe import probe_data
+    from vitkit.data.datasets import probe_data
 
     try:
         facts = probe_data(data)

@@ -87,14 +87,16 @@ def random_model(name: str = TINY_MODEL, *, seed: int = 0, **overrides) -> Visio
 def run_docs_lines(tmp_path: Path, dest: str, to: str, lines: Sequence[str]) -> tuple[VisionTransformer, dict]:
     """A vit_tiny_patch16_224 (10 classes, random weights) saved as run/best in ``tmp_path`` (the working
     folder), converted by `vitkit convert run/best DEST --to TO`, then ``lines`` run there, which
-    docs/convert.md must show as they are: (the vitkit model, the namespace the lines ran in)."""
+    docs/convert.md and the README must show as they are: (the vitkit model, the namespace the lines ran in)."""
     from vitkit.cli.main import main
 
     model = randomize(vitkit.create_model("vit_tiny_patch16_224", num_classes=10), seed=4)
     vitkit.save(model, tmp_path / "run" / "best")
     assert main(["convert", "run/best", dest, "--to", to]) == 0
     code = "\n".join(lines)
-    assert code in (Path(__file__).resolve().parents[1] / "docs" / "convert.md").read_text()
+    root = Path(__file__).resolve().parents[1]
+    for doc in (root / "docs" / "convert.md", root / "README.md"):  # the lines both show
+        assert code in doc.read_text(), doc
     scope: dict = {}
     exec(code, scope)
     return model, scope

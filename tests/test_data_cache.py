@@ -10,7 +10,8 @@ import pytest
 import torch
 from helpers import FAST_TRAIN_ARGS, image_folder, noise_image
 
-import vitkit.data.datasets as datasets
+import vitkit.data.folders as folders
+import vitkit.data.sets as sets
 from vitkit.cli.main import main
 from vitkit.core.errors import DataError
 from vitkit.data import open_dataset
@@ -32,7 +33,8 @@ def _no_decoding(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("decoded although the cache holds the images")
 
-    monkeypatch.setattr(datasets, "decode_array", refuse)
+    for module in (folders, sets):  # decoding a folder, and a streamed image
+        monkeypatch.setattr(module, "decode_array", refuse)
 
 
 def _same(a, b):

@@ -13,7 +13,8 @@ from PIL import Image
 
 from vitkit.core.errors import DataError
 from vitkit.data import open_dataset
-from vitkit.data.datasets import DEMO_DIR, ImageSet, safe_unpickle
+from vitkit.data.cifar import safe_unpickle
+from vitkit.data.datasets import DEMO_DIR, ImageSet
 
 
 def _img(path, value, size=(8, 8), mode="RGB"):

@@ -5,7 +5,7 @@ depth, patch size, channels, class and register tokens, classes, pooling, qkv bi
 LayerScale, and heads where the format stores them (HF config, JAX (D, H, hd) kernels); the image
 size is read from a learned position table's length. What the weights do not show is taken, in this
 order of precedence, from ``--set KEY=VALUE`` overrides, a named vitkit model (``--model NAME``),
-then defaults that are reported as assumed. ``resolve_config`` merges these into one ViTConfig.
+then defaults that are reported as assumed. ``arch_config`` merges these into one ViTConfig.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def parse_overrides(items: Sequence[str] | Mapping[str, Any] | None) -> dict[str
 
 
 # ------------------------------------------------------------------------------------ resolution
-def resolve_config(
+def arch_config(
     seen: Mapping[str, Any],
     guessed: Mapping[str, Any],
     source: str,

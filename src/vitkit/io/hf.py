@@ -24,7 +24,7 @@ import torch
 from ..core.errors import CheckpointError, VitkitWarning
 from ..core.strict import parse_json, read_json_object
 from ..model.config import Preprocess, ViTConfig
-from .arch import mlp_ratio_for, resolve_config
+from .arch import arch_config, mlp_ratio_for
 from .atomic import atomic_write_bytes, atomic_write_text
 from .checkpoint import load_state_dict_file
 from .keys import Rule, assemble, build, expected_state, learned_pos_table, refuse, same
@@ -202,7 +202,7 @@ def read_hf(path, cfg: ViTConfig | None = None, model=None, *, model_name=None, 
     if model is not None:
         cfg = model.cfg
     elif cfg is None:
-        cfg, _ = resolve_config(seen, {}, str(Path(path) / "config.json"), model_name=model_name,
+        cfg, _ = arch_config(seen, {}, str(Path(path) / "config.json"), model_name=model_name,
                                 overrides=overrides)
     expected = expected_state(cfg)
     state = assemble(expected, hf_table(cfg, notes["prefix"]), sd, source)

@@ -29,7 +29,7 @@ import torch
 
 from ..core.errors import CheckpointError
 from ..model.config import ViTConfig
-from .arch import heads_from_width, mlp_ratio_for, resolve_config
+from .arch import arch_config, heads_from_width, mlp_ratio_for
 from .checkpoint import load_state_dict_file
 from .keys import Rule, assemble, build, expected_state, same
 from .preprocess import assumed_preprocess
@@ -211,7 +211,7 @@ def read_jax(path, cfg: ViTConfig | None = None, model=None, *, model_name=None,
         cfg = model.cfg
     elif cfg is None:
         seen, guessed, pos_len = infer(params, naming, source)
-        cfg, assumed = resolve_config(seen, guessed, source, pos_len=pos_len, model_name=model_name,
+        cfg, assumed = arch_config(seen, guessed, source, pos_len=pos_len, model_name=model_name,
                                       overrides=overrides)
     expected = expected_state(cfg)
     state = assemble(expected, jax_table(cfg, naming), params, source)

@@ -28,7 +28,7 @@ from ..core.errors import CheckpointError
 from ..core.strict import read_json_object
 from ..model.config import ViTConfig
 from ..model.variants import REGISTRY
-from .arch import heads_from_width, mlp_ratio_for, resolve_config
+from .arch import arch_config, heads_from_width, mlp_ratio_for
 from .atomic import atomic_path
 from .checkpoint import load_state_dict_file
 from .keys import assemble, build, expected_state, learned_pos_table, refuse, same
@@ -126,7 +126,7 @@ def _heads_from_qk_norm(weight: torch.Tensor | None, dim: int) -> int | None:
 
 def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
     """(VisionTransformer, info) from a timm state dict or file, or a timm Hub repository's folder (see
-    ``read_timm_folder``); see ``arch.resolve_config``. A bare state dict does not say how images are
+    ``read_timm_folder``); see ``arch.arch_config``. A bare state dict does not say how images are
     prepared: the model's default Preprocess is reported as assumed (info["preprocess_assumed"])."""
     if isinstance(src, (str, os.PathLike)) and (Path(src).is_dir() or Path(src).name == "config.json"):
         return read_timm_folder(src, model_name=model_name, overrides=overrides)
@@ -142,7 +142,7 @@ def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None,
         cfg = model.cfg
     elif cfg is None:
         seen, guessed, pos_len = infer(sd, source)
-        cfg, assumed = resolve_config(seen, guessed, source, pos_len=pos_len, model_name=model_name,
+        cfg, assumed = arch_config(seen, guessed, source, pos_len=pos_len, model_name=model_name,
                                       overrides=overrides)
     expected = expected_state(cfg)
     table = {k: ((k,), same) for k in expected}  # identity: vitkit's names are timm's

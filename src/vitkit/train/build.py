@@ -194,12 +194,12 @@ def eval_crop(pre: Preprocess, train_set, img_size: tuple[int, int], crop_pct: f
 
 
 def _is_image_folder(path: str | None, fmt: str | None) -> bool:
-    from ..data.datasets import detect_format
+    from ..data.datasets import detect_dataset_format
 
     if path is None or not Path(path).is_dir():
         return False
     try:
-        fmt = fmt or detect_format(Path(path))[0]
+        fmt = fmt or detect_dataset_format(Path(path))[0]
     except DataError:
         return False  # open_dataset says what is wrong
     return fmt in ("folder", "split-folder")

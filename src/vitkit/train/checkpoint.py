@@ -129,7 +129,7 @@ def find_checkpoint(run_dir: Path, name: str = "last") -> Path | None:
     return None
 
 
-CHECKPOINT_FILES = frozenset({*ckpt_io.FILE_NAMES, TRAINER_STATE})  # what a run's checkpoint folder holds (old names too)
+CHECKPOINT_FILES = frozenset({*ckpt_io.FILE_NAMES, TRAINER_STATE})  # a checkpoint folder's files (old names too)
 CHECKPOINT_NAMES = ("last", "best")  # a run's checkpoints, each swapped in whole (its previous folder removed)
 
 

@@ -32,12 +32,10 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..core.errors import DataError
-from ..data.datasets import detect_format, read_idx, safe_unpickle
-from ..data.images import header_size, show_path, walk_images
+from ..data.datasets import DataFacts, probe_data
 
 SMALL_SIDE = 64  # images whose longer side is at most this many pixels are "small" (rules 1 and 2)
 SMALL_IMAGES = 100_000  # ... and a colour set of at most this many training images takes 'small-data'
@@ -61,7 +59,6 @@ SHORT_WHY = "depth 2, width 96, no EMA"
 # process, so that what it computes does not depend on the machine's cores (each process draws its own
 # augmentations).
 CPU_PROCESSES = 2
-HEADERS_SAMPLED = 32  # image headers read to tell the size and channels of an image folder
 
 # The small-data recipe (CIFAR-size data; configs/small-data.toml holds the same values, with the story of
 # each). Chosen from the sources in docs/train.md for accuracy per CPU-second; a best guess until the
@@ -110,21 +107,6 @@ PHOTOS: dict[str, Any] = {
 # the training resolution and depth by budget: (at most this many minutes, img_size, depth); a run of
 # fixed epochs (or no limit) takes the last row
 PHOTO_SIZES = ((SHORT_MINUTES, 64, 2), (float("inf"), 96, 4))
-
-
-@dataclass(frozen=True)
-class DataFacts:
-    """What a dataset is, as far as choosing a recipe needs: read without decoding it."""
-
-    format: str  # as data.datasets.detect_format names it
-    size: tuple[int, int]  # (H, W) of its images; for folders of mixed sizes, the largest sampled
-    channels: int  # 1 (grey) or 3
-    images: int  # training images (train/ of a split folder; the training batches or files)
-    classes: int
-
-    def describe(self) -> str:
-        kind = "grey" if self.channels == 1 else "RGB"
-        return f"{self.size[0]}x{self.size[1]} {kind} images, {self.images:,} for training, {self.classes} classes"
 
 
 @dataclass(frozen=True)
@@ -215,79 +197,6 @@ def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: flo
     except DataError as e:
         return Recipe("default", f"the data could not be inspected ({e}); the defaults")
     return choose_recipe(facts, max_minutes, epochs, cpus, processes)
-
-
-# ====================================================================================== the data
-def probe_data(path: str | os.PathLike, fmt: str | None = None) -> DataFacts:
-    """The facts of the dataset at ``path`` (``fmt``: its format, else detected), read from listings
-    and headers. Problems open_dataset would report (a missing folder, an unknown layout) are
-    DataErrors here too; unreadable images are passed over (the run reports them)."""
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        raise DataError(f"{show_path(root)}: no such folder" if not root.exists()
-                        else f"{show_path(root)}: is a file; expected a dataset folder")
-    if fmt is None:
-        fmt, root = detect_format(root)
-    if fmt in ("cifar10", "cifar100"):
-        return _probe_cifar(root, fmt)
-    if fmt == "mnist":
-        return _probe_mnist(root)
-    if fmt == "split-folder":
-        root = next(d for d in _subfolders(root) if d.name.lower() == "train")
-    return _probe_folder(root, fmt)
-
-
-def _subfolders(root: Path) -> list[Path]:
-    return sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-
-
-def _probe_folder(root: Path, fmt: str) -> DataFacts:
-    """Class folders: the images counted, the size and channels of a few spread over the classes."""
-    files = [walk_images(d) for d in _subfolders(root)]
-    total = sum(len(f) for f in files)
-    if not total:
-        raise DataError(f"{show_path(root)}: no class folders with images")
-    per = max(1, HEADERS_SAMPLED // len(files))  # headers read per class, spread over its files
-    sample = [p for f in files for p in f[:: max(len(f) // per, 1)][:per]]
-    sizes, channels = [], 1
-    for p in sample:
-        try:
-            sizes.append(header_size(p, None))
-            channels = max(channels, _channels(p))
-        except DataError:
-            continue  # unreadable: the run reports it
-    if not sizes:
-        raise DataError(f"{show_path(root)}: none of {len(sample)} sampled images could be read")
-    size = max(sizes, key=lambda hw: max(hw))
-    return DataFacts(fmt, size, channels, total, sum(1 for f in files if f))
-
-
-def _channels(path: Path) -> int:
-    """1 for a greyscale file, else 3 (as the images are decoded), from its header."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
-
-
-def _probe_cifar(root: Path, fmt: str) -> DataFacts:
-    sub = root / {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}[fmt]
-    root = sub if sub.is_dir() else root  # the folder the official tarball unpacks to
-    if fmt == "cifar10":
-        parts = sorted(p for p in root.iterdir() if p.name.startswith("data_batch_"))
-        labels_key, classes = "labels", 10
-    else:
-        parts, labels_key, classes = [root / "train"], "fine_labels", 100
-    images = sum(len(safe_unpickle(p).get(labels_key, [])) for p in parts if p.is_file())
-    return DataFacts(fmt, (32, 32), 3, images, classes)
-
-
-def _probe_mnist(root: Path) -> DataFacts:
-    labels = [p for p in root.iterdir() if "idx1" in p.name.lower() and not p.name.lower().startswith(("t10k", "test"))]
-    images = [p for p in root.iterdir() if "idx3" in p.name.lower() and not p.name.lower().startswith(("t10k", "test"))]
-    n = len(read_idx(labels[0], 1)) if labels else 0
-    size = tuple(read_idx(images[0], 3).shape[1:]) if images else (28, 28)
-    return DataFacts("mnist", size, 1, n, 10)
 
 
 __all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",
