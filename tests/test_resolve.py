@@ -127,3 +127,24 @@ def test_the_package_keeps_its_layers():
     assert shape["longest"][0][0] <= 80
     top = [p for p in (ROOT / "src" / "vitkit").glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
     assert len(top) <= 6
+
+
+def test_foreign_weights_are_read_once_for_a_run_in_this_process(tmp_path, capsys, monkeypatch):
+    """Resolving the run reads timm weights for the model's config; the run then starts from that read."""
+    import importlib
+
+    from helpers import random_model
+
+    from vitkit.io.timm import save_timm
+
+    convert = importlib.import_module("vitkit.io.convert")  # the module (vitkit.io.convert is also a function)
+    weights = tmp_path / "vit.safetensors"
+    save_timm(random_model(), weights)
+    reads = []
+    real = convert.read
+    monkeypatch.setattr(convert, "read", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    data = image_folder(tmp_path / "data")
+    assert main(["finetune", str(weights), "--data", str(data), "--epochs", "1", "--set", "model_args.num_heads=2",
+                 *FAST[2:], "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert reads == [str(weights)]

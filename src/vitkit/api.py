@@ -99,7 +99,8 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     not show. ``loggers``: objects with ``log_metrics(metrics: dict, step: int)`` (and optionally
     ``log_hparams(config: dict)`` and ``close()``), fed as the run logs; a run of several processes runs in
     processes of its own (started as `vitkit train --nproc N` starts them), whose records reach the
-    loggers, from its metrics.jsonl, when it ends. ``log``: where the run's lines go (None: nowhere); ``progress``: a ``core.progress.Progress``.
+    loggers, from its metrics.jsonl, when it ends. ``log``: where the run's lines go (None: nowhere);
+    ``progress``: a ``core.progress.Progress``.
     """
     from .train.resolve import RunRequest, resolve_run
 
@@ -128,7 +129,7 @@ def _fit_here(run, cache_dir, loggers, say, progress) -> dict:
     from .train.loop import train
 
     return train(run.cfg, run.run_dir, resume=run.resume, progress=progress, log=say, path=run.path,
-                 cache_dir=cache_dir, loggers=list(loggers or ()))
+                 cache_dir=cache_dir, loggers=list(loggers or ()), init=run.init)
 
 
 def _fit_launched(run, cache_dir, quiet: bool) -> dict:
@@ -140,7 +141,8 @@ def _fit_launched(run, cache_dir, quiet: bool) -> dict:
     from .train.launch import launch, launch_plan
     from .train.resolve import write_resolved
 
-    preflight(run.cfg, run.run_dir, run.resume)
+    run.init = None  # the processes read the weights themselves
+    preflight(run.cfg, run.run_dir, run.resume, run.model)
     write_resolved(run)
     argv = ["train", "--out", str(run.run_dir), "--resolved", "--cache-dir", str(cache_dir or "none")]
     argv += (["--resume", str(run.run_dir)] if run.resume else []) + (["--quiet"] if quiet else [])

@@ -95,6 +95,14 @@ def read_init(cfg: RunConfig, fmt: str | None = None) -> tuple[VisionTransformer
     return model, report
 
 
+def foreign_init(cfg: RunConfig, resume_from: Path | None) -> tuple[VisionTransformer, dict] | None:
+    """The timm, HF or JAX ``init_from`` weights a new run starts from, read once (``read_init``) for the
+    model's config and the model; None for a resumed run, a vitkit checkpoint or no weights."""
+    if cfg.init_from and resume_from is None and (fmt := init_format(cfg)) != "vitkit":
+        return read_init(cfg, fmt)
+    return None
+
+
 def check_run_dir(run_dir: Path, resume: bool) -> None:
     """A new run needs a directory that holds no run yet: a new or empty one, or the folder of a vitkit run
     that saved no checkpoint (its config.json reads back as a run's); --resume continues one in place. A
@@ -143,11 +151,13 @@ def _left_by_a_run(name: str) -> bool:
     return name == LOCK or (name.startswith(".") and name.endswith(".tmp"))
 
 
-def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False) -> ViTConfig:
+def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False,
+              mcfg: ViTConfig | None = None) -> ViTConfig:
     """The checks that need no data: the config's values (augmentation included), the loggers' packages,
     the device and precision, the run directory, the model (its name and arguments, or the checkpoint to
-    start from; resuming, the run's last checkpoint). A launcher runs them once, before it starts any
-    process. Returns the model's config."""
+    start from; resuming, the run's last checkpoint; ``mcfg``: the model's config resolved already, so
+    that its weights are not read again). A launcher runs them once, before it starts any process.
+    Returns the model's config."""
     cfg.validate()
     check_loggers(cfg.loggers)
     pick_precision(cfg.precision, resolve_device(cfg.device))
@@ -155,7 +165,7 @@ def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False)
     if run_dir is not None:
         check_run_dir(Path(run_dir), resume)
         resume_from = find_checkpoint(Path(run_dir), "last") if resume else None
-    return model_config(cfg, resume_from=resume_from)
+    return mcfg if mcfg is not None else model_config(cfg, resume_from=resume_from)
 
 
 # ============================================================================================== data
@@ -357,6 +367,6 @@ def fit_whitening(model: VisionTransformer, images, max_images: int = 5000) -> N
     model.patch_embed.set_whitening(eval_batch(x, model.cfg.img_size, model.preprocess))
 
 
-__all__ = ["model_config", "init_format", "read_init", "preflight", "check_run_dir", "open_data",
+__all__ = ["model_config", "init_format", "read_init", "foreign_init", "preflight", "check_run_dir", "open_data",
            "eval_crop", "check_classes", "data_preprocess",
            "build_model", "prepare_model", "tune", "fit_whitening"]

@@ -27,7 +27,7 @@ from ..core.progress import Progress
 from ..infer.fastpath import FastPath
 from ..infer.paths import pick_precision, training_path
 from ..io.atomic import ensure_dir
-from .build import check_classes, check_run_dir, init_format, model_config, open_data, prepare_model, read_init
+from .build import check_classes, check_run_dir, foreign_init, model_config, open_data, prepare_model
 from .checkpoint import RunLock, checkpoint_step, cleanup_temp, find_checkpoint, resume_point
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, barrier, broadcast_object, process_group
@@ -48,6 +48,7 @@ def train(
     cache_dir: str | Path | None = None,
     path: FastPath | None = None,
     loggers: Sequence = (),
+    init: tuple | None = None,
 ) -> dict:
     """Train as ``cfg`` says, writing the run directory; return a summary dict.
 
@@ -60,7 +61,9 @@ def train(
     channels-last, and why; also its second line): ``path`` as resolved with the run
     (``train.resolve.resolve_run``), else as ``cfg`` settles it here. ``loggers``: logger objects besides the
     config's named loggers (``vitkit.train.metrics.ObjectLog``: ``log_metrics(metrics, step)``, optional
-    ``log_hparams``, ``close``). Errors are VitkitError subclasses with one-line messages.
+    ``log_hparams``, ``close``). ``init``: the timm, HF or JAX ``init_from`` weights as the run's resolution
+    read them (``train.build.foreign_init``), so that they are not read again. Errors are VitkitError
+    subclasses with one-line messages.
     """
     cfg = ran_with(cfg.validate(), dist)
     check_loggers(cfg.loggers)
@@ -75,23 +78,22 @@ def train(
         # ends: DDP's reducer holds the group, and the last holder of a gloo group joins its worker threads,
         # which a reducer does while holding the GIL that those threads may be waiting for.
         summary = _run(cfg, run_dir, dist, device, resume, splits, scratch, progress, stop, log, say, cache_dir,
-                       path, loggers)
+                       path, loggers, init)
         barrier(dist)  # all ranks end together: none tears its process group down while rank 0 still writes
         return summary
 
 
 def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, resume: bool, splits,
          scratch: contextlib.ExitStack, progress: Progress, stop, log, say, cache_dir, path: FastPath | None,
-         loggers=()) -> dict:
+         loggers=(), init=None) -> dict:
     """``train``'s work inside its process group and the run directory's lock: the summary."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
     cfg = main_config(cfg, dist, device)
     resume_from, saved = start_point(run_dir, resume, dist, scratch)
     if saved is not None and dist.is_main:
         cleanup_temp(run_dir)
-    init = None  # foreign init_from weights, read once for the model's config and the model
-    if cfg.init_from and resume_from is None and (fmt := init_format(cfg)) != "vitkit":
-        init = read_init(cfg, fmt)
+    if init is None or dist.enabled or resume_from is not None:  # each rank reads what rank 0's config names
+        init = foreign_init(cfg, resume_from)  # foreign init_from weights, read once for the config and model
     mcfg = model_config(cfg, init, resume_from)
     loaded = None
     if splits is None:

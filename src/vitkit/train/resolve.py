@@ -26,6 +26,7 @@ from ..core.hardware import resolve_device, usable_cpus
 from ..core.strict import parse_override
 from ..infer.fastpath import FastPath
 from ..infer.paths import training_path
+from ..model.config import ViTConfig
 from .checkpoint import find_checkpoint, write_json
 from .config import DEMO_BUDGET, FINETUNE_DEFAULTS, RunConfig, checked_run_config, read_run_config, resolve_config
 
@@ -56,14 +57,18 @@ class RunRequest:
 @dataclass
 class ResolvedRun:
     """A run with every choice made: ``cfg`` (no 'auto' left in threads, precision and channels-last),
-    ``run_dir``, whether it resumes, the training ``path`` (and why: printed once, and in the summary)
-    and ``notes``: what the main process prints first (the recipe chosen for the data, and why)."""
+    ``run_dir``, whether it resumes, the training ``path`` (and why: printed once, and in the summary),
+    ``notes``: what the main process prints first (the recipe chosen for the data, and why), the model's
+    config and the timm, HF or JAX weights it starts from as resolving read them (for a run in this
+    process; a launcher drops them)."""
 
     cfg: RunConfig
     run_dir: Path
     resume: bool = False
     path: FastPath | None = None
     notes: list[str] = field(default_factory=list)
+    model: ViTConfig | None = None  # the config of the model it trains
+    init: tuple | None = field(default=None, repr=False)  # foreign init_from weights as read (build.foreign_init)
 
 
 def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewhere: bool = False) -> ResolvedRun:
@@ -87,13 +92,13 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     if cfg.threads is None:
         cfg.threads = default_threads(local_processes or cfg.processes)
     run_dir = Path(req.resume) if req.resume else new_run_dir(cfg, req.out)
-    mcfg = _model(cfg, run_dir if req.resume else None)
+    mcfg, init = _model(cfg, run_dir if req.resume else None)
     path = settle_path(cfg, mcfg)
     if cfg.tune == "auto":
         from .tune import settle_tune
 
         notes.append(settle_tune(cfg, mcfg, _training_images(cfg)))
-    return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes)
+    return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes, model=mcfg, init=init)
 
 
 def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, list[str], dict | None]:
@@ -111,12 +116,14 @@ def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, l
     return recipe.base, [recipe.line], None
 
 
-def _model(cfg: RunConfig, resume_dir: Path | None):
-    """The config of the model the run trains: the named model, the weights it starts from or
-    (``resume_dir``) the run's last checkpoint."""
-    from .build import model_config
+def _model(cfg: RunConfig, resume_dir: Path | None) -> tuple:
+    """The config of the model the run trains (the named model, the weights it starts from or
+    (``resume_dir``) the run's last checkpoint), and the foreign weights read for it, if any."""
+    from .build import foreign_init, model_config
 
-    return model_config(cfg, resume_from=find_checkpoint(resume_dir, "last") if resume_dir is not None else None)
+    resume_from = find_checkpoint(resume_dir, "last") if resume_dir is not None else None
+    init = foreign_init(cfg, resume_from)
+    return model_config(cfg, init, resume_from), init
 
 
 def _training_images(cfg: RunConfig) -> int | None:

@@ -360,7 +360,8 @@ def launch_processes(args, run, plan) -> int:
     from ...train.launch import launch
     from ...train.resolve import write_resolved
 
-    preflight(run.cfg, run.run_dir, run.resume)
+    run.init = None  # the processes read the weights themselves; the launcher holds no copy while they run
+    preflight(run.cfg, run.run_dir, run.resume, run.model)
     check_processes(run.cfg.processes, run.cfg.device)
     argv = list(getattr(args, "argv", None) or [])
     if not argv:
@@ -433,7 +434,8 @@ def train_here(args, run, dist) -> int:
     with stop_on_signals() as stop:
         try:
             summary = train(run.cfg, run.run_dir, dist=dist, resume=run.resume, progress=progress, stop=stop,
-                            log=log, cache_dir=cache_dir(args, os.environ), path=run.path)
+                            log=log, cache_dir=cache_dir(args, os.environ), path=run.path,
+                            init=run.init)
         finally:
             destroy_process_group()
     if not dist.is_main:
