@@ -148,3 +148,13 @@ def test_foreign_weights_are_read_once_for_a_run_in_this_process(tmp_path, capsy
                  *FAST[2:], "--out", str(tmp_path / "run")]) == 0
     capsys.readouterr()
     assert reads == [str(weights)]
+
+
+def test_a_bad_model_arg_in_a_config_file_names_the_file(tmp_path, capsys):
+    """The run's model is resolved with the run now, so a config file's model_args are checked with the
+    file's other values, and the error names the file (the hypothesis fuzz of test_robustness found it)."""
+    f = tmp_path / "run.toml"
+    f.write_text('[model_args]\n"" = false\n')
+    assert main(["train", "--config", str(f), "--threads", "1", "--out", str(tmp_path / "run"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitkit: error: {f}: vit_hybrid_mini_patch4_28: unknown field(s) ''") and err.count("\n") == 1

@@ -320,7 +320,7 @@ def resolve_config(
     if file is not None:
         loaded = load_config_file(file)
         try:
-            RunConfig.from_dict(merge(data, loaded))  # check the file alone first, to name it in errors
+            _check_named_model(RunConfig.from_dict(merge(data, loaded)))  # the file alone first, to name it
         except ConfigError as e:
             raise ConfigError(f"{file}: {e}") from None
         data = merge(data, loaded)
@@ -335,6 +335,15 @@ def resolve_config(
     if overrides:
         data = apply_overrides(data, overrides)
     return RunConfig.from_dict(data)
+
+
+def _check_named_model(cfg: RunConfig) -> None:
+    """The named model with ``cfg``'s model_args, where no weights supply the architecture: an unknown
+    field or a bad value is a ConfigError (the caller names where the values came from)."""
+    from ..model.variants import get_config
+
+    if not cfg.init_from:
+        get_config(cfg.model, **{k: v for k, v in cfg.model_args.items() if k != "num_classes"})
 
 
 def _check_given_once(flags: dict[str, Any], overrides: list[str]) -> None:
