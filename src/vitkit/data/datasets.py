@@ -183,9 +183,7 @@ def probe_data(path: str | os.PathLike, fmt: str | None = None) -> DataFacts:
     and headers. Problems open_dataset would report (a missing folder, an unknown layout) are
     DataErrors here too; unreadable images are passed over (the run reports them)."""
     root = Path(path).expanduser()
-    if not root.is_dir():
-        raise DataError(f"{show_path(root)}: no such folder" if not root.exists()
-                        else f"{show_path(root)}: is a file; expected a dataset folder")
+    _check_folder(root)
     if fmt is None:
         fmt, root = detect_dataset_format(root)
     return FORMAT_MODULES[fmt][1](root, fmt)
