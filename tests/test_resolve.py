@@ -15,6 +15,7 @@ import vitkit
 from vitkit.cli.main import main
 from vitkit.core.errors import ConfigError
 from vitkit.train.config import FINETUNE_DEFAULTS, RunConfig
+from vitkit.train.recipe import CLOCK_EPOCHS
 from vitkit.train.resolve import RunRequest, read_resolved, resolve_run, write_resolved
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +57,21 @@ def test_finetuning_takes_its_defaults_whatever_calls_it(tmp_path):
     want = RunConfig.from_dict(FINETUNE_DEFAULTS)
     assert run.cfg.optim == want.optim and run.cfg.epochs == want.epochs
     assert run.cfg.init_from == str(ckpt)
+
+
+def test_finetuning_within_a_budget_runs_until_the_clock_ends_it(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    vitkit.save(vitkit.create_model(TINY_MODEL, num_classes=2), ckpt)
+    data = image_folder(tmp_path / "data")
+    flags = {"threads": 1, "device": "cpu", "max_minutes": 5}
+    run = resolve_run(RunRequest(data=str(data), weights=str(ckpt), flags=flags))
+    assert run.cfg.epochs == CLOCK_EPOCHS and run.cfg.max_minutes == 5
+    assert any("fitted to 5 min" in line for line in run.notes)
+    given = resolve_run(RunRequest(data=str(data), weights=str(ckpt), flags={**flags, "epochs": 3}))
+    assert given.cfg.epochs == 3  # --epochs still ends it sooner
+    told = resolve_run(RunRequest(data=str(data), weights=str(ckpt), flags={"threads": 1, "device": "cpu"},
+                                  overrides=["max_minutes=2"]))
+    assert told.cfg.epochs == CLOCK_EPOCHS
 
 
 def test_the_cli_and_fit_record_the_same_run(tmp_path, capsys):

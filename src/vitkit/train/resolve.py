@@ -15,6 +15,8 @@ directory, takes rank 0's config once the processes meet (``train.loop.main_conf
 
 from __future__ import annotations
 
+import copy
+
 import os
 import time
 from dataclasses import dataclass, field
@@ -107,7 +109,8 @@ def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, l
         saved = saved_run_config(Path(req.resume), req.out, elsewhere)
         return saved, [], saved or None
     if req.weights is not None:
-        return FINETUNE_DEFAULTS, [], None
+        base, line = finetune_base(flags, req.overrides)
+        return base, [line] if line else [], None
     if req.config is not None:
         return None, [], None
     if req.data is None:
@@ -185,14 +188,35 @@ def demo_base() -> dict:
     return dict(DEMO_BUDGET, processes=1 if cpus is None else min(DEMO_BUDGET["processes"], cpus))
 
 
-def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list[str]):
-    """The recipe for ``data`` (train/recipe.py), told the budget the flags or overrides give."""
-    from .recipe import recipe_for
+def finetune_base(flags: dict, overrides: list[str]) -> tuple[dict, str | None]:
+    """The fine-tuning defaults (FINETUNE_DEFAULTS), and the line that says how the run's length is set:
+    given ``--max-minutes`` and no ``--epochs``, the clock ends the run (CLOCK_EPOCHS epochs, the schedule
+    fitted to the time), as a recipe's run bounded by the clock does, so that the budget is used."""
+    from .recipe import CLOCK_EPOCHS
 
+    base = copy.deepcopy(FINETUNE_DEFAULTS)
+    given = _given(flags, overrides)
+    minutes = _number(given.get("max_minutes"))
+    if not minutes or given.get("epochs") is not None:
+        return base, None
+    base["epochs"] = CLOCK_EPOCHS
+    return base, f"fine-tuning: schedule fitted to {minutes:g} min (--max-minutes; --epochs N ends it sooner)"
+
+
+def _given(flags: dict, overrides: list[str]) -> dict:
+    """The values the flags and ``--set`` overrides give, by dotted key (overrides win)."""
     given = {k: v for k, v in flags.items() if v is not None}
     for text in overrides:
         key, value = parse_override(text)
         given[".".join(key)] = value
+    return given
+
+
+def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list[str]):
+    """The recipe for ``data`` (train/recipe.py), told the budget the flags or overrides give."""
+    from .recipe import recipe_for
+
+    given = _given(flags, overrides)
     return recipe_for(data, data_format, _number(given.get("max_minutes")), _number(given.get("epochs")),
                       cpus=cpu_run_cpus(given.get("device")), processes=_whole(given.get("processes")))
 
@@ -285,5 +309,5 @@ def read_resolved(run_dir: Path, resume: bool = False) -> ResolvedRun:
 
 
 __all__ = ["RunRequest", "ResolvedRun", "resolve_run", "write_resolved", "read_resolved", "settle_path",
-           "check_same_model", "demo_base", "data_recipe", "saved_run_config", "new_run_dir", "default_threads",
+           "check_same_model", "demo_base", "data_recipe", "finetune_base", "saved_run_config", "new_run_dir", "default_threads",
            "cpu_run_cpus", "MODEL_KEYS", "RUN_CONFIG"]
