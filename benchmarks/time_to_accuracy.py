@@ -4,7 +4,7 @@ same training budget, on the same validation carve, one after the other in one r
     python benchmarks/time_to_accuracy.py DATA [--minutes 5] [--seed 0] [--threads N]
                                          [--baselines resnet18,vit_tiny] [--size PX]
                                          [--timm-python .venv-ref/bin/python] [--branch vitkit]
-                                         [--results FILE]
+                                         [--results FILE] [--weights W [--img-size PX]]
 
 vitkit: `vitkit train --data DATA --max-minutes M --seed S --set data.val_fraction=0.1`, i.e. whatever
 recipe vitkit picks for DATA by itself (its resolved config.json is recorded as its recipe).
@@ -30,6 +30,11 @@ evaluation) and use the same CPUs (each baseline one process of --threads thread
 and threads it chooses for itself, e.g. 2 processes of 1 thread on 2 cores, recorded). Prints a table
 of the accuracies and appends one record (every result, each baseline's recipe, the command) to
 --results (default benchmarks/results/time_to_accuracy.jsonl).
+
+--weights W adds a fine-tuning run beside them, in the same run: `vitkit finetune W --data DATA --max-minutes M
+--seed S --set data.val_fraction=0.1 [--img-size PX]` (what it trains, probe / last blocks / full, chosen by
+vitkit's own rule and recorded), and reports its lead over vitkit's run from scratch and over each baseline
+(`--baselines none`: no timm run).
 
 Timings are only comparable within one run on an otherwise idle machine.
 """
@@ -80,6 +85,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    f"images of at most {PHOTO_SIDE} px, {','.join(PHOTO_BASELINES)} for larger ones)")
     p.add_argument("--size", type=int, default=None, help="the baselines' training size in px (default: each "
                    "baseline's own: 32 for vit_p4, 128 for resnet18 and vit_tiny)")
+    p.add_argument("--weights", default=None, help="also fine-tune these weights (a vitkit checkpoint or run, or "
+                   "any source `vitkit finetune` takes) on DATA in the same budget, beside the runs from scratch")
+    p.add_argument("--img-size", type=int, default=None, help="with --weights: the fine-tuning resolution "
+                   "(default: the weights' own)")
     p.add_argument("--timm-python", default=str(ROOT / ".venv-ref" / "bin" / "python"),
                    help="a Python with timm (default: .venv-ref, which benchmarks/parity.sh makes)")
     p.add_argument("--out", default=None, help="folder for the vitkit run (default: a temporary one)")
@@ -97,6 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def baseline_names(text: str) -> list[str]:
+    if text.strip() == "none":
+        return []
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in BASELINES]
     if bad or not names:
@@ -134,11 +145,13 @@ def default_baselines(data: str) -> list[str]:
 
 
 # ============================================================================================ vitkit
-def clock_run(data: str, minutes: float, seed: int, out: Path, extra: list[str] = ()) -> tuple[int, dict | None, list]:
+def clock_run(data: str, minutes: float, seed: int, out: Path, extra: list[str] = (),
+              command: tuple[str, ...] = ("train",)) -> tuple[int, dict | None, list]:
     """`vitkit train --data DATA --max-minutes MINUTES --seed SEED` into ``out``, validated on SEED's carve of
     VAL_FRACTION, with ``extra`` arguments (also used by ablate_small_data.py and processes_threads.py):
-    (exit code, the --json summary or None when it failed, the command)."""
-    cmd = [sys.executable, "-m", "vitkit", "train", "--data", data, "--max-minutes", str(minutes),
+    (exit code, the --json summary or None when it failed, the command). ``command``: the subcommand and its
+    positional arguments (e.g. ("finetune", WEIGHTS))."""
+    cmd = [sys.executable, "-m", "vitkit", *command, "--data", data, "--max-minutes", str(minutes),
            "--seed", str(seed), "--set", f"data.val_fraction={VAL_FRACTION}", "--out", str(out), "--json", "--quiet",
            *extra]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
@@ -146,16 +159,23 @@ def clock_run(data: str, minutes: float, seed: int, out: Path, extra: list[str] 
     return p.returncode, summary, cmd
 
 
-def run_vitkit(args) -> dict:
-    """vitkit's own choice for the data, as its command line makes it; the summary and the resolved config."""
-    out = Path(args.out or tempfile.mkdtemp(prefix="tta_vitkit_")) / "run"
-    threads = ["--threads", str(args.threads)] if args.threads else []  # threads per process; else vitkit's choice
-    code, summary, cmd = clock_run(args.data, args.minutes, args.seed, out, threads)
+def run_vitkit(args, weights: str | None = None) -> dict:
+    """vitkit's own choice for the data, as its command line makes it (``weights``: fine-tuning them, at
+    --img-size if given); the summary and the resolved config."""
+    name = "run" if weights is None else "finetune"
+    out = Path(args.out or tempfile.mkdtemp(prefix="tta_vitkit_")) / name
+    extra = ["--threads", str(args.threads)] if args.threads else []  # threads per process; else vitkit's choice
+    command: tuple[str, ...] = ("train",)
+    if weights is not None:
+        command = ("finetune", weights)
+        extra += ["--img-size", str(args.img_size)] if args.img_size else []
+    code, summary, cmd = clock_run(args.data, args.minutes, args.seed, out, extra, command)
     if code != 0:
         sys.exit(f"vitkit run failed (exit code {code}): {shlex.join(cmd)}")
     config = json.loads((out / "config.json").read_text())
     return {"val_acc": summary["val_acc"], "train_seconds": summary["train_seconds"], "epochs": summary["epochs"],
             "model": config["model"], "processes": config.get("processes"), "threads": config.get("threads"),
+            "img_size": config.get("img_size"), "tune": config.get("tune") if weights else None,
             "recipe": config, "command": shlex.join(cmd[1:])}
 
 
@@ -285,23 +305,31 @@ def main(argv=None) -> None:
         print(json.dumps(timm_branch(args)))
         return
     with_timm = args.branch == "both"
-    if with_timm and not Path(args.timm_python).is_file():  # before the first run, not after it
+    if with_timm and args.baselines != [] and not Path(args.timm_python).is_file():  # before the first run, not after it
         sys.exit(f"--timm-python {args.timm_python}: no such interpreter (make one with benchmarks/parity.sh, "
                  f"or run vitkit alone with --branch vitkit)")
     n = threads(args)
-    names = (args.baselines or default_baselines(args.data)) if with_timm else []
+    names = (args.baselines if args.baselines is not None else default_baselines(args.data)) if with_timm else []
     vk = run_vitkit(args)
     print(f"vitkit ({vk['model']}): val accuracy {vk['val_acc'] * 100:.2f}% after {vk['train_seconds']:.0f} s "
           f"({vk['epochs']:.2f} epochs)", flush=True)
+    ft = run_vitkit(args, args.weights) if args.weights else None
+    if ft is not None:
+        print(f"vitkit finetune {args.weights} ({ft['tune']}, {ft['img_size']} px): val accuracy "
+              f"{ft['val_acc'] * 100:.2f}% after {ft['train_seconds']:.0f} s ({ft['epochs']:.2f} epochs)", flush=True)
     base = {}
     for name in names:
         base[name] = tm = run_baseline(args, name, n)
         print(f"{name} ({tm['model']}, {tm['recipe']['size']} px): val accuracy {tm['val_acc'] * 100:.2f}% after "
               f"{tm['train_seconds']:.0f} s ({tm['epochs']:.2f} epochs)", flush=True)
-    diff = {name: round(vk["val_acc"] - tm["val_acc"], 5) for name, tm in base.items()}
-    print_table(vk, base, diff, f"{args.minutes:g} min each; baselines: 1 process of {n} thread(s)")
+    lead = ft or vk
+    diff = {name: round(lead["val_acc"] - tm["val_acc"], 5) for name, tm in base.items()}
+    if ft is not None:
+        diff = {"vitkit_scratch": round(ft["val_acc"] - vk["val_acc"], 5), **diff}
+    print_table(vk, base, diff, f"{args.minutes:g} min each; baselines: 1 process of {n} thread(s)", ft)
     rec = {"data": args.data, "minutes": args.minutes, "seed": args.seed, "threads": n,
            "val_fraction": VAL_FRACTION, "vitkit": vk, "baselines": base, "difference": diff,
+           **({"finetune": ft, "weights": args.weights} if ft is not None else {}),
            "command": shlex.join(["python", "benchmarks/time_to_accuracy.py", *(argv or sys.argv[1:])])}
     results = Path(args.results)
     results.parent.mkdir(parents=True, exist_ok=True)
@@ -310,13 +338,16 @@ def main(argv=None) -> None:
     print(f"wrote {results}")
 
 
-def print_table(vk: dict, base: dict, diff: dict, note: str) -> None:
-    """The runs side by side: accuracy, training seconds, epochs, and vitkit's lead over each baseline."""
-    rows = [(f"vitkit {vk['model']} ({vk['processes'] or 1} x {vk['threads']} threads)", vk, "")]
+def print_table(vk: dict, base: dict, diff: dict, note: str, ft: dict | None = None) -> None:
+    """The runs side by side: accuracy, training seconds, epochs, and vitkit's lead over each (the
+    fine-tuning run's, where there is one)."""
+    rows = [(f"vitkit finetune, {ft['tune']} ({ft['processes'] or 1} x {ft['threads']} threads)", ft, "")] if ft else []
+    rows += [(f"vitkit {vk['model']} ({vk['processes'] or 1} x {vk['threads']} threads)", vk,
+              f"{diff['vitkit_scratch'] * 100:+.2f}" if ft else "")]
     rows += [(f"{name}: {tm['model']} at {tm['recipe']['size']} px", tm, f"{diff[name] * 100:+.2f}")
              for name, tm in base.items()]
     width = max(len(r[0]) for r in rows)
-    print(f"\n{'run':<{width}}  val acc  train s  epochs  vitkit - it (points)")
+    print(f"\n{'run':<{width}}  val acc  train s  epochs  {'fine-tuned' if ft else 'vitkit'} - it (points)")
     for label, res, d in rows:
         print(f"{label:<{width}}  {res['val_acc'] * 100:6.2f}%  {res['train_seconds']:7.0f}  {res['epochs']:6.2f}  {d}")
     print(note)
