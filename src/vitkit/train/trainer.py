@@ -48,6 +48,7 @@ from .fsdp import full_optimizer_state, full_tensor, full_weights, load_optimize
 from .loader import BatchLoader, loader_workers, micro_batches
 from .metrics import CONFUSION_LOGGERS, MetricsLog, StepWindow, open_loggers, write_plots
 from .optim import build_optimizer, follow_param_layout
+from .precise_bn import batchnorms, recalibrate_bn
 from .schedule import Schedule
 from .state import TrainerState
 from .sync_bn import sync_batchnorm, wants_sync_bn
@@ -459,7 +460,7 @@ class Trainer:
         self.say(f"epoch {epochs}: val loss {r['loss']:.4f} acc {r['acc'] * 100:.2f}%"
                  + (" (best)" if improved else f" (best {st.best_acc * 100:.2f}% at step {st.best_step})"))
         if improved:
-            self.save("best", extra={"val_acc": r["acc"]})
+            self.save("best", extra={"val_acc": r["acc"]}, model=model)
         return r
 
     def epochs_done(self) -> float:
@@ -467,14 +468,15 @@ class Trainer:
         part way through an epoch)."""
         return self.state.epoch + self.state.pos / max(len(self.loader), 1)
 
-    def save(self, name: str, extra: dict | None = None) -> None:
+    def save(self, name: str, extra: dict | None = None, model: nn.Module | None = None) -> None:
         """Save ``last`` (the weights and the trainer state, to resume from) or ``best`` (the weights to
-        use: the EMA's when there is one; no trainer state). Every process takes part."""
+        use: ``model`` as validated, else the EMA's when there is one; no trainer state). Every process
+        takes part."""
         resumable = name == "last"
         state = self.state_dict() if resumable else None  # a collective in DDP and FSDP
-        model, weights = self.model, None
+        best, model, weights = model, self.model, None
         if not resumable and (self.sharded or self.dist.is_main):
-            model = self.eval_model()  # under FSDP gathered by every process
+            model = best if best is not None else self.eval_model()  # under FSDP gathered by every process
         elif resumable and self.sharded:
             weights = full_weights(self.model)  # gathered by every process; rank 0 receives them
         if self.dist.is_main:
@@ -499,20 +501,32 @@ class Trainer:
         st = self.state
         self.save("last")
         final = self.eval_model()
+        calibrated = self.recalibrate(final)
         summary: dict = {"status": "completed", "run_dir": str(self.run_dir), "step": st.step,
                          "epochs": round(self.epochs_done(), 3),
                          "train_seconds": round(st.seconds, 2), "device": self.device.type,
                          "precision": self.precision, "processes": self.dist.world_size}
         if self.val_set is not None:
             last = st.history[-1] if st.history else None  # the epoch's validation, when the run ended with it
-            r = last if last is not None and last["step"] == st.step else self.validate(final)
+            scored = last is not None and last["step"] == st.step and not calibrated
+            r = last if scored else self.validate(final)
             summary.update(val_acc=round(r["acc"], 5), val_loss=round(r["loss"], 5), best_val_acc=round(st.best_acc, 5))
         else:
-            self.save("best")
+            self.save("best", model=final)
         if test_set is not None:
             summary.update(self._test(final, test_set))
         self._log_confusion(final, test_set)
         return summary
+
+    def recalibrate(self, final: nn.Module) -> int:
+        """Re-estimate the final model's BatchNorm statistics (``precise_bn``; cfg.bn_recalibrate images) when
+        it has any; the images used (0: none)."""
+        if not batchnorms(final) or not self.cfg.bn_recalibrate:
+            return 0
+        n = recalibrate_bn(final, self.train_set, self.device, self.precision, self.cfg.bn_recalibrate, self.cfg.seed,
+                           self.eval_batch_size)
+        self.say(f"BatchNorm statistics re-estimated on {n} training images as they are evaluated")
+        return n
 
     def _log_confusion(self, final: nn.Module, test_set) -> None:
         """The confusion matrix of the run's model (best/'s, as ``_test`` scores it) on the test split, else
