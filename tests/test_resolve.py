@@ -74,6 +74,26 @@ def test_finetuning_within_a_budget_runs_until_the_clock_ends_it(tmp_path):
     assert told.cfg.epochs == CLOCK_EPOCHS
 
 
+def test_a_small_model_fine_tuned_within_a_budget_on_the_cpu_trains_as_two_processes(tmp_path, monkeypatch):
+    from vitkit.train import resolve
+
+    monkeypatch.setattr(resolve, "usable_cpus", lambda: 2)
+    ckpt = tmp_path / "ckpt"
+    vitkit.save(vitkit.create_model(TINY_MODEL, num_classes=2), ckpt)
+    data = str(image_folder(tmp_path / "data"))
+    flags = {"device": "cpu", "max_minutes": 5}
+    run = resolve_run(RunRequest(data=data, weights=str(ckpt), flags=flags))
+    assert run.cfg.processes == 2 and run.cfg.threads == 1
+    assert any("2 processes on the CPU" in line for line in run.notes)
+    told = resolve_run(RunRequest(data=data, weights=str(ckpt), flags={**flags, "processes": 1}))
+    assert told.cfg.processes == 1  # --nproc wins
+    fixed = resolve_run(RunRequest(data=data, weights=str(ckpt), flags={"device": "cpu", "epochs": 2}))
+    assert fixed.cfg.processes == 1  # a run of fixed epochs stays one process
+    monkeypatch.setattr(resolve, "SMALL_MODEL_FLOPS", 1.0)
+    large = resolve_run(RunRequest(data=data, weights=str(ckpt), flags=flags))
+    assert large.cfg.processes == 1
+
+
 def test_the_cli_and_fit_record_the_same_run(tmp_path, capsys):
     data = image_folder(tmp_path / "data")
     args = ["--data", str(data), "--epochs", "1", "--nproc", "1"]

@@ -33,6 +33,10 @@ from .checkpoint import find_checkpoint, write_json
 from .config import DEMO_BUDGET, FINETUNE_DEFAULTS, RunConfig, checked_run_config, read_run_config, resolve_config
 
 RUN_CONFIG = "config.json"  # the resolved run, in its run directory
+# A fine-tuning run of a model of at most this many forward FLOPs an image, bounded by the clock on a CPU,
+# trains as 2 processes of one thread (``finetune_processes``), as the recipes train their models: the
+# largest of them, the photos model at 96 px with 4 blocks, is 0.20 GFLOPs; larger models were not measured
+SMALL_MODEL_FLOPS = 2.5e8
 
 # config keys that say what model a run trains: a resumed run keeps its own, so a request that names
 # other values is refused rather than recorded untruly
@@ -91,10 +95,12 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         check_same_model(saved, cfg, Path(req.resume))
     if req.warmup_epochs is not None:
         notes.append(warmup_in_epochs(cfg, req.warmup_epochs))
-    if cfg.threads is None:
-        cfg.threads = default_threads(local_processes or cfg.processes)
     run_dir = Path(req.resume) if req.resume else new_run_dir(cfg, req.out)
     mcfg, init = _model(cfg, run_dir if req.resume else None)
+    if req.weights is not None and not req.resume:
+        notes += finetune_processes(cfg, mcfg, _given(flags, req.overrides))
+    if cfg.threads is None:
+        cfg.threads = default_threads(local_processes or cfg.processes)
     path = settle_path(cfg, mcfg)
     if cfg.tune == "auto":
         from .tune import settle_tune
@@ -203,6 +209,25 @@ def finetune_base(flags: dict, overrides: list[str]) -> tuple[dict, str | None]:
     return base, f"fine-tuning: schedule fitted to {minutes:g} min (--max-minutes; --epochs N ends it sooner)"
 
 
+def finetune_processes(cfg: RunConfig, mcfg: ViTConfig, given: dict) -> list[str]:
+    """A fine-tuning run bounded by the clock on a CPU of 2 or more cores, of a model of at most
+    SMALL_MODEL_FLOPS forward FLOPs an image, trains as CPU_PROCESSES processes of one thread (in place),
+    as the recipes' runs do (their small models kept two processes busier than one of two threads:
+    recipe.CPU_PROCESSES); the line that says so. ``--nproc`` (or ``processes``) wins."""
+    from ..infer.fastpath import vit_flops
+    from .recipe import CPU_PROCESSES
+
+    cpus = cpu_run_cpus(cfg.device)
+    if "processes" in given or not cfg.max_minutes or cpus is None or cpus < CPU_PROCESSES:
+        return []
+    flops = vit_flops(mcfg)
+    if flops > SMALL_MODEL_FLOPS:
+        return []
+    cfg.processes = CPU_PROCESSES
+    return [f"fine-tuning: {CPU_PROCESSES} processes on the CPU (a small model: {flops / 1e9:.2f} GFLOPs an image, "
+            f"at most {SMALL_MODEL_FLOPS / 1e9:g}; --nproc N changes it)"]
+
+
 def _given(flags: dict, overrides: list[str]) -> dict:
     """The values the flags and ``--set`` overrides give, by dotted key (overrides win)."""
     given = {k: v for k, v in flags.items() if v is not None}
@@ -309,5 +334,5 @@ def read_resolved(run_dir: Path, resume: bool = False) -> ResolvedRun:
 
 
 __all__ = ["RunRequest", "ResolvedRun", "resolve_run", "write_resolved", "read_resolved", "settle_path",
-           "check_same_model", "demo_base", "data_recipe", "finetune_base", "saved_run_config", "new_run_dir", "default_threads",
+           "check_same_model", "demo_base", "data_recipe", "finetune_base", "finetune_processes", "saved_run_config", "new_run_dir", "default_threads",
            "cpu_run_cpus", "MODEL_KEYS", "RUN_CONFIG"]
