@@ -114,7 +114,8 @@ class RunConfig:
     img_size: int | None = None  # train at this resolution (position embeddings resampled); None = model's
     tune: Literal["auto", "full", "last", "probe"] = "full"  # with init_from: what trains: the whole model, the
     #   last tune_blocks blocks (and the final norm and head), or the head alone on the frozen backbone (a
-    #   linear probe); auto: chosen from the budget and the model's size (train/tune.py), recorded as chosen
+    #   linear probe, on features computed once: train/probe.py); auto: chosen from the budget and the model's
+    #   size (train/tune.py), recorded as chosen
     tune_blocks: int = 2  # the blocks 'last' trains
     # --- how long ------------------------------------------------------------------------------------
     epochs: int = 20  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
