@@ -155,7 +155,7 @@ def test_a_probe_learns_and_its_second_run_reads_the_cache(tmp_path, weights, co
     first = capsys.readouterr().out
     summary = json.loads(first.strip().splitlines()[-1])
     assert summary["val_acc"] == 1.0 and summary["test_acc"] == 1.0  # two brightness levels: separable
-    assert summary["probe_features"] == "cached" and summary["feature_cache"] == "miss"
+    assert summary["probe"] == "trained on cached features" and summary["feature_cache"] == "miss"
     assert f"probe: the head trains on the frozen backbone's features (train 22, val 2, test 8; dimension 32), " \
            f"computed, cached in {cache}" in first
     entries = {p: p.stat().st_mtime_ns for p in (cache / "features").iterdir()}
@@ -211,7 +211,7 @@ def test_no_cache_writes_nothing(tmp_path, weights, flags, monkeypatch, capsys):
     assert main(["finetune", str(weights), "--data", str(data), "--epochs", "2", *FAST[2:], "--tune", "probe",
                  *cache, *flags, "--out", str(tmp_path / "run"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["feature_cache"] == "off" and summary["probe_features"] == "computed"
+    assert summary["feature_cache"] == "off" and summary["probe"] == "trained on features computed once (not cached)"
     assert not (tmp_path / "cache").exists() and not (tmp_path / "xdg").exists()
 
 

@@ -21,9 +21,9 @@ What differs from a run on images: last/ is written when the run ends or stops (
 steps) rather than at each epoch's end, and the best head is kept in memory and written to best/ then,
 since a probe's epochs take milliseconds and a checkpoint holds the whole model; the plots are drawn at
 the end. The features pass is counted, as decoding the data is, neither in the training time nor in the
-time budget; the run's header says how the features were had, and its summary records it:
-``probe_features`` ('cached' or 'computed': no cache), ``feature_cache`` ('hit', 'miss', 'miss, not
-cached', 'off') and ``feature_seconds``.
+time budget; the run's header says how the features were had, and its summary records it: ``probe``
+('trained on cached features', or on features computed once and not cached), ``feature_cache`` ('hit',
+'miss', 'miss, not cached', 'off') and ``feature_seconds``.
 
 A probe runs in one process: with several (``--nproc N``, a torchrun launch) it is refused with one line
 (``RunConfig.validate``, ``probe_trainer``); its work after the features pass is seconds.
@@ -156,7 +156,8 @@ def probe_trainer(cfg, model: nn.Module, splits, run_dir: str | Path, cache_dir=
     for note in info.pop("notes"):
         say(f"warning: {note}")
     say(probe_line(features, info, cache_dir))
-    info["probe_features"] = "computed" if cache_dir is None else "cached"
+    kept = info["feature_cache"] in ("hit", "miss")
+    info["probe"] = "trained on cached features" if kept else "trained on features computed once (not cached)"
     return ProbeTrainer(cfg, model, features, run_dir, info=info, **kwargs)
 
 
