@@ -73,16 +73,20 @@ def test_the_cached_features_are_the_models_pooled_features(tmp_path, overrides,
 
 def test_other_weights_data_or_preprocessing_are_other_entries(tmp_path, computed):
     model, images = tiny_model(seed=1), tiny_set(16)
-    run = lambda m, s: split_features(m, {"train": s}, device=CPU, cache_dir=tmp_path, where="x")[1]  # noqa: E731
+
+    def run(m, s):
+        return split_features(m, {"train": s}, device=CPU, cache_dir=tmp_path, where="x")[1]
+
     assert run(model, images)["feature_cache"] == "miss"
     other = tiny_model(seed=2)
     assert run(other, images)["feature_cache"] == "miss"
     assert run(model, tiny_set(16, seed=5))["feature_cache"] == "miss"  # other pixels
+    assert run(tiny_model(seed=1, img_size=48), images)["feature_cache"] == "miss"  # another size
     model.preprocess = dataclasses.replace(model.preprocess, mean=(0.4, 0.4, 0.4))
     assert run(model, images)["feature_cache"] == "miss"
     model.reset_head(7)  # the head is what a probe trains: not part of the key
     assert run(model, images)["feature_cache"] == "hit"
-    assert len(computed) == 4
+    assert len(computed) == 5
 
 
 def _truncate(f):
