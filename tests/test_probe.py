@@ -20,7 +20,9 @@ from vitkit.tools.loading import load_model
 from vitkit.train import features as features_module
 from vitkit.train.config import RunConfig
 from vitkit.train.features import split_features
+from vitkit.train.distributed import DistInfo
 from vitkit.train.loop import train
+from vitkit.train.probe import probe_trainer
 from vitkit.train.tune import choose_tune, freeze_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -247,4 +249,8 @@ def test_a_probe_runs_in_one_process(tmp_path, weights, capsys):
     err = capsys.readouterr().err
     assert err.startswith("vitkit: error: tune: 'probe' trains the head") and len(err.splitlines()) == 1
     assert not (tmp_path / "run" / "last").exists()
+    # processes a launcher other than vitkit's started (torchrun): the run's first step refuses them
+    with pytest.raises(ConfigError, match="^tune: 'probe' .* in one process, not 4;"):
+        probe_trainer(probe_cfg(weights), tiny_model(), tiny_splits(), tmp_path / "r", dist=DistInfo(1, 4),
+                      device=CPU)
 

@@ -203,8 +203,9 @@ class RunConfig:
         if self.tune not in ("full", "auto") and not self.init_from:
             raise ConfigError(f"tune: {self.tune!r} fine-tunes weights; it needs init_from (vitkit finetune WEIGHTS)")
         if self.tune == "probe" and self.processes > 1:
-            raise ConfigError(f"tune: 'probe' trains the head on features computed once, in one process, not "
-                              f"{self.processes}; use --nproc 1 (or --tune last to train with several)")
+            from .tune import probe_processes_error
+
+            raise probe_processes_error(self.processes)
         if self.tune_blocks < 1:
             raise ConfigError(f"tune_blocks: must be a positive integer, got {self.tune_blocks!r}")
         for name in ("img_size", "threads"):

@@ -37,7 +37,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.errors import ConfigError
 from ..data.augment import one_hot
 from ..infer.paths import autocast
 from ..infer.scoring import Tally
@@ -45,6 +44,7 @@ from ..io import checkpoint as ckpt_io
 from .checkpoint import save_checkpoint
 from .features import FeatureSet, split_features
 from .trainer import Trainer, main_log
+from .tune import probe_processes_error
 
 
 class _Head(nn.Module):
@@ -144,8 +144,7 @@ def probe_trainer(cfg, model: nn.Module, splits, run_dir: str | Path, cache_dir=
     and test parts and of ``val_set`` are computed, or read from ``cache_dir`` (None: no cache)."""
     dist, device = kwargs["dist"], kwargs["device"]
     if dist.enabled:
-        raise ConfigError(f"tune: 'probe' trains the head on features computed once, in one process, not "
-                          f"{dist.world_size}; run it in one (or use --tune last to train with several)")
+        raise probe_processes_error(dist.world_size)
     say = main_log(kwargs.get("log"), dist)
     parts = {"train": splits.train, "val": val_set, "test": splits.test}
     where = str(Path(cfg.data.path).expanduser().resolve()) if cfg.data.path else "built-in"

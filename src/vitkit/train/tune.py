@@ -71,6 +71,12 @@ def settle_tune(cfg, mcfg, images: int | None) -> str:
     return f"fine-tuning {cfg.tune}: {what}; {why} (--tune forces one)"
 
 
+def probe_processes_error(processes: int) -> ConfigError:
+    """The error of a probe asked to run in ``processes`` (> 1) processes: it trains in one (train/probe.py)."""
+    return ConfigError(f"tune: 'probe' trains the head on features computed once, in one process, not {processes}; "
+                       "use --nproc 1 (or --tune last to train with several)")
+
+
 def freeze_for(model: nn.Module, mode: str, blocks: int) -> int:
     """Leave trainable only what ``mode`` trains (in place): 'full' everything; 'last' the last ``blocks``
     blocks, the final norm, the pooling, fc_norm, pre-logits and the head; 'probe' the head alone (it trains
@@ -96,4 +102,5 @@ def _as_evaluated(module: nn.Module, args) -> None:
     module.train(False)  # running statistics, never updated: a training step does not move a frozen layer
 
 
-__all__ = ["TUNE_MODES", "MIN_EPOCHS", "choose_tune", "settle_tune", "freeze_for", "step_flops"]
+__all__ = ["TUNE_MODES", "MIN_EPOCHS", "choose_tune", "settle_tune", "freeze_for", "step_flops",
+           "probe_processes_error"]
