@@ -114,7 +114,8 @@ class RunConfig:
     img_size: int | None = None  # train at this resolution (position embeddings resampled); None = model's
     tune: Literal["auto", "full", "last", "probe"] = "full"  # with init_from: what trains: the whole model, the
     #   last tune_blocks blocks (and the final norm and head), or the head alone on the frozen backbone (a
-    #   linear probe); auto: chosen from the budget and the model's size (train/tune.py), recorded as chosen
+    #   linear probe, on features computed once: train/probe.py); auto: chosen from the budget and the model's
+    #   size (train/tune.py), recorded as chosen
     tune_blocks: int = 2  # the blocks 'last' trains
     # --- how long ------------------------------------------------------------------------------------
     epochs: int = 20  # passes over the training set (the schedule spans them, unless max_minutes ends sooner)
@@ -204,6 +205,10 @@ class RunConfig:
             raise ConfigError(f"batch_size: {self.batch_size} is not divisible by accum_steps {self.accum_steps}")
         if self.tune not in ("full", "auto") and not self.init_from:
             raise ConfigError(f"tune: {self.tune!r} fine-tunes weights; it needs init_from (vitkit finetune WEIGHTS)")
+        if self.tune == "probe" and self.processes > 1:
+            from .tune import probe_processes_error
+
+            raise probe_processes_error(self.processes)
         if self.tune_blocks < 1:
             raise ConfigError(f"tune_blocks: must be a positive integer, got {self.tune_blocks!r}")
         for name in ("img_size", "threads"):

@@ -138,6 +138,8 @@ class Trainer:
     only). Constructing a trainer seeds this process's global RNGs; ``restore`` continues a saved run.
     """
 
+    epoch_files = True  # each epoch's end writes last/ and refreshes the plots (a probe's epochs take milliseconds)
+
     def __init__(self, cfg: RunConfig, model: nn.Module, train_set, run_dir: str | Path, *, val_set=None,
                  dist: DistInfo = DistInfo(), device: torch.device = torch.device("cpu"), precision: str = "fp32",
                  channels_last: bool = False, log: Callable[[str], None] | None = None,
@@ -295,8 +297,10 @@ class Trainer:
                              "lr": self.lr})
         if cfg.eval_every and self.val_set is not None and st.epoch % cfg.eval_every == 0 and st.epoch < cfg.epochs:
             self.validate(self.eval_model())
-            self.plot()
-        self.save("last")
+            if self.epoch_files:
+                self.plot()
+        if self.epoch_files:
+            self.save("last")
 
     def elapsed(self) -> float:
         """Training seconds so far, on this process's clock (the earlier segments of a resumed run included)."""
@@ -536,8 +540,7 @@ class Trainer:
             return
         best = self.val_set is not None and self.state.best_step != self.state.step
         model = self._load_best() if best else final
-        r = evaluate_split(model, images, self.device, self.precision, self.eval_batch_size, self.dist,
-                           self.cfg.tta, confusion=True)
+        r = self._score(model, images, confusion=True)
         if self.dist.is_main:
             classes = ckpt_io.unwrap(model).labels or [str(i) for i in range(len(r["confusion"]))]
             self.metrics.confusion(r["confusion"], classes, split, self.state.step)
@@ -554,9 +557,9 @@ class Trainer:
         out.update(test_acc=round(r["acc"], 5), test_loss=round(r["loss"], 5))
         return out
 
-    def _score(self, model: nn.Module, images) -> dict:
+    def _score(self, model: nn.Module, images, confusion: bool = False) -> dict:
         return evaluate_split(model, images, self.device, self.precision, self.eval_batch_size, self.dist,
-                              self.cfg.tta)
+                              self.cfg.tta, confusion=confusion)
 
     def _load_best(self) -> nn.Module:
         barrier(self.dist)  # rank 0 has written best/

@@ -6,7 +6,9 @@ The rule (``choose_tune``), for a run bounded by the clock on a CPU: the seconds
 mode are estimated from the model's forward FLOPs (``infer.fastpath.vit_flops``) at the CPU's eager rate
 (``CPU_EAGER_RATE`` FLOP/s a thread: a training step's backward costs twice its forward, and a frozen
 part runs forward only), and the first mode, in the order full, last, probe, that the budget gives at
-least ``MIN_EPOCHS`` epochs is taken. A run of fixed epochs, or on a GPU, trains the whole model.
+least ``MIN_EPOCHS`` epochs is taken. The probe trains on features computed once (train/probe.py): its
+cost is one forward pass over the data, whatever its epochs, and it is the mode left when neither of
+the others fits. A run of fixed epochs, or on a GPU, trains the whole model.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ MIN_EPOCHS = 3  # a mode is chosen where the budget gives it at least this many 
 
 def step_flops(mcfg, mode: str, blocks: int) -> float:
     """FLOPs of one training image in ``mode``: the forward pass, and the backward (2x forward) of the
-    part that trains (the last ``blocks`` blocks for 'last'; nothing worth counting for 'probe')."""
+    part that trains (the last ``blocks`` blocks for 'last'). For 'probe' the forward pass that computes the
+    image's features, once a run (its head's steps on them are not worth counting), not once an epoch."""
     fwd = vit_flops(mcfg)
     trained = {"full": 1.0, "last": min(blocks, mcfg.depth) / mcfg.depth, "probe": 0.0}[mode]
     return fwd * (1 + 2 * trained)
@@ -39,14 +42,19 @@ def choose_tune(mcfg, images: int, minutes: float | None, threads: int, blocks: 
         return "full", "on a GPU the whole model trains within any budget this rule weighs"
     rate = CPU_EAGER_RATE * max(threads, 1)
     epochs = {}
-    for mode in ("full", "last", "probe"):
+    for mode in ("full", "last"):
         epochs[mode] = minutes * 60 / max(images * step_flops(mcfg, mode, blocks) / rate, 1e-9)
         if epochs[mode] >= MIN_EPOCHS:
             break
     else:
         mode = "probe"
     est = ", ".join(f"{m} ~{e:.1f}" for m, e in epochs.items())
-    return mode, f"the budget gives an estimated {est} epochs ({MIN_EPOCHS} needed)"
+    why = f"the budget gives an estimated {est} epochs ({MIN_EPOCHS} needed)"
+    if mode == "probe":
+        features = images * step_flops(mcfg, "probe", blocks) / rate
+        why += (f"; the probe's features take ~{features / 60:.1f} min once (before the budget's clock starts), then "
+                "its epochs next to nothing")
+    return mode, why
 
 
 def settle_tune(cfg, mcfg, images: int | None) -> str:
@@ -63,17 +71,24 @@ def settle_tune(cfg, mcfg, images: int | None) -> str:
     return f"fine-tuning {cfg.tune}: {what}; {why} (--tune forces one)"
 
 
+def probe_processes_error(processes: int) -> ConfigError:
+    """The error of a probe asked to run in ``processes`` (> 1) processes: it trains in one (train/probe.py)."""
+    return ConfigError(f"tune: 'probe' trains the head on features computed once, in one process, not {processes}; "
+                       "use --nproc 1 (or --tune last to train with several)")
+
+
 def freeze_for(model: nn.Module, mode: str, blocks: int) -> int:
     """Leave trainable only what ``mode`` trains (in place): 'full' everything; 'last' the last ``blocks``
-    blocks, the final norm, the pooling and the head; 'probe' the head (and fc_norm / pre-logits). Returns
-    the trainable parameters' count."""
+    blocks, the final norm, the pooling, fc_norm, pre-logits and the head; 'probe' the head alone (it trains
+    on the features its input holds, train/probe.py). Returns the trainable parameters' count."""
     if mode not in TUNE_MODES[1:]:
         raise ConfigError(f"tune: expected one of {', '.join(TUNE_MODES[1:])} once settled, got {mode!r}")
     if mode != "full":
         model.requires_grad_(False)
-        train = [model.head, model.fc_norm, model.pre_logits]
+        train = [model.head]
         if mode == "last":
-            train += [*model.blocks[len(model.blocks) - min(blocks, len(model.blocks)):], model.norm]
+            train += [model.fc_norm, model.pre_logits, model.norm]
+            train += model.blocks[len(model.blocks) - min(blocks, len(model.blocks)):]
             train += [model.attn_pool] if model.attn_pool is not None else []
         for part in train:
             part.requires_grad_(True)
@@ -87,4 +102,5 @@ def _as_evaluated(module: nn.Module, args) -> None:
     module.train(False)  # running statistics, never updated: a training step does not move a frozen layer
 
 
-__all__ = ["TUNE_MODES", "MIN_EPOCHS", "choose_tune", "settle_tune", "freeze_for", "step_flops"]
+__all__ = ["TUNE_MODES", "MIN_EPOCHS", "choose_tune", "settle_tune", "freeze_for", "step_flops",
+           "probe_processes_error"]
