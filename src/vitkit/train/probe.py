@@ -97,12 +97,12 @@ class ProbeTrainer(Trainer):
             out["confusion"] = tally.conf.tolist()
         return out
 
-    def save(self, name: str, extra: dict | None = None) -> None:
-        """last/ as any run saves it; best/ kept in memory (the head, which alone changes) until the run
-        ends or stops (``write_best``)."""
+    def save(self, name: str, extra: dict | None = None, model: nn.Module | None = None) -> None:
+        """last/ as any run saves it; best/ kept in memory (the head, which alone changes: ``model``'s as
+        validated, else the run's) until the run ends or stops (``write_best``)."""
         if name != "best":
-            return super().save(name, extra)
-        head = ckpt_io.unwrap(self.eval_model()).head
+            return super().save(name, extra, model)
+        head = ckpt_io.unwrap(model if model is not None else self.eval_model()).head
         info = {"train": {"step": self.state.step, "epoch": self.state.epoch, **(extra or {})}}
         self.best = ({k: v.detach().clone() for k, v in head.state_dict().items()}, info)
 
