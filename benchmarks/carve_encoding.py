@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from vitkit.data import open_dataset  # noqa: E402
+from vitkit.data.splits import HELD_OUT  # noqa: E402  (the carve of a run whose data has no val part)
 from vitkit.io.checkpoint import load  # noqa: E402
 from vitkit.train.trainer import evaluate_split  # noqa: E402
 
@@ -52,7 +53,7 @@ def reencode(images: torch.Tensor, quality: int, subsampling: str) -> torch.Tens
 
 def first_jpeg(root: Path) -> str:
     """The quantisation (first luminance entries) and subsampling of the first JPEG under ``root``."""
-    for f in sorted(root.rglob("*.jp*g")):
+    for f in sorted([*root.glob("*/*.jp*g"), *root.glob("*/*/*.jp*g")]):  # class folders (links followed)
         im = Image.open(f)
         layers = getattr(im, "layer", None)
         return f"{f.name}: luminance table {list(im.quantization[0])[:8]}..., layers {layers}"
@@ -63,7 +64,7 @@ def measure(run: Path, encodings: list[str]) -> dict:
     cfg = json.loads((run / "config.json").read_text())
     model = load(run)
     splits = open_dataset(cfg["data"]["path"], cfg["data"].get("format"), channels=model.cfg.in_chans,
-                          val_fraction=cfg["data"]["val_fraction"], seed=cfg["seed"])
+                          val_fraction=cfg["data"]["val_fraction"] or HELD_OUT, seed=cfg["seed"])
     val = splits.val
     if val.images is None:
         sys.exit(f"{run}: its carve is not held in memory at one size; this script reads such carves only")

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from vitkit.data import open_dataset  # noqa: E402
+from vitkit.data.splits import HELD_OUT  # noqa: E402  (the carve of a run whose data has no val part)
 from vitkit.infer.paths import model_logits  # noqa: E402
 from vitkit.io.checkpoint import load  # noqa: E402
 from vitkit.model.vit import VisionTransformer  # noqa: E402
@@ -87,8 +88,10 @@ def measure(run: Path, sizes: list[int], calib: int) -> dict:
     crop_pct = cfg["data"].get("crop_pct") or pre.crop_pct
     tta = bool(cfg.get("tta"))
     splits = open_dataset(cfg["data"]["path"], cfg["data"].get("format"), channels=mcfg.in_chans,
-                          val_fraction=cfg["data"]["val_fraction"], seed=cfg["seed"])
+                          val_fraction=cfg["data"]["val_fraction"] or HELD_OUT, seed=cfg["seed"])
     val, train = splits.val, splits.train
+    if min(val.images.shape[-2:]) <= min(mcfg.img_size):  # small images, decoded whole at the model's size:
+        crop_pct = 1.0  # evaluated whole (no crop), as the run evaluated them
     g = torch.Generator().manual_seed(0)
     pick = torch.randperm(len(train), generator=g)[:calib]
     calib_images = train.images[pick]

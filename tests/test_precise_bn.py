@@ -61,18 +61,25 @@ def test_a_model_without_batchnorm_or_a_frozen_stem_is_left_alone():
     assert all(torch.equal(a, b) for a, b in zip(stats, after))
 
 
+RRC = dict(crop="rrc", rrc_scale=[0.35, 1.0], hflip=0.5)
+
+
 def test_a_run_saves_and_scores_the_recalibrated_model(tmp_path):
-    cfg = tiny_run_config(model_args=CONV, ema=0.9, epochs=1)
+    cfg = tiny_run_config(model_args=CONV, ema=0.9, epochs=1, augment=RRC)  # auto: on after random resized crops
     summary = train(cfg, tmp_path / "run", splits=tiny_splits(("a", "b")), log=lambda m: None)
     best = ckpt_io.load(tmp_path / "run")
     redo = ckpt_io.load(tmp_path / "run")
-    recalibrate_bn(redo, tiny_splits(("a", "b")).train, torch.device("cpu"), count=cfg.bn_recalibrate, seed=cfg.seed)
+    recalibrate_bn(redo, tiny_splits(("a", "b")).train, torch.device("cpu"), seed=cfg.seed)
     for a, b in zip(batchnorms(best), batchnorms(redo)):  # best/ holds statistics already re-estimated
         torch.testing.assert_close(a.running_mean, b.running_mean, atol=1e-6, rtol=1e-6)
     assert summary["val_acc"] == summary["best_val_acc"]
-    off = train(tiny_run_config(model_args=CONV, ema=0.9, epochs=1, bn_recalibrate=0), tmp_path / "off",
-                splits=tiny_splits(("a", "b")), log=lambda m: None)
-    kept = ckpt_io.load(tmp_path / "off")
-    assert any(not torch.allclose(a.running_mean, b.running_mean) for a, b in zip(batchnorms(kept), batchnorms(best)))
-    assert json.loads((tmp_path / "off" / "config.json").read_text())["bn_recalibrate"] == 0
-    assert off["status"] == "completed"
+    for name, over in {"off": dict(bn_recalibrate=False, augment=RRC), "padded": {}}.items():
+        # off, or auto after padded crops (no change of scale: measured to lose there): the statistics as trained
+        off = train(tiny_run_config(model_args=CONV, ema=0.9, epochs=1, **over), tmp_path / name,
+                    splits=tiny_splits(("a", "b")), log=lambda m: None)
+        kept, again = ckpt_io.load(tmp_path / name), ckpt_io.load(tmp_path / name)
+        recalibrate_bn(again, tiny_splits(("a", "b")).train, torch.device("cpu"), seed=cfg.seed)
+        assert any(not torch.allclose(a.running_mean, b.running_mean, atol=1e-4)
+                   for a, b in zip(batchnorms(kept), batchnorms(again)))  # best/ was not re-estimated
+        assert off["status"] == "completed"
+    assert json.loads((tmp_path / "off" / "config.json").read_text())["bn_recalibrate"] is False

@@ -89,6 +89,8 @@ def test_a_small_model_fine_tuned_within_a_budget_on_the_cpu_trains_as_two_proce
     assert told.cfg.processes == 1  # --nproc wins
     fixed = resolve_run(RunRequest(data=data, weights=str(ckpt), flags={"device": "cpu", "epochs": 2}))
     assert fixed.cfg.processes == 1  # a run of fixed epochs stays one process
+    probe = resolve_run(RunRequest(data=data, weights=str(ckpt), flags={**flags, "tune": "probe"}))
+    assert probe.cfg.processes == 1  # a probe trains on cached features in one process
     monkeypatch.setattr(resolve, "SMALL_MODEL_FLOPS", 1.0)
     large = resolve_run(RunRequest(data=data, weights=str(ckpt), flags=flags))
     assert large.cfg.processes == 1

@@ -149,9 +149,9 @@ class RunConfig:
     #   (the decay warms up as min(ema, (1 + step) / (10 + step)), so short runs are not held back)
     tta: bool = False  # score validation and test with test-time flip augmentation: the mean of the logits of
     #   each image and its left-right mirror (runtime.model_logits)
-    bn_recalibrate: int = 1024  # when training ends, re-estimate the final model's BatchNorm statistics on this
-    #   many training images prepared as they are evaluated (train/precise_bn.py; 0 = keep the statistics
-    #   training gathered); a model without BatchNorm is unchanged
+    bn_recalibrate: bool | None = None  # when training ends, re-estimate the final model's BatchNorm statistics on
+    #   training images prepared as they are evaluated (train/precise_bn.py); None = auto: where training
+    #   cropped at random scales (augment.crop 'rrc'), as measured; a model without BatchNorm is unchanged
     seed: int = 0  # seeds initialisation, data order, augmentation and dropout
     # --- bookkeeping ---------------------------------------------------------------------------------
     eval_every: int = 0  # evaluate on the validation split every N epochs (0 = only at the end)
@@ -186,7 +186,7 @@ class RunConfig:
             v = getattr(self, name)
             if v < 1:
                 raise ConfigError(f"{name}: must be a positive integer, got {v!r}")
-        for name in ("eval_every", "ckpt_every", "skip_nonfinite", "progress_every", "bn_recalibrate"):
+        for name in ("eval_every", "ckpt_every", "skip_nonfinite", "progress_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if self.strategy not in STRATEGIES:

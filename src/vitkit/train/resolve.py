@@ -97,15 +97,20 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         notes.append(warmup_in_epochs(cfg, req.warmup_epochs))
     run_dir = Path(req.resume) if req.resume else new_run_dir(cfg, req.out)
     mcfg, init = _model(cfg, run_dir if req.resume else None)
-    if req.weights is not None and not req.resume:
-        notes += finetune_processes(cfg, mcfg, _given(flags, req.overrides))
-    if cfg.threads is None:
+    processes = finetune_processes(cfg, mcfg, _given(flags, req.overrides)) if req.weights and not req.resume else []
+    threads_given = cfg.threads is not None
+    if not threads_given:
         cfg.threads = default_threads(local_processes or cfg.processes)
     path = settle_path(cfg, mcfg)
     if cfg.tune == "auto":
         from .tune import settle_tune
 
         notes.append(settle_tune(cfg, mcfg, _training_images(cfg)))
+    if processes and cfg.tune == "probe":  # a probe trains its head on cached features, in one process
+        cfg.processes = 1
+        cfg.threads = cfg.threads if threads_given else default_threads(local_processes or 1)
+    else:
+        notes += processes
     return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes, model=mcfg, init=init)
 
 

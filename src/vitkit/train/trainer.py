@@ -48,7 +48,7 @@ from .fsdp import full_optimizer_state, full_tensor, full_weights, load_optimize
 from .loader import BatchLoader, loader_workers, micro_batches
 from .metrics import CONFUSION_LOGGERS, MetricsLog, StepWindow, open_loggers, write_plots
 from .optim import build_optimizer, follow_param_layout
-from .precise_bn import batchnorms, recalibrate_bn
+from .precise_bn import CALIBRATION_IMAGES, batchnorms, recalibrate_bn
 from .schedule import Schedule
 from .state import TrainerState
 from .sync_bn import sync_batchnorm, wants_sync_bn
@@ -523,11 +523,14 @@ class Trainer:
         return summary
 
     def recalibrate(self, final: nn.Module) -> int:
-        """Re-estimate the final model's BatchNorm statistics (``precise_bn``; cfg.bn_recalibrate images) when
-        it has any; the images used (0: none)."""
-        if not batchnorms(final) or not self.cfg.bn_recalibrate:
+        """Re-estimate the final model's BatchNorm statistics (``precise_bn``) when it has any and
+        cfg.bn_recalibrate says so (auto: after random-resized-crop training); the images used (0: none)."""
+        wanted = self.cfg.bn_recalibrate
+        if wanted is None:
+            wanted = self.cfg.augment.crop == "rrc"
+        if not wanted or not batchnorms(final):
             return 0
-        n = recalibrate_bn(final, self.train_set, self.device, self.precision, self.cfg.bn_recalibrate, self.cfg.seed,
+        n = recalibrate_bn(final, self.train_set, self.device, self.precision, CALIBRATION_IMAGES, self.cfg.seed,
                            self.eval_batch_size)
         self.say(f"BatchNorm statistics re-estimated on {n} training images as they are evaluated")
         return n
