@@ -164,6 +164,8 @@ def test_a_probe_learns_and_its_second_run_reads_the_cache(tmp_path, weights, co
     assert summary["probe"] == "trained on cached features" and summary["feature_cache"] == "miss"
     assert f"probe: the head trains on the frozen backbone's features (train 22, val 2, test 8; dimension 32), " \
            f"computed, cached in {cache}" in first
+    val_lines = [line for line in first.splitlines() if ": val loss " in line]
+    assert val_lines and all("(best)" in line for line in val_lines)  # a line only when the head improves
     entries = {p: p.stat().st_mtime_ns for p in (cache / "features").iterdir()}
     assert len(entries) == 3 and len(computed) == 3  # train, val, test
     assert main([*args, "--out", str(tmp_path / "b")]) == 0

@@ -73,6 +73,21 @@ class ProbeTrainer(Trainer):
         self.info = info
         self.best: tuple[dict, dict] | None = None  # the best head's weights and its checkpoint's info
 
+    def validate(self, model: nn.Module) -> dict:
+        """As a run validates; its line only when the head improves (a probe's epochs take milliseconds, and
+        a budget gives it hundreds: the summary says where it ended)."""
+        say, lines = self.say, []
+        best = self.state.best_acc
+        self.say = lines.append
+        try:
+            r = super().validate(model)
+        finally:
+            self.say = say
+        if r["acc"] > best:
+            for line in lines:
+                say(line)
+        return r
+
     def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.head(self.model.head_drop(x))
 
