@@ -42,7 +42,7 @@ def test_ema_amp_and_initial_checkpoint():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--opt", "rmsprop"], "--opt: 'rmsprop' is not one vitkit has; use one of sgd, nesterov, momentum, adamw, lion"),
+    (["--opt", "rmsprop"], "--opt: 'rmsprop' is not one vitkit has; use one of sgd, nesterov, momentum, adamw, lion, muon"),
     (["--sched", "step"], "--sched: 'step' is not one vitkit has; use one of cosine, linear, constant"),
     (["--aa", "rand-m9-mstd0.5-inc1"], "--aa: 'rand-m9-mstd0.5-inc1': vitkit's RandAugment takes m (magnitude) and n "
                                        "(ops) only, not 'mstd0.5'; e.g. rand-m9-n2"),

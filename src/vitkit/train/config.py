@@ -56,13 +56,16 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: Literal["adamw", "sgd", "lion"] = "adamw"  # AdamW (pre-training), SGD with momentum (fine-tuning) or
+    name: Literal["adamw", "sgd", "lion", "muon"] = "adamw"  # AdamW (pre-training), SGD with momentum (fine-tuning),
     #   Lion (Chen et al. 2023: the sign of an interpolated momentum; use a 3-10x lower lr, higher weight decay)
+    #   or Muon (Jordan et al. 2024) for the blocks' weight matrices with AdamW for the rest, at one lr
+    #   (train/optim.py MuonAdamW)
     lr: float = 2e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.05  # decoupled weight decay; never applied to biases, norms, pos_embed, cls_token
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas (the paper: 0.9, 0.999); Lion takes (0.9, 0.99)
     eps: float = 1e-8  # AdamW epsilon
     momentum: float = 0.9  # SGD momentum
+    muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
     nesterov: bool = False  # SGD Nesterov momentum
     layer_decay: float | None = None  # layer-wise lr decay: block i gets lr * decay^(depth - i); None = off
     clip_grad: float | None = 1.0  # clip the global gradient norm to this value; None = off
@@ -76,6 +79,8 @@ class OptimConfig:
             raise ConfigError(f"optim.layer_decay: must be in (0, 1] or null, got {self.layer_decay!r}")
         if self.clip_grad is not None and not self.clip_grad > 0:
             raise ConfigError(f"optim.clip_grad: must be > 0 or null, got {self.clip_grad!r}")
+        if not 0 <= self.muon_momentum < 1:
+            raise ConfigError(f"optim.muon_momentum: must be in [0, 1), got {self.muon_momentum!r}")
         if not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"optim.betas: each must be in [0, 1), got {self.betas!r}")
 

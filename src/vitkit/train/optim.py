@@ -1,10 +1,12 @@
-"""Optimizer (AdamW, SGD or Lion) with parameter groups: no weight decay on biases, norms, position embeddings and the
+"""Optimizer (AdamW, SGD, Lion, or Muon for the blocks' matrices with AdamW for the rest) with parameter groups: no weight decay on biases, norms, position embeddings and the
 class token, and optional layer-wise learning-rate decay (BEiT / MAE fine-tuning).
 
 Each group carries ``lr_scale``; the schedule sets ``group["lr"] = lr(step) * group["lr_scale"]``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -76,6 +78,90 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic Newton-Schulz iteration of Muon (Jordan et al. 2024)
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.float32, eps: float = 1e-7) -> torch.Tensor:
+    """An approximate orthogonalisation of the matrix ``g`` (U S' V^T with S' near 1 where g = U S V^T): the
+    quintic Newton-Schulz iteration, in ``dtype`` (float32 on a CPU, where bf16 matmuls may be slower)."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.to(dtype)
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if tall else x).to(g.dtype)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon (Jordan et al. 2024) for the parameter groups marked ``muon`` (the blocks' weight matrices), AdamW
+    for the others (embeddings, norms, biases, the stem, the head), in one optimizer, so that the schedule,
+    checkpoints and resume treat it as any other.
+
+    Muon: momentum m = mu * m + (1 - mu) * g; the Nesterov update g + mu * (m - g) orthogonalised
+    (``orthogonalize``) and scaled by 0.2 * sqrt(max(rows, cols)), so that its RMS matches AdamW's (Liu et al.
+    2025, "Muon is scalable"): both kinds take the same learning rate and decoupled weight decay.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 momentum: float = 0.95, ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0, momentum=momentum,
+                                      ns_steps=ns_steps, muon=False))
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    (self._muon if group["muon"] else self._adamw)(p, group)
+        return loss
+
+    def _muon(self, p: torch.Tensor, group: dict) -> None:
+        state = self.state[p]
+        if not state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+        buf, mu = state["momentum_buffer"], group["momentum"]
+        buf.lerp_(p.grad, 1 - mu)
+        update = orthogonalize(p.grad.lerp(buf, mu), group["ns_steps"], self.ns_dtype)
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.add_(update, alpha=-group["lr"] * 0.2 * math.sqrt(max(p.shape)))
+
+    def _adamw(self, p: torch.Tensor, group: dict) -> None:
+        state = self.state[p]
+        if not state:
+            state.update(step=torch.zeros(()), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        t = state["step"].item()
+        (b1, b2), m, v = group["betas"], state["exp_avg"], state["exp_avg_sq"]
+        m.lerp_(p.grad, 1 - b1)
+        v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+        denom = (v / (1 - b2 ** t)).sqrt_().add_(group["eps"])
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.addcdiv_(m, denom, value=-group["lr"] / (1 - b1 ** t))
+
+
+def muon_groups(groups: list[dict]) -> list[dict]:
+    """``groups`` with the blocks' weight matrices (2-D, decayed) split off into groups marked ``muon``."""
+    out = []
+    for g in groups:
+        pairs = list(zip(g["names"], g["params"]))
+        matrix = {n for n, p in pairs if n.startswith("blocks.") and p.ndim == 2 and g["weight_decay"] > 0}
+        muon = [(n, p) for n, p in pairs if n in matrix]
+        rest = [(n, p) for n, p in pairs if n not in matrix]
+        for part, flag in ((rest, False), (muon, True)):
+            if part:
+                out.append({**g, "names": [n for n, _ in part], "params": [p for _, p in part], "muon": flag})
+    return out
+
+
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     for g in groups:
@@ -84,6 +170,10 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
     if cfg.name == "lion":
         return Lion(groups, lr=cfg.lr, betas=cfg.betas)
+    if cfg.name == "muon":
+        ns_dtype = torch.bfloat16 if device_type == "cuda" else torch.float32
+        return MuonAdamW(muon_groups(groups), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, momentum=cfg.muon_momentum,
+                         ns_dtype=ns_dtype)
     # foreach kernels: one launch for all tensors of a group (the default on CUDA; faster on CPU too)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=True)
 
@@ -102,4 +192,5 @@ def follow_param_layout(optimizer: torch.optim.Optimizer) -> None:
                     state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
 
 
-__all__ = ["param_groups", "build_optimizer", "layer_id", "Lion", "follow_param_layout"]
+__all__ = ["param_groups", "build_optimizer", "layer_id", "Lion", "MuonAdamW", "muon_groups", "orthogonalize",
+           "follow_param_layout"]

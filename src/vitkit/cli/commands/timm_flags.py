@@ -13,7 +13,7 @@ import re
 
 # timm --opt name -> (optim.name, optim.nesterov): timm's 'sgd' is Nesterov momentum, 'momentum' is plain
 OPTIMIZERS = {"sgd": ("sgd", True), "nesterov": ("sgd", True), "momentum": ("sgd", False), "adamw": ("adamw", None),
-              "lion": ("lion", None)}
+              "lion": ("lion", None), "muon": ("muon", None)}
 SCHEDULES = ("cosine", "linear", "constant")  # schedule.decay; timm's step, multistep, plateau, poly, tanh: none
 EMA_DECAY = 0.9998  # --model-ema without --model-ema-decay: timm's default decay
 
@@ -61,7 +61,7 @@ def add_timm_aliases(p: argparse.ArgumentParser) -> None:
                    "processes); in timm -b is per process")
     g.add_argument("-j", dest="workers", type=int, metavar="N", help="as --workers")
     g.add_argument("--opt", metavar="NAME", help="optimizer, timm's names: sgd (Nesterov momentum, as in timm), "
-                   "momentum (plain momentum), adamw, lion")
+                   "momentum (plain momentum), adamw, lion, muon (the blocks' matrices; AdamW for the rest)")
     g.add_argument("--sched", metavar="NAME", help=f"the decay after warmup: {', '.join(SCHEDULES)}")
     g.add_argument("--warmup-epochs", type=float, metavar="N", help="warmup over N epochs (a run bounded by the "
                    "clock takes schedule.warmup_fraction instead)")

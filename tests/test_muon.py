@@ -1,0 +1,67 @@
+"""Muon for the blocks' weight matrices, AdamW for the rest, in one optimizer (train/optim.py)."""
+
+import pytest
+import torch
+from helpers import tiny_run_config, tiny_splits
+
+import vitkit
+from vitkit.core.errors import ConfigError
+from vitkit.train import RunConfig, train
+from vitkit.train.optim import MuonAdamW, build_optimizer, orthogonalize
+
+
+def test_orthogonalize_brings_the_singular_values_near_one():
+    g = torch.randn(48, 16, generator=torch.Generator().manual_seed(0)) @ torch.diag(torch.logspace(-1, 1, 16))
+    s = torch.linalg.svdvals(orthogonalize(g))
+    assert s.min() > 0.5 and s.max() < 1.5  # Newton-Schulz's quintic: U S' V^T, S' within about (0.5, 1.5)
+    assert orthogonalize(g.T).shape == (16, 48)
+
+
+def _grads(params, seed):
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def test_the_matrix_steps_are_torchs_muon_and_the_others_torchs_adamw():
+    w = torch.randn(24, 40, generator=torch.Generator().manual_seed(1))
+    b = torch.randn(40, generator=torch.Generator().manual_seed(2))
+    mine = [w.clone().requires_grad_(), b.clone().requires_grad_()]
+    ref = [w.clone().requires_grad_(), b.clone().requires_grad_()]
+    opt = MuonAdamW([dict(params=[mine[0]], muon=True, weight_decay=0.1), dict(params=[mine[1]], weight_decay=0.05)],
+                    lr=0.02, ns_dtype=torch.bfloat16)
+    muon = torch.optim.Muon([ref[0]], lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW([ref[1]], lr=0.02, weight_decay=0.05)
+    for step in range(3):
+        _grads(mine, step)
+        _grads(ref, step)
+        opt.step()
+        muon.step()
+        adamw.step()
+    # the same Newton-Schulz iteration in bf16, its products grouped another way: to bf16's precision
+    torch.testing.assert_close(mine[0], ref[0], atol=2e-3, rtol=0)
+    torch.testing.assert_close(mine[1], ref[1], atol=1e-6, rtol=1e-6)
+
+
+def test_the_blocks_matrices_take_muon_and_nothing_else_does():
+    model = vitkit.create_model("vit_test", num_classes=3)
+    opt = build_optimizer(model, RunConfig.from_dict({"optim": {"name": "muon"}}).optim)
+    names = {n: g["muon"] for g in opt.param_groups for n in g["names"]}
+    assert names["blocks.0.attn.qkv.weight"] and names["blocks.1.mlp.fc2.weight"]
+    assert not any(names[n] for n in names if not n.startswith("blocks.") or not n.endswith(".weight")
+                   or "norm" in n)
+    assert not names["head.weight"] and not names["patch_embed.proj.weight"]
+    with pytest.raises(ConfigError, match="optim.muon_momentum"):
+        RunConfig.from_dict({"optim": {"name": "muon", "muon_momentum": 1.0}}).validate()
+
+
+def test_a_run_with_muon_learns_and_resumes_exactly(tmp_path):
+    cfg = tiny_run_config(optim={"name": "muon", "lr": 0.01})
+    whole = train(cfg, tmp_path / "whole", splits=tiny_splits(), log=lambda m: None)
+    assert whole["status"] == "completed" and whole["val_acc"] > 0.5
+    calls = iter(range(100))
+    train(cfg, tmp_path / "part", splits=tiny_splits(), log=lambda m: None, stop=lambda: next(calls) >= 5)
+    train(cfg, tmp_path / "part", splits=tiny_splits(), log=lambda m: None, resume=True)
+    a, b = vitkit.load(tmp_path / "whole" / "last"), vitkit.load(tmp_path / "part" / "last")
+    for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), k
