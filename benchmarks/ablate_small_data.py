@@ -43,6 +43,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "cosine": ("cosine decay (not linear to zero)", ["schedule.decay=cosine"]),
     "lion": ("Lion (lr 3e-4, weight decay 0.5, betas 0.9/0.99) instead of AdamW",
              ["optim.name=lion", "optim.lr=0.0003", "optim.weight_decay=0.5", "optim.betas=[0.9,0.99]"]),
+    "muon": ("Muon for the blocks' weight matrices, AdamW for the rest (the same lr and weight decay)",
+             ["optim.name=muon"]),
     "layer-scale": ("LayerScale 0.1 on the residual branches", ["model_args.layer_scale=0.1"]),
     "depth-2": ("2 encoder blocks", ["model_args.depth=2"]),
     "depth-4": ("4 encoder blocks", ["model_args.depth=4"]),

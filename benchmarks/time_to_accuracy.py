@@ -5,6 +5,7 @@ same training budget, on the same validation carve, one after the other in one r
                                          [--baselines resnet18,vit_tiny] [--size PX]
                                          [--timm-python .venv-ref/bin/python] [--branch vitkit]
                                          [--results FILE] [--weights W [--img-size PX]]
+                                         [--more-seeds 1,2]
 
 vitkit: `vitkit train --data DATA --max-minutes M --seed S --set data.val_fraction=0.1`, i.e. whatever
 recipe vitkit picks for DATA by itself (its resolved config.json is recorded as its recipe).
@@ -30,6 +31,11 @@ evaluation) and use the same CPUs (each baseline one process of --threads thread
 and threads it chooses for itself, e.g. 2 processes of 1 thread on 2 cores, recorded). Prints a table
 of the accuracies and appends one record (every result, each baseline's recipe, the command) to
 --results (default benchmarks/results/time_to_accuracy.jsonl).
+
+--more-seeds 1,2 runs vitkit alone again with each of those seeds (each with its own carve and its own
+draws) after the comparison, and reports the --seed run's accuracy with the range over all its seeds
+beside it (`seed_range` in the record): the figure a user gets is the default seed's, and the range says
+how far one run may fall from it.
 
 --weights W adds a fine-tuning run beside them, in the same run: `vitkit finetune W --data DATA --max-minutes M
 --seed S --set data.val_fraction=0.1 [--img-size PX]` (what it trains, probe / last blocks / full, chosen by
@@ -89,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "any source `vitkit finetune` takes) on DATA in the same budget, beside the runs from scratch")
     p.add_argument("--img-size", type=int, default=None, help="with --weights: the fine-tuning resolution "
                    "(default: the weights' own)")
+    p.add_argument("--more-seeds", type=seed_list, default=[], help="after the comparison, run vitkit alone with "
+                   "each of these seeds too (e.g. 1,2) and report the range over all seeds")
     p.add_argument("--timm-python", default=str(ROOT / ".venv-ref" / "bin" / "python"),
                    help="a Python with timm (default: .venv-ref, which benchmarks/parity.sh makes)")
     p.add_argument("--out", default=None, help="folder for the vitkit run (default: a temporary one)")
@@ -103,6 +111,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.branch == "timm" and (not args.baselines or len(args.baselines) != 1):
         p.error("--branch timm runs one baseline: name it with --baselines NAME")
     return args
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
 
 
 def baseline_names(text: str) -> list[str]:
@@ -322,6 +337,7 @@ def main(argv=None) -> None:
         base[name] = tm = run_baseline(args, name, n)
         print(f"{name} ({tm['model']}, {tm['recipe']['size']} px): val accuracy {tm['val_acc'] * 100:.2f}% after "
               f"{tm['train_seconds']:.0f} s ({tm['epochs']:.2f} epochs)", flush=True)
+    seeds = seed_range(args, vk)
     lead = ft or vk
     diff = {name: round(lead["val_acc"] - tm["val_acc"], 5) for name, tm in base.items()}
     if ft is not None:
@@ -330,12 +346,30 @@ def main(argv=None) -> None:
     rec = {"data": args.data, "minutes": args.minutes, "seed": args.seed, "threads": n,
            "val_fraction": VAL_FRACTION, "vitkit": vk, "baselines": base, "difference": diff,
            **({"finetune": ft, "weights": args.weights} if ft is not None else {}),
+           **({"seed_range": seeds} if seeds else {}),
            "command": shlex.join(["python", "benchmarks/time_to_accuracy.py", *(argv or sys.argv[1:])])}
     results = Path(args.results)
     results.parent.mkdir(parents=True, exist_ok=True)
     with open(results, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec) + "\n")
     print(f"wrote {results}")
+
+
+def seed_range(args, vk: dict) -> dict | None:
+    """vitkit alone with each of --more-seeds (into --out/seed-S when --out is given): the accuracies by seed,
+    the --seed run's first, and their range; None without --more-seeds."""
+    if not args.more_seeds:
+        return None
+    accs = {args.seed: vk["val_acc"]}
+    for seed in args.more_seeds:
+        again = argparse.Namespace(**{**vars(args), "seed": seed,
+                                      "out": str(Path(args.out) / f"seed-{seed}") if args.out else None})
+        accs[seed] = run_vitkit(again)["val_acc"]
+        print(f"vitkit, seed {seed}: val accuracy {accs[seed] * 100:.2f}%", flush=True)
+    low, high = min(accs.values()), max(accs.values())
+    print(f"vitkit: {vk['val_acc'] * 100:.2f}% (seed {args.seed}); {low * 100:.2f}-{high * 100:.2f}% over seeds "
+          f"{', '.join(map(str, accs))}", flush=True)
+    return {"val_acc_by_seed": {str(k): v for k, v in accs.items()}, "min": low, "max": high}
 
 
 def print_table(vk: dict, base: dict, diff: dict, note: str, ft: dict | None = None) -> None:
