@@ -196,8 +196,11 @@ def test_sigterm_and_sigint_end_a_command_at_once(command, sig, ckpt, tmp_path):
     }[command]
     name = {"eval": "evaluate"}.get(command, command)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    # as from a terminal: a suite started in the background (`cmd &` from a script) has SIGINT ignored, which
+    # its children would inherit, and Python then raises no KeyboardInterrupt
     p = subprocess.Popen([sys.executable, "-c", HELD.format(tests=str(ROOT / "tests")), module, name,
-                          *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                          *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert p.stdout.readline().strip() == "ready"
         t0 = time.monotonic()
