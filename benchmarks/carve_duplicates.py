@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -33,6 +32,8 @@ from vitkit.data import eval_batch, open_dataset  # noqa: E402
 from vitkit.data.splits import HELD_OUT  # noqa: E402
 from vitkit.infer.paths import model_logits  # noqa: E402
 from vitkit.io.checkpoint import load  # noqa: E402
+
+from per_run import record_runs  # noqa: E402  (benchmarks/ is on sys.path)
 
 RESULTS = ROOT / "benchmarks" / "results" / "carve_duplicates.jsonl"
 
@@ -93,13 +94,8 @@ def main(argv=None) -> None:
     p.add_argument("--thresholds", default="0.90,0.95,0.98")
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
-    command = shlex.join(["python", "benchmarks/carve_duplicates.py", *(argv or sys.argv[1:])])
-    with open(args.results, "a", encoding="utf-8") as f:
-        for run in args.runs:
-            rec = measure(run, args.size, [float(t) for t in args.thresholds.split(",")])
-            f.write(json.dumps({**rec, "command": command}) + "\n")
-    print(f"wrote {args.results}")
-
+    thresholds = [float(t) for t in args.thresholds.split(",")]
+    record_runs("carve_duplicates.py", args.runs, lambda run: measure(run, args.size, thresholds), args.results, argv)
 
 if __name__ == "__main__":
     main()

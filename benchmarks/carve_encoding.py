@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +33,8 @@ from vitkit.data import open_dataset  # noqa: E402
 from vitkit.data.splits import HELD_OUT  # noqa: E402  (the carve of a run whose data has no val part)
 from vitkit.io.checkpoint import load  # noqa: E402
 from vitkit.train.trainer import evaluate_split  # noqa: E402
+
+from per_run import record_runs  # noqa: E402  (benchmarks/ is on sys.path)
 
 RESULTS = ROOT / "benchmarks" / "results" / "carve_encoding.jsonl"
 SUBSAMPLING = {"444": 0, "422": 1, "420": 2}  # Pillow's codes
@@ -74,6 +75,7 @@ def measure(run: Path, encodings: list[str]) -> dict:
     for enc in encodings:
         q, sub = enc.lstrip("q").split("-")
         rows[enc] = evaluate_split(model, replace(val, images=reencode(val.images, int(q), sub)), dev, tta=tta)["acc"]
+    print(first_jpeg(Path(cfg["data"]["path"])))
     for name, acc in rows.items():
         print(f"{run}  {name:>10}  {acc * 100:6.2f}%  ({(acc - rows['as decoded']) * 100:+.2f})", flush=True)
     return {"run": str(run), "model": cfg["model"], "data": cfg["data"]["path"], "seed": cfg["seed"],
@@ -87,14 +89,8 @@ def main(argv=None) -> None:
     p.add_argument("--encodings", default="q95-444,q90-420,q75-420,q50-420")
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
-    command = shlex.join(["python", "benchmarks/carve_encoding.py", *(argv or sys.argv[1:])])
-    with open(args.results, "a", encoding="utf-8") as f:
-        for run in args.runs:
-            rec = measure(run, [e.strip() for e in args.encodings.split(",") if e.strip()])
-            print(rec["encoder"])
-            f.write(json.dumps({**rec, "command": command}) + "\n")
-    print(f"wrote {args.results}")
-
+    encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
+    record_runs("carve_encoding.py", args.runs, lambda run: measure(run, encodings), args.results, argv)
 
 if __name__ == "__main__":
     main()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from dataclasses import replace
@@ -37,6 +36,8 @@ from vitkit.data.splits import HELD_OUT  # noqa: E402  (the carve of a run whose
 from vitkit.infer.paths import model_logits  # noqa: E402
 from vitkit.io.checkpoint import load  # noqa: E402
 from vitkit.model.vit import VisionTransformer  # noqa: E402
+
+from per_run import record_runs  # noqa: E402  (benchmarks/ is on sys.path)
 
 RESULTS = ROOT / "benchmarks" / "results" / "fixres.jsonl"
 
@@ -125,13 +126,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     torch.manual_seed(0)
-    command = shlex.join(["python", "benchmarks/fixres.py", *(argv or sys.argv[1:])])
-    with open(args.results, "a", encoding="utf-8") as f:
-        for run in args.runs:
-            rec = measure(run, sizes, args.calib)
-            f.write(json.dumps({**rec, "command": command}) + "\n")
-    print(f"wrote {args.results}")
-
+    record_runs("fixres.py", args.runs, lambda run: measure(run, sizes, args.calib), args.results, argv)
 
 if __name__ == "__main__":
     main()

@@ -45,7 +45,26 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
     return [groups[k] for k in sorted(groups)]
 
 
-class Lion(torch.optim.Optimizer):
+class _PerParameter(torch.optim.Optimizer):
+    """An optimizer whose step updates each parameter that has a gradient on its own (``update``)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.update(p, group)
+        return loss
+
+    def update(self, p: torch.Tensor, group: dict) -> None:
+        raise NotImplementedError
+
+
+class Lion(_PerParameter):
     """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): each step moves every
     weight by lr times the sign of an interpolation of its momentum and gradient, with decoupled weight
     decay; one state tensor per parameter (AdamW keeps two).
@@ -57,25 +76,15 @@ class Lion(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0):
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p)
-                m = state["exp_avg"]
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(torch.sign(m * beta1 + p.grad * (1 - beta1)), alpha=-group["lr"])
-                m.lerp_(p.grad, 1 - beta2)  # m = beta2 * m + (1 - beta2) * g
-        return loss
+    def update(self, p: torch.Tensor, group: dict) -> None:
+        beta1, beta2 = group["betas"]
+        state = self.state[p]
+        if not state:
+            state["exp_avg"] = torch.zeros_like(p)
+        m = state["exp_avg"]
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.add_(torch.sign(m * beta1 + p.grad * (1 - beta1)), alpha=-group["lr"])
+        m.lerp_(p.grad, 1 - beta2)  # m = beta2 * m + (1 - beta2) * g
 
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic Newton-Schulz iteration of Muon (Jordan et al. 2024)
@@ -96,7 +105,7 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.fl
     return (x.T if tall else x).to(g.dtype)
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class MuonAdamW(_PerParameter):
     """Muon (Jordan et al. 2024) for the parameter groups marked ``muon`` (the blocks' weight matrices), AdamW
     for the others (embeddings, norms, biases, the stem, the head), in one optimizer, so that the schedule,
     checkpoints and resume treat it as any other.
@@ -112,17 +121,8 @@ class MuonAdamW(torch.optim.Optimizer):
                                       ns_steps=ns_steps, muon=False))
         self.ns_dtype = ns_dtype
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    (self._muon if group["muon"] else self._adamw)(p, group)
-        return loss
+    def update(self, p: torch.Tensor, group: dict) -> None:
+        (self._muon if group["muon"] else self._adamw)(p, group)
 
     def _muon(self, p: torch.Tensor, group: dict) -> None:
         state = self.state[p]
