@@ -579,6 +579,15 @@ def eval_batch(images: torch.Tensor | list[torch.Tensor], img_size, pre) -> torc
     return (x - mean) / std
 
 
-__all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "check_batch", "fit_batch", "move_batch", "first_flips",
+def eval_batches(images, img_size, pre, device: torch.device, batch_size: int, indices: torch.Tensor | None = None):
+    """Batches of the ImageSet ``images`` (its ``indices``, in order; None: all of them) as evaluation
+    prepares them: (normalised float (B, C, H, W) on ``device`` (``eval_batch``), int64 labels (B,))."""
+    order = torch.arange(len(images)) if indices is None else indices
+    for start in range(0, len(order), batch_size):
+        x, y = images.get_batch(order[start:start + batch_size])
+        yield eval_batch(move_batch(x, device), img_size, pre), y
+
+
+__all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "eval_batches", "check_batch", "fit_batch", "move_batch", "first_flips",
            "alternating_flips", "apply_auto", "rrc_boxes", "crop_resize", "pad_crop",
            "random_erase", "one_hot", "mix_batch", "affine_grid", "OP_NAMES"]

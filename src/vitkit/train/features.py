@@ -32,8 +32,7 @@ import torch
 
 from ..core.errors import TrainingError, VitkitError
 from ..core.progress import Progress
-from ..data import eval_batch
-from ..data.augment import move_batch
+from ..data import eval_batches
 from ..infer.paths import autocast
 from ..io.atomic import atomic_path
 
@@ -62,9 +61,7 @@ def compute_features(model, images, device: torch.device, precision: str = "fp32
     model.eval()
     out = []
     try:
-        for start in range(0, len(images), batch_size):
-            x = images.get_batch(torch.arange(start, min(start + batch_size, len(images))))[0]
-            x = eval_batch(move_batch(x, device), model.cfg.img_size, model.preprocess)
+        for x, _ in eval_batches(images, model.cfg.img_size, model.preprocess, device, batch_size):
             with autocast(device, precision):
                 f = model.forward_head(model.forward_features(x), pre_logits=True)
             if f.ndim != 2:

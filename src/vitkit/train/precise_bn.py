@@ -22,8 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data import eval_batch
-from ..data.augment import move_batch
+from ..data import eval_batches
 from ..infer.paths import autocast
 from ..io import checkpoint as ckpt_io
 
@@ -63,13 +62,7 @@ def recalibrate_bn(model: nn.Module, images, device: torch.device, precision: st
         m.train()
     pick = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count]
     try:
-        for i in range(0, len(pick), batch_size):
-            idx = pick[i:i + batch_size].sort().values
-            if getattr(images, "images", None) is not None:
-                x = images.images[idx]
-            else:
-                x = images.get_batch(idx)[0]
-            x = eval_batch(move_batch(x, device), base.cfg.img_size, base.preprocess)
+        for x, _ in eval_batches(images, base.cfg.img_size, base.preprocess, device, batch_size, pick.sort().values):
             with autocast(device, precision):
                 base(x)
     finally:

@@ -16,7 +16,6 @@ directory, takes rank 0's config once the processes meet (``train.loop.main_conf
 from __future__ import annotations
 
 import copy
-
 import os
 import time
 from dataclasses import dataclass, field
@@ -97,7 +96,6 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         notes.append(warmup_in_epochs(cfg, req.warmup_epochs))
     run_dir = Path(req.resume) if req.resume else new_run_dir(cfg, req.out)
     mcfg, init = _model(cfg, run_dir if req.resume else None)
-    processes = finetune_processes(cfg, mcfg, _given(flags, req.overrides)) if req.weights and not req.resume else []
     threads_given = cfg.threads is not None
     if not threads_given:
         cfg.threads = default_threads(local_processes or cfg.processes)
@@ -105,12 +103,11 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     if cfg.tune == "auto":
         from .tune import settle_tune
 
-        notes.append(settle_tune(cfg, mcfg, _training_images(cfg)))
-    if processes and cfg.tune == "probe":  # a probe trains its head on cached features, in one process
-        cfg.processes = 1
-        cfg.threads = cfg.threads if threads_given else default_threads(local_processes or 1)
-    else:
-        notes += processes
+        notes.append(settle_tune(cfg, mcfg, _training_images(cfg)))  # weighs the threads of all processes
+    if req.weights and not req.resume and (line := finetune_processes(cfg, mcfg, _given(flags, req.overrides))):
+        notes.append(line)
+        if not threads_given:  # the same CPUs, shared among the processes
+            cfg.threads = default_threads(local_processes or cfg.processes)
     return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes, model=mcfg, init=init)
 
 
@@ -214,23 +211,24 @@ def finetune_base(flags: dict, overrides: list[str]) -> tuple[dict, str | None]:
     return base, f"fine-tuning: schedule fitted to {minutes:g} min (--max-minutes; --epochs N ends it sooner)"
 
 
-def finetune_processes(cfg: RunConfig, mcfg: ViTConfig, given: dict) -> list[str]:
+def finetune_processes(cfg: RunConfig, mcfg: ViTConfig, given: dict) -> str | None:
     """A fine-tuning run bounded by the clock on a CPU of 2 or more cores, of a model of at most
-    SMALL_MODEL_FLOPS forward FLOPs an image, trains as CPU_PROCESSES processes of one thread (in place),
-    as the recipes' runs do (their small models kept two processes busier than one of two threads:
-    recipe.CPU_PROCESSES); the line that says so. ``--nproc`` (or ``processes``) wins."""
+    SMALL_MODEL_FLOPS forward FLOPs an image, trains as CPU_PROCESSES processes (in place), as the recipes'
+    runs do (their small models kept two processes busier than one of two threads: recipe.CPU_PROCESSES);
+    the line that says so (None: one process). ``--nproc`` (or ``processes``) wins; a probe (its head trains
+    on cached features) stays one process."""
     from ..infer.fastpath import vit_flops
     from .recipe import CPU_PROCESSES
 
     cpus = cpu_run_cpus(cfg.device)
-    if "processes" in given or not cfg.max_minutes or cpus is None or cpus < CPU_PROCESSES:
-        return []
+    if "processes" in given or not cfg.max_minutes or cpus is None or cpus < CPU_PROCESSES or cfg.tune == "probe":
+        return None
     flops = vit_flops(mcfg)
     if flops > SMALL_MODEL_FLOPS:
-        return []
+        return None
     cfg.processes = CPU_PROCESSES
-    return [f"fine-tuning: {CPU_PROCESSES} processes on the CPU (a small model: {flops / 1e9:.2f} GFLOPs an image, "
-            f"at most {SMALL_MODEL_FLOPS / 1e9:g}; --nproc N changes it)"]
+    return (f"fine-tuning: {CPU_PROCESSES} processes on the CPU (a small model: {flops / 1e9:.2f} GFLOPs an image, "
+            f"at most {SMALL_MODEL_FLOPS / 1e9:g}; --nproc N changes it)")
 
 
 def _given(flags: dict, overrides: list[str]) -> dict:
@@ -339,5 +337,5 @@ def read_resolved(run_dir: Path, resume: bool = False) -> ResolvedRun:
 
 
 __all__ = ["RunRequest", "ResolvedRun", "resolve_run", "write_resolved", "read_resolved", "settle_path",
-           "check_same_model", "demo_base", "data_recipe", "finetune_base", "finetune_processes", "saved_run_config", "new_run_dir", "default_threads",
-           "cpu_run_cpus", "MODEL_KEYS", "RUN_CONFIG"]
+           "check_same_model", "demo_base", "data_recipe", "finetune_base", "finetune_processes", "saved_run_config",
+           "new_run_dir", "default_threads", "cpu_run_cpus", "MODEL_KEYS", "RUN_CONFIG"]

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..core.errors import TrainingError
 from ..core.progress import Progress
-from ..data import BatchAugment, eval_batch
+from ..data import BatchAugment, eval_batches
 from ..data.augment import alternating_flips, first_flips, move_batch
 from ..infer.paths import autocast, model_logits
 from ..infer.scoring import Tally
@@ -83,15 +83,9 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
     was_training = base.training
     base.eval()
     broadcast_buffers(base, dist)  # every shard is scored with the buffers rank 0's checkpoint holds
-    idx_all = torch.arange(dist.rank, len(images), dist.world_size)
+    shard = torch.arange(dist.rank, len(images), dist.world_size)
     tally = Tally(base.cfg.num_classes, confusion=confusion)
-    for i in range(0, len(idx_all), batch_size):
-        idx = idx_all[i : i + batch_size]
-        if getattr(images, "images", None) is not None:
-            x, y = images.images[idx], images.labels[idx]
-        else:
-            x, y = images.get_batch(idx)
-        x = eval_batch(move_batch(x, device), base.cfg.img_size, base.preprocess)
+    for x, y in eval_batches(images, base.cfg.img_size, base.preprocess, device, batch_size, shard):
         y = y.to(device)
         with autocast(device, precision):
             logits = model_logits(base, x, tta)
