@@ -3,13 +3,15 @@
 budget on the same validation carve (10% of the training images, stratified, seeded with --seed).
 
     python benchmarks/ablate_small_data.py DATA [--minutes 5] [--variants base,no-whiten,...]
-                                           [--per-class N] [--seed 0] [--threads N]
+                                           [--per-class N] [--seed 0] [--threads N] [--on KEY=VALUE ...]
 
 Runs the variants one after the other and appends one row per variant (its name, what it changes,
 validation accuracy, epochs reached, training seconds, the command) to
 benchmarks/results/ablate_small_data.jsonl, then prints them as a table. `--per-class N` trains on
 the first N images of each class folder (hard links in a temporary folder), for a quick check.
-`--list` prints the variants. Compare rows of one run only, on an otherwise idle machine: the budget
+`--on KEY=VALUE` (repeatable) lays the same `--set` override under
+every variant, so that a change is screened against a base that already has an earlier winner (each
+row records it). `--list` prints the variants. Compare rows of one run only, on an otherwise idle machine: the budget
 is wall-clock time, so a busy machine gives every variant less of it, and not equally.
 """
 
@@ -52,6 +54,12 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "short-model": ("the short budget's model: 2 encoder blocks of width 96 (3 heads)",
                     ["model_args.depth=2", "model_args.embed_dim=96", "model_args.num_heads=3"]),
     "bf16": ("bf16 autocast (not fp32)", ["precision=bf16"]),
+    "stem-64": ("a wider conv tokenizer: 128 channels at the grid (not 64), in its stride-2 conv and the 3x3 conv",
+                ["model_args.stem_width=64"]),
+    "stem-64-2": ("the wider tokenizer (128 channels at the grid) with two 3x3 convs at the grid (not one)",
+                  ["model_args.stem_width=64", "model_args.stem_convs=2"]),
+    "batch-256": ("batch 256 (not 128), the learning rate doubled with it", ["batch_size=256", "optim.lr=0.004"]),
+    "batch-64": ("batch 64 (not 128), the learning rate halved with it", ["batch_size=64", "optim.lr=0.001"]),
 }
 
 
@@ -63,6 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--per-class", type=int, default=None, metavar="N", help="train on N images of each class only")
     p.add_argument("--seed", type=int, default=0, help="the carve's and the runs' seed (default 0)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of each run (default: vitkit's choice)")
+    p.add_argument("--on", action="append", default=[], metavar="KEY=VALUE",
+                   help="a --set override under every variant (repeatable), e.g. --on optim.name=muon")
     p.add_argument("--list", action="store_true", help="print the variants and exit")
     args = p.parse_args(argv)
     if args.list:
@@ -91,13 +101,13 @@ def run_variant(name: str, data: str, args, work: Path) -> dict:
     """One variant's run: `vitkit train` with its overrides; its row."""
     what, overrides = VARIANTS[name]
     extra = ["--threads", str(args.threads)] if args.threads else []
-    for o in overrides:
+    for o in [*args.on, *overrides]:
         extra += ["--set", o]
     t = time.perf_counter()
     code, s, cmd = clock_run(data, args.minutes, args.seed, work / name, extra)
     if code != 0:
         return {"variant": name, "changes": what, "error": f"exit code {code}", "command": shlex.join(cmd[1:])}
-    return {"variant": name, "changes": what, "overrides": overrides, "val_acc": s["val_acc"], "epochs": s["epochs"],
+    return {"variant": name, "changes": what, "overrides": overrides, "on": args.on, "val_acc": s["val_acc"], "epochs": s["epochs"],
             "steps": s["step"], "train_seconds": s["train_seconds"], "wall_s": round(time.perf_counter() - t, 1),
             "minutes": args.minutes, "seed": args.seed, "per_class": args.per_class, "data": args.data,
             "command": shlex.join(cmd[1:])}
