@@ -55,6 +55,34 @@ def test_the_blocks_matrices_take_muon_and_nothing_else_does():
         RunConfig.from_dict({"optim": {"name": "muon", "muon_momentum": 1.0}}).validate()
 
 
+def test_a_conv_filter_takes_the_muon_step_of_its_flattened_matrix():
+    w = torch.randn(16, 6, 3, 3, generator=torch.Generator().manual_seed(3))
+    mine, ref = w.clone().requires_grad_(), w.flatten(1).clone().requires_grad_()  # (16, 54)
+    opt = MuonAdamW([dict(params=[mine], muon=True, weight_decay=0.1)], lr=0.02, ns_dtype=torch.bfloat16)
+    muon = torch.optim.Muon([ref], lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    for step in range(3):
+        _grads([mine], step)
+        ref.grad = mine.grad.flatten(1).clone()
+        opt.step()
+        muon.step()
+    assert mine.shape == (16, 6, 3, 3)
+    torch.testing.assert_close(mine.flatten(1), ref, atol=2e-3, rtol=0)  # bf16 Newton-Schulz, as above
+
+
+def test_muon_convs_puts_the_conv_stems_filters_under_muon():
+    model = vitkit.create_model("vit_test", num_classes=3, stem="conv", patch_size=4, stem_width=8)
+    opt = build_optimizer(model, RunConfig.from_dict({"optim": {"name": "muon", "muon_convs": True}}).optim)
+    names = {n: g["muon"] for g in opt.param_groups for n in g["names"]}
+    convs = [n for n, p in model.named_parameters() if p.ndim == 4]
+    assert len(convs) >= 3 and all(names[n] for n in convs)  # the stem's convs and its 1x1 projection
+    assert names["blocks.0.attn.qkv.weight"] and not names["head.weight"]
+    assert not any(names[n] for n in names if "norm" in n or n.endswith(".bias"))
+    off = build_optimizer(model, RunConfig.from_dict({"optim": {"name": "muon"}}).optim)
+    assert not any(g["muon"] for g in off.param_groups for n in g["names"] if n in convs)  # off by default
+    with pytest.raises(ConfigError, match="optim.muon_convs: needs optim.name='muon'"):
+        RunConfig.from_dict({"optim": {"name": "adamw", "muon_convs": True}}).validate()
+
+
 def test_a_run_with_muon_learns_and_resumes_exactly(tmp_path):
     cfg = tiny_run_config(optim={"name": "muon", "lr": 0.01})
     whole = train(cfg, tmp_path / "whole", splits=tiny_splits(), log=lambda m: None)

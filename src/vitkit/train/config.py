@@ -66,6 +66,8 @@ class OptimConfig:
     eps: float = 1e-8  # AdamW epsilon
     momentum: float = 0.9  # SGD momentum
     muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
+    muon_convs: bool = False  # Muon also for the conv filters (the conv stem's), each flattened to a matrix
+    #   (out, in * kh * kw), as airbench's Muon; else they take AdamW
     nesterov: bool = False  # SGD Nesterov momentum
     layer_decay: float | None = None  # layer-wise lr decay: block i gets lr * decay^(depth - i); None = off
     clip_grad: float | None = 1.0  # clip the global gradient norm to this value; None = off
@@ -79,6 +81,8 @@ class OptimConfig:
             raise ConfigError(f"optim.layer_decay: must be in (0, 1] or null, got {self.layer_decay!r}")
         if self.clip_grad is not None and not self.clip_grad > 0:
             raise ConfigError(f"optim.clip_grad: must be > 0 or null, got {self.clip_grad!r}")
+        if self.muon_convs and self.name != "muon":
+            raise ConfigError(f"optim.muon_convs: needs optim.name='muon', got optim.name={self.name!r}")
         if not 0 <= self.muon_momentum < 1:
             raise ConfigError(f"optim.muon_momentum: must be in [0, 1), got {self.muon_momentum!r}")
         if not all(0 <= b < 1 for b in self.betas):

@@ -106,8 +106,9 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.fl
 
 
 class MuonAdamW(_PerParameter):
-    """Muon (Jordan et al. 2024) for the parameter groups marked ``muon`` (the blocks' weight matrices), AdamW
-    for the others (embeddings, norms, biases, the stem, the head), in one optimizer, so that the schedule,
+    """Muon (Jordan et al. 2024) for the parameter groups marked ``muon`` (the blocks' weight matrices, and
+    with ``optim.muon_convs`` the stem's conv filters, flattened), AdamW for the others (embeddings, norms,
+    biases, the head), in one optimizer, so that the schedule,
     checkpoints and resume treat it as any other.
 
     Muon: momentum m = mu * m + (1 - mu) * g; the Nesterov update g + mu * (m - g) orthogonalised
@@ -130,9 +131,10 @@ class MuonAdamW(_PerParameter):
             state["momentum_buffer"] = torch.zeros_like(p)
         buf, mu = state["momentum_buffer"], group["momentum"]
         buf.lerp_(p.grad, 1 - mu)
-        update = orthogonalize(p.grad.lerp(buf, mu), group["ns_steps"], self.ns_dtype)
+        matrix = p.grad.lerp(buf, mu).flatten(1)  # a conv's filters as (out, in * kh * kw)
+        update = orthogonalize(matrix, group["ns_steps"], self.ns_dtype).view_as(p)
         p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.add_(update, alpha=-group["lr"] * 0.2 * math.sqrt(max(p.shape)))
+        p.add_(update, alpha=-group["lr"] * 0.2 * math.sqrt(max(matrix.shape)))
 
     def _adamw(self, p: torch.Tensor, group: dict) -> None:
         state = self.state[p]
@@ -148,12 +150,14 @@ class MuonAdamW(_PerParameter):
         p.addcdiv_(m, denom, value=-group["lr"] / (1 - b1 ** t))
 
 
-def muon_groups(groups: list[dict]) -> list[dict]:
-    """``groups`` with the blocks' weight matrices (2-D, decayed) split off into groups marked ``muon``."""
+def muon_groups(groups: list[dict], convs: bool = False) -> list[dict]:
+    """``groups`` with the blocks' weight matrices (2-D, decayed) split off into groups marked ``muon``;
+    ``convs``: the conv filters (4-D, decayed: the stem's, each as an (out, in * kh * kw) matrix) too."""
     out = []
     for g in groups:
         pairs = list(zip(g["names"], g["params"]))
-        matrix = {n for n, p in pairs if n.startswith("blocks.") and p.ndim == 2 and g["weight_decay"] > 0}
+        matrix = {n for n, p in pairs if g["weight_decay"] > 0
+                  and ((n.startswith("blocks.") and p.ndim == 2) or (convs and p.ndim == 4))}
         muon = [(n, p) for n, p in pairs if n in matrix]
         rest = [(n, p) for n, p in pairs if n not in matrix]
         for part, flag in ((rest, False), (muon, True)):
@@ -172,7 +176,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
         return Lion(groups, lr=cfg.lr, betas=cfg.betas)
     if cfg.name == "muon":
         ns_dtype = torch.bfloat16 if device_type == "cuda" else torch.float32
-        return MuonAdamW(muon_groups(groups), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, momentum=cfg.muon_momentum,
+        return MuonAdamW(muon_groups(groups, cfg.muon_convs), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, momentum=cfg.muon_momentum,
                          ns_dtype=ns_dtype)
     # foreach kernels: one launch for all tensors of a group (the default on CUDA; faster on CPU too)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=True)
