@@ -346,6 +346,24 @@ def test_a_whitening_conv_stem_builds_from_the_config_and_is_set_from_data():
         vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_bn_momentum=0)
 
 
+def test_stem_dirac_starts_the_stems_3x3_convs_as_identities():
+    import vitkit
+    from vitkit.core.errors import ConfigError
+
+    m = vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_width=8, stem_convs=1, stem_dirac=True)
+    convs = [c for c in m.patch_embed.stem if isinstance(c, torch.nn.Conv2d)]
+    first, extra = convs[0], convs[-1]  # 3 -> 8 channels at stride 2; 16 -> 16 at the grid
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(first(x)[:, :3], x[..., ::2, ::2], atol=0, rtol=0)  # the subsampled input
+    assert first.weight[3:].abs().sum() > 0  # the other filters drawn as before
+    y = torch.randn(2, 16, 4, 4)
+    torch.testing.assert_close(extra(y), y, atol=0, rtol=0)  # a square conv: the identity
+    plain = vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_width=8, stem_convs=1)
+    assert not torch.equal([c for c in plain.patch_embed.stem if isinstance(c, torch.nn.Conv2d)][-1](y), y)
+    with pytest.raises(ConfigError, match="ViTConfig.stem_dirac: .* needs stem='conv'"):
+        vitkit.create_model("vit_test", stem_dirac=True)
+
+
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_a_block_frees_each_intermediate_before_the_next_stage(norm):
     """In inference a block holds no buffer past its use: the qkv projection's is gone before the output

@@ -84,6 +84,9 @@ class ViTConfig:
     stem_whiten: bool = False  # the 'conv' stem's first stride-2 conv is a frozen 2x2 patch-whitening filter
     #   bank (2*C*4 channels: the eigenvectors of the training data's 2x2 patch covariance over sqrt(eigenvalue),
     #   and their negatives; airbench), set from the data when a run starts from scratch
+    stem_dirac: bool = False  # the 'conv' stem's learned 3x3 convs start as identities on their first
+    #   in-channels filters (torch.nn.init.dirac_; the rest He normal), so that a deeper stem starts by
+    #   passing its input on (airbench: 21 -> 18 epochs to 94% on CIFAR-10)
     stem_bn_momentum: float = 0.1  # running-statistics momentum of the 'conv' stem's BatchNorm layers (torch's
     #   0.1; higher tracks a short run's changing statistics more closely)
     # --- head -------------------------------------------------------------------------------------
@@ -230,6 +233,8 @@ class ViTConfig:
             _bad("stem_convs", "extra stem convolutions need stem='conv'")
         if self.stem_whiten and self.stem != "conv":
             _bad("stem_whiten", "the whitening layer is part of the conv stem; it needs stem='conv'")
+        if self.stem_dirac and self.stem != "conv":
+            _bad("stem_dirac", "the identity init is for the conv stem's convolutions; it needs stem='conv'")
         if not 0 < self.stem_bn_momentum <= 1:
             _bad("stem_bn_momentum", f"must be in (0, 1], got {self.stem_bn_momentum!r}")
         if self.stem == "conv":

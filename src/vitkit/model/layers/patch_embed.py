@@ -178,11 +178,14 @@ class ConvStem(nn.Module):
     channels), whose filters are set from the training data before training (``set_whitening``).
     ``bn_momentum``: the BatchNorm layers' running-statistics momentum (torch's 0.1; higher follows the
     changing statistics of a short run more closely).
+    ``dirac``: each learned 3x3 conv starts as the identity on its first in-channels filters (a stride-2
+    conv: the subsampled input), the others He normal (``init_weights``).
     """
 
     def __init__(self, patch_size: int, in_chans: int, embed_dim: int, width: int = 32, extra: int = 0,
-                 whiten: bool = False, bn_momentum: float = 0.1):
+                 whiten: bool = False, bn_momentum: float = 0.1, dirac: bool = False):
         super().__init__()
+        self.dirac = dirac
         n = int(math.log2(patch_size))
         layers: list[nn.Module] = []
         c_in = in_chans
@@ -225,10 +228,13 @@ class ConvStem(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """He normal (fan_out, ReLU) for every conv, in order, as torchvision's ResNets; BatchNorm as identity."""
+        """He normal (fan_out, ReLU) for every conv, in order, as torchvision's ResNets; BatchNorm as identity.
+        With ``dirac``, the 3x3 convs' first in-channels filters are then identities."""
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                if self.dirac and m.kernel_size == (3, 3):
+                    nn.init.dirac_(m.weight[:min(m.in_channels, m.out_channels)])
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.BatchNorm2d):
