@@ -58,11 +58,11 @@ def test_the_budget_sets_how_long_a_small_data_run_is():
     r = choose_recipe(CIFAR, max_minutes=5)
     assert r.base["max_minutes"] == 5 and r.base["epochs"] == CLOCK_EPOCHS  # the clock ends the run
     assert "fitted to 5 min (--max-minutes)" in r.reason
-    assert r.base["model_args"] == SHORT_RUN["model_args"] and r.base["ema"] is None
-    assert f"at most {SHORT_MINUTES:g} min: depth 2, width 96, no EMA" in r.reason
+    assert r.base["model_args"] == SMALL_DATA["model_args"] and r.base["ema"] is None  # the same model
+    assert SHORT_RUN == {"ema": None} and f"at most {SHORT_MINUTES:g} min: no EMA" in r.reason
     r = choose_recipe(CIFAR)  # no budget given: the recipe's own
     assert r.base["max_minutes"] == SMALL_DATA_MINUTES and r.base["epochs"] == CLOCK_EPOCHS
-    assert r.base["model_args"] == {"depth": 2} and r.base["ema"] == SMALL_DATA["ema"]  # a longer budget: the whole recipe
+    assert r.base["model_args"] == SMALL_DATA["model_args"] and r.base["ema"] == SMALL_DATA["ema"]  # a longer budget: the whole recipe
     r = choose_recipe(CIFAR, epochs=3)  # epochs given: no clock of the recipe's
     assert "max_minutes" not in r.base and r.base["model_args"] == SMALL_DATA["model_args"] and r.base["epochs"] == SMALL_DATA["epochs"] and "3 epochs" in r.reason
     r = choose_recipe(CIFAR, max_minutes=0)  # no limit
