@@ -141,6 +141,8 @@ def test_train_on_data_names_the_recipe_and_explicit_values_win(tmp_path, capsys
     assert saved["ema"] == SMALL_DATA["ema"] and saved["augment"]["flip_mode"] == "alternate"
     # ... under the flags and overrides given: they win
     assert saved["model"] == "vit_test" and saved["epochs"] == 1 and saved["max_minutes"] is None
+    # another model than the recipe's trains as registered: the recipe's sizes were for its own model
+    assert saved["model_args"] == {} and SMALL_DATA["model_args"]
     assert saved["optim"]["lr"] == 0.01 and saved["augment"]["label_smoothing"] == 0 and saved["tta"] is False
 
     # --max-minutes without --epochs: the schedule is fitted to the clock

@@ -124,7 +124,17 @@ def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, l
     if req.data is None:
         return demo_base(), [], None
     recipe = data_recipe(req.data, req.data_format, flags, req.overrides)
-    return recipe.base, [recipe.line], None
+    return own_model_args(recipe.base, _given(flags, req.overrides).get("model")), [recipe.line], None
+
+
+def own_model_args(base: dict, model: str | None) -> dict:
+    """``base`` (a recipe's values) for a run that names ``model``: when it is not the recipe's model, the
+    recipe's model_args (sizes chosen for its own model) are dropped, all but the data's channels, so that
+    ``--model NAME`` trains NAME as registered."""
+    if model is None or model == base.get("model") or not base.get("model_args"):
+        return base
+    kept = {k: v for k, v in base["model_args"].items() if k == "in_chans"}
+    return {**base, "model_args": kept}
 
 
 def _model(cfg: RunConfig, resume_dir: Path | None) -> tuple:
