@@ -118,6 +118,19 @@ def test_probe_reads_array_formats(tmp_path):
     assert probe_data(mnist) == DataFacts("mnist", (28, 28), 1, 9, 10)
 
 
+def test_a_run_that_names_another_model_trains_it_at_its_own_sizes():
+    r = choose_recipe(CIFAR, max_minutes=5, model="vit_tiny_patch4_32")
+    assert r.base["model_args"] == {} and r.base["optim"] == SMALL_DATA["optim"]  # the rest of the recipe stays
+    assert "; --model vit_tiny_patch4_32 at its own sizes" in r.reason
+    assert choose_recipe(CIFAR, max_minutes=5, model=SMALL_DATA["model"]).base["model_args"] == SMALL_DATA["model_args"]
+    photo = DataFacts("folder", (160, 160), 1, 3_000, 2)
+    r = choose_recipe(photo, max_minutes=5, model="vit_test")
+    assert r.base["model_args"] == {"in_chans": 1} and r.base["img_size"] == PHOTO_SIZES[0][1]  # the data's channels
+    size, depth = PHOTO_SIZES[0][1:]
+    assert f"trained at {size} px; --model vit_test at its own sizes" in r.reason and "blocks" not in r.reason
+    assert f"trained at {size} px, {depth} blocks" in choose_recipe(photo, max_minutes=5).reason
+
+
 def test_data_that_cannot_be_inspected_gets_the_defaults(tmp_path):
     r = recipe_for(tmp_path / "missing")
     assert r.name == "default" and r.base == {} and "no such folder" in r.reason

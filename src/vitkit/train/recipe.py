@@ -125,11 +125,13 @@ class Recipe:
 
 
 def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: int | None = None,
-                  cpus: int | None = None, processes: int | None = None) -> Recipe:
+                  cpus: int | None = None, processes: int | None = None, model: str | None = None) -> Recipe:
     """The recipe for data described by ``facts`` (the rules in the module docstring). ``max_minutes`` and
     ``epochs``: the run's own budget, if given (None: not given; they win over the recipe's). ``cpus``: the
     CPUs a run on the CPU may use (None: the run trains on a GPU), for the processes (CPU_PROCESSES).
-    ``processes``: the run's own process count (--nproc), if given; the recipe then chooses none."""
+    ``processes``: the run's own process count (--nproc), if given; the recipe then chooses none.
+    ``model``: the run's own model (--model), if given: another than the recipe's trains as registered, the
+    recipe's model sizes (its model_args, made for its own model) left out, all but the data's channels."""
     small = max(facts.size) <= SMALL_SIDE
     if small and facts.channels == 1:
         base: dict = {}
@@ -138,7 +140,7 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
                       f"digits model (the defaults){clock}", base)
     if small and facts.images <= SMALL_IMAGES:
         base = copy.deepcopy(SMALL_DATA)
-        clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
+        clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES) + _named_model(base, model)
         if 0 < base.get("max_minutes", 0) <= SHORT_MINUTES:
             base.update(copy.deepcopy(SHORT_RUN))
             clock += f"; at most {SHORT_MINUTES:g} min: {SHORT_WHY}"
@@ -150,7 +152,7 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
         return Recipe("small-data", f"{facts.describe()}: CIFAR-size data (at most {SMALL_SIDE} px, "
                       f"{SMALL_IMAGES:,} images), trained at 32 px; {clock}", base)
     if not small:
-        return _photos(facts, max_minutes, epochs, cpus, processes)
+        return _photos(facts, max_minutes, epochs, cpus, processes, model)
     base = {"model_args": {"in_chans": facts.channels}}  # the data's channels, not the demo model's
     clock = f"; {_clock(base, max_minutes, epochs, 0)}" if max_minutes else ""
     return Recipe("default", f"{facts.describe()}: more than {SMALL_IMAGES:,} images, for which no recipe is "
@@ -159,7 +161,7 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
 
 
 def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpus: int | None,
-            processes: int | None) -> Recipe:
+            processes: int | None, model: str | None) -> Recipe:
     """The 'photos' recipe for ``facts``: PHOTOS at the resolution and depth PHOTO_SIZES gives the budget."""
     base = copy.deepcopy(PHOTOS)
     base["model_args"]["in_chans"] = facts.channels
@@ -168,13 +170,22 @@ def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpu
     size, depth = next((s, d) for limit, s, d in PHOTO_SIZES if 0 < minutes <= limit or limit == float("inf"))
     base["img_size"] = size
     base["model_args"]["depth"] = depth
-    clock += f"; trained at {size} px, {depth} blocks"
+    clock += f"; trained at {size} px" + (_named_model(base, model) or f", {depth} blocks")
     if processes is not None:
         clock += f"; {processes} process{'es' if processes != 1 else ''} (--nproc)"
     elif cpus is not None and cpus >= CPU_PROCESSES and minutes > 0:
         base["processes"] = CPU_PROCESSES
         clock += f"; {CPU_PROCESSES} processes on the CPU"
     return Recipe("photos", f"{facts.describe()}: images larger than {SMALL_SIDE} px; {clock}", base)
+
+
+def _named_model(base: dict, model: str | None) -> str:
+    """For a run that names ``model``, not ``base``'s: ``base``'s model sizes left out (in place), all but the
+    data's channels; says so ("" when the run trains the recipe's own model)."""
+    if model is None or model == base.get("model"):
+        return ""
+    base["model_args"] = {k: v for k, v in base.get("model_args", {}).items() if k == "in_chans"}
+    return f"; --model {model} at its own sizes"
 
 
 def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_minutes: float) -> str:
@@ -190,14 +201,15 @@ def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_mi
 
 
 def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: float | None = None,
-               epochs: int | None = None, cpus: int | None = None, processes: int | None = None) -> Recipe:
+               epochs: int | None = None, cpus: int | None = None, processes: int | None = None,
+               model: str | None = None) -> Recipe:
     """The recipe for the data at ``path``: ``probe_data`` then ``choose_recipe``. Data that cannot be
     inspected gets 'default', and the run that opens it says what is wrong in its own words."""
     try:
         facts = probe_data(path, fmt)
     except DataError as e:
         return Recipe("default", f"the data could not be inspected ({e}); the defaults")
-    return choose_recipe(facts, max_minutes, epochs, cpus, processes)
+    return choose_recipe(facts, max_minutes, epochs, cpus, processes, model)
 
 
 __all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",

@@ -124,17 +124,7 @@ def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, l
     if req.data is None:
         return demo_base(), [], None
     recipe = data_recipe(req.data, req.data_format, flags, req.overrides)
-    return own_model_args(recipe.base, _given(flags, req.overrides).get("model")), [recipe.line], None
-
-
-def own_model_args(base: dict, model: str | None) -> dict:
-    """``base`` (a recipe's values) for a run that names ``model``: when it is not the recipe's model, the
-    recipe's model_args (sizes chosen for its own model) are dropped, all but the data's channels, so that
-    ``--model NAME`` trains NAME as registered."""
-    if model is None or model == base.get("model") or not base.get("model_args"):
-        return base
-    kept = {k: v for k, v in base["model_args"].items() if k == "in_chans"}
-    return {**base, "model_args": kept}
+    return recipe.base, [recipe.line], None
 
 
 def _model(cfg: RunConfig, resume_dir: Path | None) -> tuple:
@@ -251,12 +241,14 @@ def _given(flags: dict, overrides: list[str]) -> dict:
 
 
 def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list[str]):
-    """The recipe for ``data`` (train/recipe.py), told the budget the flags or overrides give."""
+    """The recipe for ``data`` (train/recipe.py), told the budget, processes and model the flags or overrides give."""
     from .recipe import recipe_for
 
     given = _given(flags, overrides)
+    model = given.get("model")
     return recipe_for(data, data_format, _number(given.get("max_minutes")), _number(given.get("epochs")),
-                      cpus=cpu_run_cpus(given.get("device")), processes=_whole(given.get("processes")))
+                      cpus=cpu_run_cpus(given.get("device")), processes=_whole(given.get("processes")),
+                      model=model if isinstance(model, str) else None)
 
 
 def cpu_run_cpus(device) -> int | None:
