@@ -9,7 +9,7 @@ val_fraction), prepared as the run evaluated it, with these views:
   - flip: the mean logits of the image and its mirror (what `tta=true` scores);
   - flip+shift-S (for each S of --shifts): half the flip logits, and half the mean of the flip logits
     of two copies moved S px diagonally, up-left and down-right (reflection padding): six forward
-    passes (airbench's "mirror + translate" evaluation).
+    passes (airbench's "mirror + translate" evaluation; what `tta_shift=S` scores).
 Prints a table and appends one record per run to --results (default benchmarks/results/tta_views.jsonl).
 Nothing is trained; a run takes seconds.
 """
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,21 +39,10 @@ from per_run import record_runs  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "tta_views.jsonl"
 
 
-def shifted(x: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` (B, C, H, W) moved by ``s`` px down-right and up-left, the edges filled by reflection."""
-    h, w = x.shape[-2:]
-    padded = F.pad(x, (s, s, s, s), mode="reflect")
-    return padded[..., :h, :w], padded[..., 2 * s:2 * s + h, 2 * s:2 * s + w]
-
-
 def view_logits(model: nn.Module, x: torch.Tensor, view: str) -> torch.Tensor:
-    if view == "none":
-        return model_logits(model, x, tta=False)
-    flip = model_logits(model, x, tta=True)
-    if view == "flip":
-        return flip
-    a, b = shifted(x, int(view.rsplit("-", 1)[1]))
-    return 0.5 * flip + 0.25 * (model_logits(model, a, tta=True) + model_logits(model, b, tta=True))
+    if view in ("none", "flip"):
+        return model_logits(model, x, tta=view == "flip")
+    return model_logits(model, x, tta=True, shift=int(view.rsplit("-", 1)[1]))  # what tta_shift=S scores
 
 
 def measure(run: Path, views: list[str], batch: int = 500) -> dict:

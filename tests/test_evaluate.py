@@ -107,6 +107,38 @@ def test_flip_tta_averages_the_logits_of_the_image_and_its_mirror(tmp_path, data
     assert res["num_images"] == mirrored["num_images"] == 18
 
 
+def _moved(x: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """``x`` moved (dy, dx) px, each pixel read from its source by index, out-of-range sources mirrored
+    about the edge pixel (reflection): the reference for ``shifted_views``."""
+    def source(n: int, d: int) -> torch.Tensor:
+        i = torch.arange(n) - d
+        return torch.where(i < 0, -i, torch.where(i >= n, 2 * (n - 1) - i, i))
+
+    return x[..., source(x.shape[-2], dy), :][..., source(x.shape[-1], dx)]
+
+
+def test_shift_tta_adds_two_diagonally_moved_flip_averages_at_a_quarter_each(data):
+    from vitkit.core.errors import ConfigError
+    from vitkit.infer.paths import model_logits, shifted_views
+
+    model = _model()
+    x = torch.randn(4, 3, 32, 32)
+    down, up = shifted_views(x, 2)
+    assert torch.equal(down, _moved(x, 2, 2)) and torch.equal(up, _moved(x, -2, -2))
+    assert torch.equal(down[..., 2:, 2:], x[..., :-2, :-2]) and torch.equal(down[..., 0, 0], x[..., 2, 2])
+    with torch.no_grad():
+        flips = [model_logits(model, v, tta=True) for v in (x, _moved(x, 1, 1), _moved(x, -1, -1))]
+        torch.testing.assert_close(model_logits(model, x, tta=True, shift=1),
+                                   flips[0] / 2 + (flips[1] + flips[2]) / 4, atol=1e-6, rtol=1e-6)
+        assert torch.equal(model_logits(model, x, tta=False, shift=1), model(x))  # the shift rides on the flips
+    with pytest.raises(ConfigError, match=r"tta_shift: must be between 1 and 31 px for 32x32 inputs, got 32"):
+        shifted_views(x, 32)
+    res = evaluate(_model(), data, tta=True, tta_shift=1)
+    assert res["tta"] and res["tta_shift"] == 1 and res["num_images"] == 18
+    with pytest.raises(ConfigError, match=r"^--tta-shift: 1 px adds translated views to test-time flips; it needs --tta$"):
+        evaluate(_model(), data, tta_shift=1)
+
+
 def test_labels_in_another_order_are_matched_by_name(tmp_path, data):
     a = _model()
     b = _model()
@@ -250,14 +282,22 @@ def test_a_run_is_scored_with_its_own_tta_unless_told(tmp_path, data, capsys):
 
     run = tmp_path / "run"
     assert main(["train", "--data", str(data), "--epochs", "1", "--out", str(run), "--set", "tta=true",
-                 *FAST_TRAIN_ARGS]) == 0
-    assert evaluate(run)["tta"] and not evaluate(run, tta=False)["tta"]
-    assert evaluate(run / "last", data)["tta"]  # a checkpoint of the run: the run's own
-    assert not evaluate(vitkit.save(vitkit.load(run), tmp_path / "elsewhere"), data)["tta"]
+                 "--tta-shift", "1", *FAST_TRAIN_ARGS]) == 0
+    assert json.loads((run / "config.json").read_text())["tta_shift"] == 1
+    views = lambda res: (res["tta"], res["tta_shift"])  # noqa: E731
+    assert views(evaluate(run)) == (True, 1) and views(evaluate(run, tta=False)) == (False, 0)
+    assert views(evaluate(run, tta_shift=0)) == (True, 0) and views(evaluate(run, tta_shift=2)) == (True, 2)
+    assert views(evaluate(run / "last", data)) == (True, 1)  # a checkpoint of the run: the run's own
+    assert views(evaluate(vitkit.save(vitkit.load(run), tmp_path / "elsewhere"), data)) == (False, 0)
     assert main(["eval", str(run), "--no-tta"]) == 0
     assert ", flip TTA" not in capsys.readouterr().out.splitlines()[0]
-    assert main(["eval", str(run), "--tta"]) == 0
+    assert main(["eval", str(run)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(", flip TTA with 1-px shifts")
+    assert main(["eval", str(run), "--tta-shift", "0"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith(", flip TTA")
+    assert main(["eval", str(run), "--no-tta", "--tta-shift", "1"]) == 1
+    assert capsys.readouterr().err.strip().endswith("--tta-shift: 1 px adds translated views to test-time flips; "
+                                                    "it needs --tta")
 
 
 def test_the_path_taken_is_in_the_result_and_int8_scores_like_fp32(data):

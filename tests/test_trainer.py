@@ -300,3 +300,20 @@ def test_validation_with_tta_scores_the_mean_of_both_views(tmp_path):
     assert r["loss"] == pytest.approx(want, abs=1e-6)
     one_view = evaluate_split(model, val, torch.device("cpu"), tta=False)["loss"]
     assert abs(one_view - want) > 1e-6
+    with torch.no_grad():
+        shifted = model_logits(model, x, tta=True, shift=1)
+    want = torch.nn.functional.cross_entropy(shifted, val.labels).item()
+    assert evaluate_split(model, val, torch.device("cpu"), tta=True, tta_shift=1)["loss"] == pytest.approx(want, abs=1e-6)
+    assert abs(r["loss"] - want) > 1e-6  # the translated views are their own result
+
+
+def test_tta_shift_needs_tta_and_a_nonnegative_size():
+    from vitkit.core.errors import ConfigError
+    from vitkit.train.config import RunConfig
+
+    assert RunConfig(tta=True, tta_shift=1).validate().tta_shift == 1
+    with pytest.raises(ConfigError, match=r"^tta_shift: 1 px adds translated views to test-time flips; it needs "
+                                          r"tta = true \(--tta\)$"):
+        RunConfig(tta_shift=1).validate()
+    with pytest.raises(ConfigError, match=r"^tta_shift: must be >= 0 px \(0 = flips only\), got -1$"):
+        RunConfig(tta=True, tta_shift=-1).validate()

@@ -1,7 +1,7 @@
 """The path a tool or a training run takes on this hardware, and running a model on it: the hardware's
 features (``detect_hardware``, over ``core.hardware`` and the kernels' own probes), the precision and
 its autocast, the path of ``fastpath.choose_path`` (``inference_path``, ``training_path``), the model as
-that path runs it (``apply_path``), and the logits with test-time flips (``model_logits``).
+that path runs it (``apply_path``), and the logits with test-time flips and shifts (``model_logits``).
 """
 
 from __future__ import annotations
@@ -106,14 +106,30 @@ def path_taken(path: FastPath, net: nn.Module) -> str:
     return path.describe()
 
 
-def model_logits(model: nn.Module, x: torch.Tensor, tta: bool = False) -> torch.Tensor:
+def shifted_views(x: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (B, C, H, W) moved ``shift`` px down-right and ``shift`` px up-left, the edges filled by
+    reflection: the translated views of test-time augmentation."""
+    h, w = x.shape[-2:]
+    if not 0 < shift < min(h, w):
+        raise ConfigError(f"tta_shift: must be between 1 and {min(h, w) - 1} px for {h}x{w} inputs, got {shift}")
+    padded = torch.nn.functional.pad(x, (shift, shift, shift, shift), mode="reflect")
+    return padded[..., :h, :w], padded[..., 2 * shift:2 * shift + h, 2 * shift:2 * shift + w]
+
+
+def model_logits(model: nn.Module, x: torch.Tensor, tta: bool = False, shift: int = 0) -> torch.Tensor:
     """The model's logits for the input batch ``x`` (B, C, H, W). ``tta``: test-time flip augmentation,
-    the mean of the logits of each image and of its left-right mirror (two forward passes)."""
-    logits = model(x)
-    if tta:
-        logits = (logits + model(x.flip(-1))) / 2
+    the mean of the logits of each image and of its left-right mirror (two forward passes). ``shift`` (with
+    ``tta``): also two copies of the batch moved ``shift`` px diagonally (``shifted_views``), each flip-averaged
+    too; the result is half the flip average of ``x`` and a quarter of each copy's (six forward passes, the
+    weights of airbench's mirror-and-translate evaluation)."""
+    if not tta:
+        return model(x)
+    logits = (model(x) + model(x.flip(-1))) / 2
+    if shift:
+        a, b = shifted_views(x, shift)
+        logits = logits / 2 + (model_logits(model, a, True) + model_logits(model, b, True)) / 4
     return logits
 
 
 __all__ = ["detect_hardware", "pick_precision", "inference_path", "training_path", "apply_path", "path_taken",
-           "autocast", "model_logits"]
+           "autocast", "model_logits", "shifted_views"]

@@ -158,6 +158,9 @@ class RunConfig:
     #   (the decay warms up as min(ema, (1 + step) / (10 + step)), so short runs are not held back)
     tta: bool = False  # score validation and test with test-time flip augmentation: the mean of the logits of
     #   each image and its left-right mirror (runtime.model_logits)
+    tta_shift: int = 0  # with tta, also score two copies of each image moved this many px diagonally (up-left
+    #   and down-right, edges by reflection), each flip-averaged: six forward passes (infer.paths.model_logits);
+    #   0 = the flips only
     bn_recalibrate: bool | None = None  # when training ends, re-estimate the final model's BatchNorm statistics on
     #   training images prepared as they are evaluated (train/precise_bn.py); None = auto: where training
     #   cropped at random scales (augment.crop 'rrc'), as measured; a model without BatchNorm is unchanged
@@ -210,6 +213,11 @@ class RunConfig:
             raise ConfigError(f"max_minutes: must be >= 0 (0 = no limit), got {self.max_minutes!r}")
         if self.ema is not None and not 0 < self.ema < 1:
             raise ConfigError(f"ema: the decay must be in (0, 1), got {self.ema!r}")
+        if self.tta_shift < 0:
+            raise ConfigError(f"tta_shift: must be >= 0 px (0 = flips only), got {self.tta_shift!r}")
+        if self.tta_shift and not self.tta:
+            raise ConfigError(f"tta_shift: {self.tta_shift} px adds translated views to test-time flips; it needs "
+                              "tta = true (--tta)")
         if self.batch_size % self.accum_steps:
             raise ConfigError(f"batch_size: {self.batch_size} is not divisible by accum_steps {self.accum_steps}")
         if self.tune not in ("full", "auto") and not self.init_from:

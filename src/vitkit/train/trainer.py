@@ -75,9 +75,11 @@ def main_log(log: Callable[[str], None] | None, dist: DistInfo) -> Callable[[str
 
 @torch.no_grad()
 def evaluate_split(model, images, device: torch.device, precision: str = "fp32", batch_size: int = 256,
-                   dist: DistInfo = DistInfo(), tta: bool = False, confusion: bool = False) -> dict:
+                   dist: DistInfo = DistInfo(), tta: bool = False, confusion: bool = False,
+                   tta_shift: int = 0) -> dict:
     """Loss and top-1 accuracy of ``model`` on an ImageSet (sharded over processes, summed); ``tta``: of
-    the mean logits of each image and its mirror (``runtime.model_logits``). ``confusion``: also the
+    the mean logits of each image and its mirror, and with ``tta_shift`` of its shifted copies too
+    (``infer.paths.model_logits``). ``confusion``: also the
     confusion matrix, (K, K) int64 counts (rows: true class, columns: predicted)."""
     base = ckpt_io.unwrap(model)
     was_training = base.training
@@ -88,7 +90,7 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
     for x, y in eval_batches(images, base.cfg.img_size, base.preprocess, device, batch_size, shard):
         y = y.to(device)
         with autocast(device, precision):
-            logits = model_logits(base, x, tta)
+            logits = model_logits(base, x, tta, tta_shift)
         tally.add(logits.float(), y)
     sums = tally.sums()  # loss sum, correct, count: on the CPU (collectives_for)
     all_reduce_sum(sums, dist)
@@ -556,7 +558,7 @@ class Trainer:
 
     def _score(self, model: nn.Module, images, confusion: bool = False) -> dict:
         return evaluate_split(model, images, self.device, self.precision, self.eval_batch_size, self.dist,
-                              self.cfg.tta, confusion=confusion)
+                              self.cfg.tta, confusion=confusion, tta_shift=self.cfg.tta_shift)
 
     def _load_best(self) -> nn.Module:
         barrier(self.dist)  # rank 0 has written best/

@@ -33,9 +33,17 @@ def register(p):
     p.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None, help="test-time flip augmentation: "
                    "score the mean of the logits of each image and its left-right mirror (two forward passes; "
                    "default: as the run scored, for a run directory or a checkpoint in one; else off)")
+    p.add_argument("--tta-shift", type=int, default=None, metavar="PX", help="with --tta, also score two copies of "
+                   "each image moved PX px diagonally, each flip-averaged (six forward passes; default: as the run "
+                   "scored, else 0)")
     add_precision_flag(p)
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
     add_progress_flags(p)
+
+
+def tta_words(tta: bool, shift: int) -> str:
+    """The test-time views scored, as the summary line's tail: '' without TTA."""
+    return (f", flip TTA with {shift}-px shifts" if shift else ", flip TTA") if tta else ""
 
 
 def run(args) -> int:
@@ -47,14 +55,15 @@ def run(args) -> int:
 
     res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
                    batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst,
-                   strict=args.strict, max_pixels=max_pixels(args), tta=args.tta, precision=args.precision,
+                   strict=args.strict, max_pixels=max_pixels(args), tta=args.tta,
+                   tta_shift=args.tta_shift, precision=args.precision,
                    engine=args.engine, progress=cli_progress(args.quiet, args.progress_every))
     for item in res["skipped"]:
         print(f"vitkit: warning: skipped {show_path(item['path'])}: {show_path(item['reason'])}", file=sys.stderr)
     if args.json:
         print(json_line(res))
         return 0
-    print(f"{res['data']} ({res['format']}), {res['scored']}" + (", flip TTA" if res["tta"] else "")
+    print(f"{res['data']} ({res['format']}), {res['scored']}" + tta_words(res["tta"], res["tta_shift"])
           + (f" ({res['skipped_files']} unreadable file(s) skipped)" if res["skipped_files"] else ""))
     print(f"ran {res['fast_path']}")
     print(f"loss {res['loss']:.4f}   top-1 {100 * res['top1']:.2f}%   top-{res['top5_k']} {100 * res['top5']:.2f}%   "

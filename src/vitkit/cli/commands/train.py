@@ -90,6 +90,8 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--ema", type=float, metavar="DECAY", help="keep and evaluate an EMA of the weights (e.g. 0.999)")
     g.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None, help="score validation and test "
                    "with test-time flip averaging: the mean logits of each image and its mirror (tta)")
+    g.add_argument("--tta-shift", type=int, metavar="PX", help=h("with TTA, also average two copies of each image "
+                   "moved PX px diagonally, each flip-averaged: six forward passes", "tta_shift"))
     g.add_argument("--smoothing", type=float, metavar="EPS", help=h("label smoothing (augment.label_smoothing)",
                                                                      "augment.label_smoothing"))
     g.add_argument("--mixup", type=float, metavar="ALPHA", help=h("mixup alpha, 0 = off (augment.mixup_alpha)",
@@ -218,6 +220,7 @@ def flags_from_args(args) -> dict:
         "seed": args.seed,
         "ema": args.ema,
         "tta": args.tta,
+        "tta_shift": args.tta_shift,
         "augment.label_smoothing": args.smoothing,
         "augment.mixup_alpha": args.mixup,
         "augment.cutmix_alpha": args.cutmix,
