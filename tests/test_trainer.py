@@ -307,13 +307,11 @@ def test_validation_with_tta_scores_the_mean_of_both_views(tmp_path):
     assert abs(r["loss"] - want) > 1e-6  # the translated views are their own result
 
 
-def test_tta_shift_needs_tta_and_a_nonnegative_size():
+def test_tta_shift_is_a_nonnegative_size_that_rides_on_tta():
     from vitkit.core.errors import ConfigError
     from vitkit.train.config import RunConfig
 
     assert RunConfig(tta=True, tta_shift=1).validate().tta_shift == 1
-    with pytest.raises(ConfigError, match=r"^tta_shift: 1 px adds translated views to test-time flips; it needs "
-                                          r"tta = true \(--tta\)$"):
-        RunConfig(tta_shift=1).validate()
+    assert RunConfig(tta=False, tta_shift=1).validate().tta_shift == 1  # kept, scoring nothing: --no-tta wins
     with pytest.raises(ConfigError, match=r"^tta_shift: must be >= 0 px \(0 = flips only\), got -1$"):
         RunConfig(tta=True, tta_shift=-1).validate()

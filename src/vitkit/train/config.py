@@ -160,7 +160,7 @@ class RunConfig:
     #   each image and its left-right mirror (runtime.model_logits)
     tta_shift: int = 0  # with tta, also score two copies of each image moved this many px diagonally (up-left
     #   and down-right, edges by reflection), each flip-averaged: six forward passes (infer.paths.model_logits);
-    #   0 = the flips only
+    #   0 = the flips only; without tta it scores nothing (so that --no-tta turns a recipe's views off whole)
     bn_recalibrate: bool | None = None  # when training ends, re-estimate the final model's BatchNorm statistics on
     #   training images prepared as they are evaluated (train/precise_bn.py); None = auto: where training
     #   cropped at random scales (augment.crop 'rrc'), as measured; a model without BatchNorm is unchanged
@@ -215,9 +215,6 @@ class RunConfig:
             raise ConfigError(f"ema: the decay must be in (0, 1), got {self.ema!r}")
         if self.tta_shift < 0:
             raise ConfigError(f"tta_shift: must be >= 0 px (0 = flips only), got {self.tta_shift!r}")
-        if self.tta_shift and not self.tta:
-            raise ConfigError(f"tta_shift: {self.tta_shift} px adds translated views to test-time flips; it needs "
-                              "tta = true (--tta)")
         if self.batch_size % self.accum_steps:
             raise ConfigError(f"batch_size: {self.batch_size} is not divisible by accum_steps {self.accum_steps}")
         if self.tune not in ("full", "auto") and not self.init_from:
