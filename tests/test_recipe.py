@@ -164,6 +164,9 @@ def test_train_on_data_names_the_recipe_and_explicit_values_win(tmp_path, capsys
     assert lines[0].startswith("recipe small-data: ") and lines[0].endswith("; 1 process (--nproc)")  # as it trains
     saved = json.loads((tmp_path / "r2" / "config.json").read_text())
     assert saved["max_minutes"] == 0.02 and saved["epochs"] == CLOCK_EPOCHS and saved["tta"] is True
+    assert saved["tta_shift"] == 1 and saved["optim"]["muon_convs"] is True  # the recipe's views and convs' Muon
+    summary = json.loads((tmp_path / "r2" / "summary.json").read_text())
+    assert 0 <= summary["test_acc"] <= 1  # scored with the six views: the 1-px copies fit these 32-px images
 
 
 def test_a_config_file_replaces_the_recipe(tmp_path, capsys):
