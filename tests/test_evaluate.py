@@ -298,6 +298,11 @@ def test_a_run_is_scored_with_its_own_tta_unless_told(tmp_path, data, capsys):
     assert main(["eval", str(run), "--no-tta", "--tta-shift", "1"]) == 1
     assert capsys.readouterr().err.strip().endswith("--tta-shift: 1 px adds translated views to test-time flips; "
                                                     "it needs --tta")
+    # a shift the model's inputs cannot take is refused before training, not at the run's evaluation
+    assert main(["train", "--data", str(data), "--epochs", "1", "--out", str(tmp_path / "wide"), "--set", "tta=true",
+                 "--tta-shift", "32", *FAST_TRAIN_ARGS]) == 1
+    assert capsys.readouterr().err.strip().endswith("tta_shift: must be between 1 and 31 px for 32x32 inputs, got 32")
+    assert not any((tmp_path / "wide").glob("*"))  # nothing trained, nothing written
 
 
 def test_the_path_taken_is_in_the_result_and_int8_scores_like_fp32(data):

@@ -106,12 +106,19 @@ def path_taken(path: FastPath, net: nn.Module) -> str:
     return path.describe()
 
 
+def check_tta_shift(shift: int, size: tuple[int, int]) -> None:
+    """A ConfigError unless ``shift`` px moves an input of ``size`` (H, W) and leaves some of it: 1 to
+    min(H, W) - 1 (reflection takes no more)."""
+    h, w = size
+    if not 0 < shift < min(h, w):
+        raise ConfigError(f"tta_shift: must be between 1 and {min(h, w) - 1} px for {h}x{w} inputs, got {shift}")
+
+
 def shifted_views(x: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` (B, C, H, W) moved ``shift`` px down-right and ``shift`` px up-left, the edges filled by
     reflection: the translated views of test-time augmentation."""
     h, w = x.shape[-2:]
-    if not 0 < shift < min(h, w):
-        raise ConfigError(f"tta_shift: must be between 1 and {min(h, w) - 1} px for {h}x{w} inputs, got {shift}")
+    check_tta_shift(shift, (h, w))
     padded = torch.nn.functional.pad(x, (shift, shift, shift, shift), mode="reflect")
     return padded[..., :h, :w], padded[..., 2 * shift:2 * shift + h, 2 * shift:2 * shift + w]
 
@@ -132,4 +139,4 @@ def model_logits(model: nn.Module, x: torch.Tensor, tta: bool = False, shift: in
 
 
 __all__ = ["detect_hardware", "pick_precision", "inference_path", "training_path", "apply_path", "path_taken",
-           "autocast", "model_logits", "shifted_views"]
+           "autocast", "model_logits", "shifted_views", "check_tta_shift"]

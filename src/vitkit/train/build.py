@@ -23,7 +23,7 @@ from ..core.hardware import resolve_device
 from ..core.progress import Progress
 from ..data import eval_batch
 from ..data.splits import HELD_OUT, carve_validation, decode_short_side
-from ..infer.paths import pick_precision
+from ..infer.paths import check_tta_shift, pick_precision
 from ..io import checkpoint as ckpt_io
 from ..io.hub import resolve_weights
 from ..io.preprocess import apply_preprocess
@@ -156,8 +156,8 @@ def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False,
     """The checks that need no data: the config's values (augmentation included), the loggers' packages,
     the device and precision, the run directory, the model (its name and arguments, or the checkpoint to
     start from; resuming, the run's last checkpoint; ``mcfg``: the model's config resolved already, so
-    that its weights are not read again). A launcher runs them once, before it starts any process.
-    Returns the model's config."""
+    that its weights are not read again), and the test-time shift against the model's input size
+    (``check_views``). A launcher runs them once, before it starts any process. Returns the model's config."""
     cfg.validate()
     check_loggers(cfg.loggers)
     pick_precision(cfg.precision, resolve_device(cfg.device))
@@ -165,7 +165,16 @@ def preflight(cfg: RunConfig, run_dir: Path | None = None, resume: bool = False,
     if run_dir is not None:
         check_run_dir(Path(run_dir), resume)
         resume_from = find_checkpoint(Path(run_dir), "last") if resume else None
-    return mcfg if mcfg is not None else model_config(cfg, resume_from=resume_from)
+    mcfg = mcfg if mcfg is not None else model_config(cfg, resume_from=resume_from)
+    check_views(cfg, mcfg)
+    return mcfg
+
+
+def check_views(cfg: RunConfig, mcfg: ViTConfig) -> None:
+    """The run's test-time shift against the input size of the model it trains (``mcfg``): refused before
+    training, not when the run's evaluation first moves an image."""
+    if cfg.tta and cfg.tta_shift:
+        check_tta_shift(cfg.tta_shift, mcfg.img_size)
 
 
 # ============================================================================================== data
@@ -368,5 +377,5 @@ def fit_whitening(model: VisionTransformer, images, max_images: int = 5000) -> N
 
 
 __all__ = ["model_config", "init_format", "read_init", "foreign_init", "preflight", "check_run_dir", "open_data",
-           "eval_crop", "check_classes", "data_preprocess",
+           "eval_crop", "check_classes", "check_views", "data_preprocess",
            "build_model", "prepare_model", "tune", "fit_whitening"]

@@ -27,7 +27,7 @@ from ..core.progress import Progress
 from ..infer.fastpath import FastPath
 from ..infer.paths import pick_precision, training_path
 from ..io.atomic import ensure_dir
-from .build import check_classes, check_run_dir, foreign_init, model_config, open_data, prepare_model
+from .build import check_classes, check_run_dir, check_views, foreign_init, model_config, open_data, prepare_model
 from .checkpoint import RunLock, checkpoint_step, cleanup_temp, find_checkpoint, resume_point
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, barrier, broadcast_object, process_group
@@ -95,6 +95,7 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
     if init is None or dist.enabled or resume_from is not None:  # each rank reads what rank 0's config names
         init = foreign_init(cfg, resume_from)  # foreign init_from weights, read once for the config and model
     mcfg = model_config(cfg, init, resume_from)
+    check_views(cfg, mcfg)
     loaded = None
     if splits is None:
         splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir)
