@@ -46,6 +46,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "no-ema": ("no EMA of the weights", ["ema=null"]),
     "smoothing-0.1": ("label smoothing 0.1 (not 0.2)", ["augment.label_smoothing=0.1"]),
     "pad-4": ("4-px translations (not 2)", ["augment.pad=4"]),
+    "erase": ("random erasing: one box of 2-33% of the image replaced by noise, in a quarter of the images",
+              ["augment.erase_prob=0.25"]),
+    "smoothing-0.3": ("label smoothing 0.3 (not 0.2)", ["augment.label_smoothing=0.3"]),
     "cosine": ("cosine decay (not linear to zero)", ["schedule.decay=cosine"]),
     "lion": ("Lion (lr 3e-4, weight decay 0.5, betas 0.9/0.99) instead of AdamW",
              ["optim.name=lion", "optim.lr=0.0003", "optim.weight_decay=0.5", "optim.betas=[0.9,0.99]"]),
@@ -67,6 +70,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                   ["model_args.stem_width=64", "model_args.stem_convs=2"]),
     "dirac": ("the stem's 3x3 convs start as identities on their first in-channels filters (not He normal)",
               ["model_args.stem_dirac=true"]),
+    "early-conv": ("a 3x3 conv of 64 channels at 16x16, after the whitening filters and before the stride-2 conv",
+                   ["model_args.stem_early_convs=1"]),
     "batch-256": ("batch 256 (not 128), the learning rate doubled with it", ["batch_size=256", "optim.lr=0.004"]),
     "batch-64": ("batch 64 (not 128), the learning rate halved with it", ["batch_size=64", "optim.lr=0.001"]),
 }

@@ -206,7 +206,7 @@ def test_many_problems_are_truncated():
         from_timm(sd, overrides={"num_heads": 2})
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(stem_whiten=True, stem_convs=1)])
+@pytest.mark.parametrize("kw", [dict(), dict(stem_whiten=True, stem_convs=1), dict(stem_whiten=True, stem_early_convs=2)])
 def test_conv_stem_is_written_as_timms_hybrid_embed(kw):
     """The stem's layers under patch_embed.backbone.* (HybridEmbed's names), the 1x1 projection as its proj."""
     model = rand_model(stem="conv", stem_width=4, patch_size=4, **kw)
@@ -222,7 +222,7 @@ def test_conv_stem_is_written_as_timms_hybrid_embed(kw):
 
     args = timm_conv_stem_args(model.cfg)
     assert args == dict(in_chans=3, widths=[24, 8] if kw else [4, 8], extra=kw.get("stem_convs", 0),
-                        whiten=bool(kw))
+                        whiten=bool(kw), early=[4] * kw.get("stem_early_convs", 0))
     assert timm_model_kwargs(model.cfg)["patch_size"] == 1 and timm_conv_stem_args(rand_model().cfg) is None
     with pytest.raises(CheckpointError, match=r"holds a CNN stem, whose strides the weights do not show .*"
                                               r"\(timm's HybridEmbed: patch_embed\.backbone\.0\.weight\)"):

@@ -364,6 +364,40 @@ def test_stem_dirac_starts_the_stems_3x3_convs_as_identities():
         vitkit.create_model("vit_test", stem_dirac=True)
 
 
+@pytest.mark.parametrize("whiten", [False, True])
+def test_stem_early_convs_work_at_the_first_strides_resolution(whiten):
+    """stem_early_convs=2: two 3x3 stride-1 convs of stem_width channels right after the first stride-2 conv
+    (16x16 of a 32-px image at patch 4), before the second; the parameter estimate counts them."""
+    import vitkit
+    from vitkit.core.errors import ConfigError
+
+    kw = dict(img_size=32, stem="conv", patch_size=4, stem_width=8, stem_whiten=whiten)
+    m = vitkit.create_model("vit_test", stem_early_convs=2, **kw)
+    base = vitkit.create_model("vit_test", **kw)
+    shapes = []
+    x = torch.randn(2, 3, 32, 32)
+    for layer in m.patch_embed.stem:
+        x = layer(x)
+        if isinstance(layer, torch.nn.Conv2d) or type(layer).__name__ == "PatchWhitening":
+            shapes.append((tuple(x.shape[1:]), layer.stride if isinstance(layer, torch.nn.Conv2d) else None))
+    first = 24 if whiten else 8
+    assert [s for s, _ in shapes] == [(first, 16, 16), (8, 16, 16), (8, 16, 16), (16, 8, 8)]
+    assert [st for _, st in shapes][1:] == [(1, 1), (1, 1), (2, 2)]
+    assert m(torch.randn(2, 3, 32, 32)).shape == (2, m.cfg.num_classes)
+    added = sum(p.numel() for p in m.parameters()) - sum(p.numel() for p in base.parameters())
+    # (first -> 8) + (8 -> 8) 3x3 convs with BatchNorm, and the second stride-2 conv now takes 8 channels
+    expect = 9 * first * 8 + 16 + 9 * 8 * 8 + 16 + 9 * 16 * (8 - first)
+    assert added == expect
+    if not whiten:  # the estimate counts a learned first conv, as the model has it
+        est = sum(m.cfg.param_estimate().values()) - sum(base.cfg.param_estimate().values())
+        assert est == expect
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match=r"\.stem_early_convs: (must be an integer >= 0|expected an integer)"):
+            vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_early_convs=bad)
+    with pytest.raises(ConfigError, match="ViTConfig.stem_early_convs: .* need stem='conv'"):
+        vitkit.create_model("vit_test", stem_early_convs=1)
+
+
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_a_block_frees_each_intermediate_before_the_next_stage(norm):
     """In inference a block holds no buffer past its use: the qkv projection's is gone before the output

@@ -293,7 +293,7 @@ def _docs_block(containing: str) -> str:
     return next(b for b in blocks if containing in b)
 
 
-@pytest.mark.parametrize("name", ["demo", "whiten_token"])
+@pytest.mark.parametrize("name", ["demo", "whiten_token", "whiten_early"])
 def test_conv_stem_models_load_in_timm_by_the_docs_function(name, tmp_path, monkeypatch, capsys):
     """`vitkit convert CKPT hybrid_timm.safetensors --to timm` prints the timm call; docs' conv_stem and that
     call build the model in timm, which loads the file strictly and gives vitkit's logits (1e-4)."""
@@ -306,7 +306,8 @@ def test_conv_stem_models_load_in_timm_by_the_docs_function(name, tmp_path, monk
     else:
         model = randomize(VisionTransformer(ViTConfig(
             img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=5, stem="conv", stem_width=8,
-            stem_whiten=True, stem_convs=2, pos_embed="sincos2d", qk_norm=True)), seed=5)
+            stem_whiten=True, stem_convs=2, stem_early_convs=int(name == "whiten_early"), pos_embed="sincos2d",
+            qk_norm=True)), seed=5)
         ckpt = vitkit.save(model, tmp_path / "ckpt")
     monkeypatch.chdir(tmp_path)
     assert main(["convert", str(ckpt), "hybrid_timm.safetensors", "--to", "timm"]) == 0

@@ -213,15 +213,17 @@ def _timm_key(key: str) -> str:
 def timm_conv_stem_args(cfg: ViTConfig) -> dict | None:
     """For a conv-stem model (stem='conv'): the arguments of docs/convert.md's ``conv_stem`` function,
     which builds the stem from torch modules as the backbone of timm's HybridEmbed: the input channels,
-    the channels of each stride-2 conv, the extra stride-1 convs, and whether the first conv is the
-    whitening layer (2x2, stride 2). None for a patch-stem model."""
+    the channels of each stride-2 conv, the extra stride-1 convs, whether the first conv is the whitening
+    layer (2x2, stride 2), and the channels of the stride-1 convs after the first stride-2 conv (early).
+    None for a patch-stem model."""
     if cfg.stem != "conv":
         return None
     n = cfg.patch_size.bit_length() - 1  # log2(P) stride-2 convs
     widths = [cfg.stem_width * 2**i for i in range(n)]
     if cfg.stem_whiten:
         widths[0] = 2 * cfg.in_chans * 4  # the whitening filters and their negatives
-    return dict(in_chans=cfg.in_chans, widths=widths, extra=cfg.stem_convs, whiten=cfg.stem_whiten)
+    return dict(in_chans=cfg.in_chans, widths=widths, extra=cfg.stem_convs, whiten=cfg.stem_whiten,
+                early=[cfg.stem_width] * cfg.stem_early_convs)
 
 
 def timm_model_kwargs(cfg: ViTConfig) -> dict:
@@ -280,7 +282,7 @@ def timm_source(cfg: ViTConfig) -> str:
         parts.append(f"norm_layer=partial(nn.LayerNorm, eps={cfg.norm_eps!r})")
     stem = timm_conv_stem_args(cfg)
     if stem is not None:
-        extra = "".join(f", {k}={stem[k]!r}" for k in ("extra", "whiten") if stem[k])
+        extra = "".join(f", {k}={stem[k]!r}" for k in ("extra", "whiten", "early") if stem[k])
         backbone = f"conv_stem({stem['in_chans']}, {stem['widths']}{extra})"
         parts.append(f"embed_layer=partial(HybridEmbed, backbone={backbone})")
     return f"VisionTransformer({', '.join(parts)})"

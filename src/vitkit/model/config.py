@@ -81,6 +81,9 @@ class ViTConfig:
     stem_width: int = 32  # channels of the first conv of the 'conv' stem (doubling at each stride-2 conv)
     stem_convs: int = 0  # extra 3x3 stride-1 conv + BatchNorm + ReLU layers of the 'conv' stem, at the
     #   grid resolution before the 1x1 projection (more local features for small data)
+    stem_early_convs: int = 0  # 3x3 stride-1 conv + BatchNorm + ReLU layers right after the 'conv' stem's first
+    #   stride-2 conv, at twice the grid's resolution (16x16 of a 32-px image at patch 4), stem_width channels
+    #   each: features learned before the next stride halves them (airbench works at such resolutions)
     stem_whiten: bool = False  # the 'conv' stem's first stride-2 conv is a frozen 2x2 patch-whitening filter
     #   bank (2*C*4 channels: the eigenvectors of the training data's 2x2 patch covariance over sqrt(eigenvalue),
     #   and their negatives; airbench), set from the data when a run starts from scratch
@@ -143,6 +146,7 @@ class ViTConfig:
         D, C, P, hid = self.embed_dim, self.in_chans, self.patch_size, self.mlp_hidden
         if self.stem == "conv":
             widths = [C] + [self.stem_width * 2 ** i for i in range(max(P.bit_length() - 1, 0))]
+            widths[2:2] = [self.stem_width] * self.stem_early_convs  # after the first stride-2 conv
             widths += [widths[-1]] * self.stem_convs
             stem = sum(9 * a * b + 2 * b for a, b in zip(widths, widths[1:])) + widths[-1] * D + D
         else:
@@ -231,6 +235,11 @@ class ViTConfig:
             _bad("stem_convs", f"must be an integer >= 0, got {self.stem_convs!r}")
         if self.stem_convs and self.stem != "conv":
             _bad("stem_convs", "extra stem convolutions need stem='conv'")
+        if not isinstance(self.stem_early_convs, int) or isinstance(self.stem_early_convs, bool) \
+                or self.stem_early_convs < 0:
+            _bad("stem_early_convs", f"must be an integer >= 0, got {self.stem_early_convs!r}")
+        if self.stem_early_convs and self.stem != "conv":
+            _bad("stem_early_convs", "early stem convolutions need stem='conv'")
         if self.stem_whiten and self.stem != "conv":
             _bad("stem_whiten", "the whitening layer is part of the conv stem; it needs stem='conv'")
         if self.stem_dirac and self.stem != "conv":

@@ -172,7 +172,8 @@ class ConvStem(nn.Module):
 
     log2(P) blocks of 3x3 stride-2 conv + BatchNorm + ReLU, doubling channels from ``width``, reach the
     same H/P x W/P grid as a P x P patch projection; ``extra`` more 3x3 stride-1 blocks work at that
-    grid; a final 1x1 conv (``proj``) maps to D.
+    grid; a final 1x1 conv (``proj``) maps to D. ``early`` 3x3 stride-1 blocks of ``width`` channels come
+    right after the first stride-2 block, at twice the grid's resolution.
 
     ``whiten``: the first block's conv is a frozen 2x2 stride-2 ``PatchWhitening`` instead (2*C*4
     channels), whose filters are set from the training data before training (``set_whitening``).
@@ -183,7 +184,7 @@ class ConvStem(nn.Module):
     """
 
     def __init__(self, patch_size: int, in_chans: int, embed_dim: int, width: int = 32, extra: int = 0,
-                 whiten: bool = False, bn_momentum: float = 0.1, dirac: bool = False):
+                 whiten: bool = False, bn_momentum: float = 0.1, dirac: bool = False, early: int = 0):
         super().__init__()
         self.dirac = dirac
         n = int(math.log2(patch_size))
@@ -198,6 +199,10 @@ class ConvStem(nn.Module):
                 conv = nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False)
             layers += [conv, nn.BatchNorm2d(c_out, momentum=bn_momentum), nn.ReLU(inplace=True)]
             c_in = c_out
+            for _ in range(early if i == 0 else 0):
+                layers += [nn.Conv2d(c_in, width, 3, padding=1, bias=False),
+                           nn.BatchNorm2d(width, momentum=bn_momentum), nn.ReLU(inplace=True)]
+                c_in = width
         for _ in range(extra):
             layers += [nn.Conv2d(c_in, c_in, 3, padding=1, bias=False), nn.BatchNorm2d(c_in, momentum=bn_momentum),
                        nn.ReLU(inplace=True)]
