@@ -71,7 +71,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "dirac": ("the stem's 3x3 convs start as identities on their first in-channels filters (not He normal)",
               ["model_args.stem_dirac=true"]),
     "early-conv": ("a 3x3 conv of 64 channels at 16x16, after the whitening filters and before the stride-2 conv",
-                   ["model_args.stem_early_convs=1"]),
+                   ["model_args.stem_early_convs=1"]),  # the recipe's since, so a no-op against it now
+    "no-early-conv": ("no 3x3 conv at 16x16: the whitening filters straight into the stride-2 conv",
+                      ["model_args.stem_early_convs=0"]),
+    "early-conv-2": ("two 3x3 convs of 64 channels at 16x16 (not one)", ["model_args.stem_early_convs=2"]),
     "batch-256": ("batch 256 (not 128), the learning rate doubled with it", ["batch_size=256", "optim.lr=0.004"]),
     "batch-64": ("batch 64 (not 128), the learning rate halved with it", ["batch_size=64", "optim.lr=0.001"]),
 }

@@ -60,6 +60,7 @@ def test_the_budget_sets_how_long_a_small_data_run_is():
     assert "fitted to 5 min (--max-minutes)" in r.reason
     assert r.base["model_args"] == SMALL_DATA["model_args"] and r.base["ema"] is None  # the same model
     assert SHORT_RUN == {"ema": None} and f"at most {SHORT_MINUTES:g} min: no EMA" in r.reason
+    assert r.base["augment"] == SMALL_DATA["augment"] and SMALL_DATA["ema"] == 0.999  # the rest kept, the table unchanged
     r = choose_recipe(CIFAR)  # no budget given: the recipe's own
     assert r.base["max_minutes"] == SMALL_DATA_MINUTES and r.base["epochs"] == CLOCK_EPOCHS
     assert r.base["model_args"] == SMALL_DATA["model_args"] and r.base["ema"] == SMALL_DATA["ema"]  # a longer budget: the whole recipe
