@@ -12,7 +12,7 @@ the first N images of each class folder (hard links in a temporary folder), for 
 `--on KEY=VALUE` (repeatable) lays the same `--set`
 override under every variant, so that a change is screened against a base that already has an earlier
 winner (each row records it). Seed 2's carve is kept for reporting: there the script runs only
-`--variants base`. `--list` prints the variants. Compare rows of one run only, on an otherwise idle machine: the budget
+`--variants base` (and `fp32`: the recipe as a CPU without AMX trains it). `--list` prints the variants. Compare rows of one run only, on an otherwise idle machine: the budget
 is wall-clock time, so a busy machine gives every variant less of it, and not equally.
 """
 
@@ -29,11 +29,14 @@ from pathlib import Path
 
 from time_to_accuracy import clock_run  # one way to run vitkit on a carve (benchmarks/ is on sys.path)
 
+from vitkit.core.hardware import cpu_bf16_kind
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "ablate_small_data.jsonl"
 # the carve no ablation looks at: choices are screened on seeds 0 and 1, and seed 2 only reports the recipe
 # they made (with `--variants base`), so that one figure is not tuned on the images it is measured on
 REPORTING_SEED = 2
+REPORTING_VARIANTS = {"base", "fp32"}  # the recipe as it is here, and as it trains on a CPU without AMX
 
 # name -> (what it changes, the `--set` overrides that make it); one change each against the base recipe
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -64,6 +67,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "short-model": ("the short budget's model: 2 encoder blocks of width 96 (3 heads)",
                     ["model_args.depth=2", "model_args.embed_dim=96", "model_args.num_heads=3"]),
     "bf16": ("bf16 autocast (not fp32)", ["precision=bf16"]),
+    "fp32": ("fp32 (on a CPU with AMX the recipe trains in bf16)", ["precision=fp32"]),
     "stem-64": ("a wider conv tokenizer: 128 channels at the grid (not 64), in its stride-2 conv and the 3x3 conv",
                 ["model_args.stem_width=64"]),
     "stem-64-2": ("the wider tokenizer (128 channels at the grid) with two 3x3 convs at the grid (not one)",
@@ -77,6 +81,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "early-conv-2": ("two 3x3 convs of 64 channels at 16x16 (not one)", ["model_args.stem_early_convs=2"]),
     "batch-256": ("batch 256 (not 128), the learning rate doubled with it", ["batch_size=256", "optim.lr=0.004"]),
     "batch-64": ("batch 64 (not 128), the learning rate halved with it", ["batch_size=64", "optim.lr=0.001"]),
+    "stem-96": ("a wider tokenizer: 96 channels at 16x16 and 192 at the grid (not 64 and 128)",
+                ["model_args.stem_width=96"]),
+    "grid-conv-2": ("two 3x3 convs at the grid (not one)", ["model_args.stem_convs=2"]),
 }
 
 
@@ -98,9 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         return args
     if args.data is None:
         p.error("DATA is required")
-    if args.seed == REPORTING_SEED and (set(args.variants.split(",")) != {"base"} or args.on):
-        p.error(f"seed {REPORTING_SEED}'s carve is kept for reporting the recipe as it is (--variants base, no --on): "
-                f"screen changes on seeds 0 and 1")
+    if args.seed == REPORTING_SEED and (not set(args.variants.split(",")) <= REPORTING_VARIANTS or args.on):
+        p.error(f"seed {REPORTING_SEED}'s carve is kept for reporting the recipe as it is (--variants base, or fp32 "
+                f"for a CPU without AMX; no --on): screen changes on seeds 0 and 1")
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variant(s) {', '.join(unknown)}; --list shows them")
@@ -126,13 +133,15 @@ def run_variant(name: str, data: str, args, work: Path) -> dict:
     for o in [*args.on, *overrides]:
         extra += ["--set", o]
     t = time.perf_counter()
-    code, s, cmd = clock_run(data, args.minutes, args.seed, work / f"{name}-seed{args.seed}-{args.minutes:g}min", extra)
+    run_dir = work / f"{name}-seed{args.seed}-{args.minutes:g}min"
+    code, s, cmd = clock_run(data, args.minutes, args.seed, run_dir, extra)
     if code != 0:
         return {"variant": name, "changes": what, "error": f"exit code {code}", "command": shlex.join(cmd[1:])}
+    precision = json.loads((run_dir / "config.json").read_text()).get("precision")
     return {"variant": name, "changes": what, "overrides": overrides, "on": args.on, "val_acc": s["val_acc"], "epochs": s["epochs"],
             "steps": s["step"], "train_seconds": s["train_seconds"], "wall_s": round(time.perf_counter() - t, 1),
             "minutes": args.minutes, "seed": args.seed, "per_class": args.per_class, "data": args.data,
-            "command": shlex.join(cmd[1:])}
+            "precision": precision, "cpu_bf16": cpu_bf16_kind(), "command": shlex.join(cmd[1:])}
 
 
 def main(argv=None) -> None:

@@ -14,7 +14,9 @@ machine hits both alike) and the median ratio of images per second is kept (> 1:
 - int8 (``vitkit.infer.quantize.quantize_int8``) / fp32 inference;
 - with ``--compile``: torch.compile / eager, a training step and inference, and the compile time.
 JSON goes to benchmarks/results/fastpath_rules.json with the hardware features the rules read; ``--only
-QUESTION`` (e.g. channels_last) times that question alone, into a file of its own (--out).
+QUESTION`` times that question alone, into a file of its own (--out): channels_last, or bf16_train (bf16 /
+fp32 training steps of the conv-stem recipes' models, channels-last, each at what one of a recipe's two
+single-thread processes runs and at the global batch on --threads).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import vitkit
 from vitkit.infer.fastpath import vit_flops
 from vitkit.infer.paths import detect_hardware
 from vitkit.infer.quantize import quantize_int8
+from vitkit.train.recipe import SMALL_DATA
 
 MODELS = [  # (name, overrides, batch)
     ("vit_hybrid_mini_patch4_28", {}, 64),
@@ -46,6 +49,13 @@ CHANNELS_LAST_TRAIN = [  # (name, batch, threads): the two recipes with conv ste
     ("vit_hybrid_mini_patch4_28", 32, 1),  # what each of the demo's two processes runs
     ("vit_hybrid_whiten_patch4_32", 128, None),  # the small-data recipe
     ("vit_hybrid_whiten_patch4_32", 128, 1),  # one thread: steadier than two where other work shares the CPU
+]
+
+SMALL_DATA_ARGS = SMALL_DATA["model_args"]
+BF16_TRAIN = [  # (name, model overrides, batch, threads): the conv-stem recipes' models as they train
+    ("vit_hybrid_mini_patch4_28", {}, 32, 1),  # the demo: each of its two processes
+    ("vit_hybrid_whiten_patch4_32", SMALL_DATA_ARGS, 64, 1),  # the small-data recipe: each of its two processes
+    ("vit_hybrid_whiten_patch4_32", SMALL_DATA_ARGS, 128, None),  # its global batch on --threads
 ]
 
 
@@ -69,12 +79,27 @@ def race(a, b, batch: int, repeats: int, iters: int) -> dict:
                 a_img_s=batch / statistics.median(ta), b_img_s=batch / statistics.median(tb))
 
 
-def channels_last_step(model, x: torch.Tensor):
+def channels_last_step(model, x: torch.Tensor, precision: str = "fp32"):
     """A training step of ``model`` with its conv weights channels-last, fed ``x`` (contiguous) made
     channels-last inside the step, as the trainer does with each batch."""
     model = model.to(memory_format=torch.channels_last)
     model.register_forward_pre_hook(lambda m, args: (args[0].contiguous(memory_format=torch.channels_last),))
-    return step_fn(model, "train", x)
+    return step_fn(model, "train", x, precision)
+
+
+def time_bf16_training(record, repeats: int, threads: int) -> None:
+    """bf16 / fp32 training steps of the conv-stem recipes' models, channels-last as they train
+    (BF16_TRAIN: each at what one of a recipe's two single-thread processes runs, and on ``threads``)."""
+    for name, over, batch, n_threads in BF16_TRAIN:
+        torch.set_num_threads(n_threads or threads)
+        model = vitkit.create_model(name, seed=0, **over)
+        x = torch.randn(batch, model.cfg.in_chans, *model.cfg.img_size)
+        a = channels_last_step(copy.deepcopy(model), x, "bf16")
+        b = channels_last_step(copy.deepcopy(model), x)
+        res = race(a, b, batch, repeats, 3)
+        label = name + ("+recipe" if over else "")
+        record("bf16/fp32", label, "train", batch, vit_flops(model.cfg), dict(res, threads=n_threads or threads))
+    torch.set_num_threads(threads)
 
 
 def time_channels_last_training(record, repeats: int, threads: int) -> None:
@@ -95,7 +120,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--only", choices=["channels_last"], help="time this question alone")
+    ap.add_argument("--only", choices=["channels_last", "bf16_train"], help="time this question alone")
     ap.add_argument("--out", default="benchmarks/results/fastpath_rules.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -109,6 +134,8 @@ def main() -> None:
     load_before = os.getloadavg()[0]  # the machine's load, recorded with the results (a shared CPU)
     if args.only == "channels_last":
         time_channels_last_training(record, args.repeats, args.threads)
+    elif args.only == "bf16_train":
+        time_bf16_training(record, args.repeats, args.threads)
     else:
         time_all(record, args)
     out = Path(args.out)

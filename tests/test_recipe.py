@@ -60,9 +60,13 @@ def test_the_budget_sets_how_long_a_small_data_run_is():
     r = choose_recipe(CIFAR, max_minutes=5)
     assert r.base["max_minutes"] == 5 and r.base["epochs"] == CLOCK_EPOCHS  # the clock ends the run
     assert "fitted to 5 min (--max-minutes)" in r.reason
-    assert r.base["model_args"] == SMALL_DATA["model_args"] and r.base["ema"] is None  # the same model
-    assert SHORT_RUN == {"ema": None} and f"at most {SHORT_MINUTES:g} min: no EMA" in r.reason
-    assert all(r.base[k] == table[k] for k in table if k not in ("ema", "epochs"))  # the rest of the recipe kept
+    # the same model but for one 3x3 conv at the grid, not two, and no EMA
+    assert r.base["model_args"] == {**SMALL_DATA["model_args"], "stem_convs": 1} and SMALL_DATA["model_args"]["stem_convs"] == 2
+    assert r.base["ema"] is None and SHORT_RUN == {"ema": None, "model_args": {"stem_convs": 1}}
+    assert f"at most {SHORT_MINUTES:g} min: no EMA, one 3x3 conv at the tokenizer's grid" in r.reason
+    assert all(r.base[k] == table[k] for k in table if k not in ("ema", "epochs", "model_args"))  # the rest kept
+    assert choose_recipe(CIFAR, max_minutes=SHORT_MINUTES).base["model_args"]["stem_convs"] == 1  # the limit included
+    assert choose_recipe(CIFAR, max_minutes=SHORT_MINUTES + 1).base["model_args"] == SMALL_DATA["model_args"]
     assert SMALL_DATA == table  # and the recipe's own table untouched
     r = choose_recipe(CIFAR)  # no budget given: the recipe's own
     assert r.base["max_minutes"] == SMALL_DATA_MINUTES and r.base["epochs"] == CLOCK_EPOCHS
@@ -88,6 +92,37 @@ def test_a_small_data_run_on_a_cpu_of_two_cores_or_more_trains_as_two_processes(
     r = choose_recipe(CIFAR, max_minutes=30, cpus=4, processes=1)  # --nproc wins, and the line says so
     assert "processes" not in r.base and r.reason.endswith("; 1 process (--nproc)")
     assert choose_recipe(CIFAR, cpus=4, processes=3).reason.endswith("; 3 processes (--nproc)")
+
+
+def test_a_small_data_run_on_an_amx_cpu_trains_in_bf16_and_elsewhere_in_fp32():
+    from vitkit.train.recipe import AMX_PRECISION
+
+    r = choose_recipe(CIFAR, max_minutes=30, cpus=2, cpu_bf16="amx")
+    assert r.base["precision"] == AMX_PRECISION["precision"] == "bf16"
+    assert r.reason.endswith("; bf16: the CPU has AMX; 2 processes on the CPU")
+    assert choose_recipe(CIFAR, epochs=3, cpus=1, cpu_bf16="amx").base["precision"] == "bf16"  # any budget
+    for kind in ("avx512bf16", "none", None):  # bf16 slower than fp32 there (or emulated): the recipe's fp32
+        r = choose_recipe(CIFAR, max_minutes=30, cpus=2, cpu_bf16=kind)
+        assert r.base["precision"] == SMALL_DATA["precision"] == "fp32" and "bf16" not in r.reason
+    assert choose_recipe(CIFAR, max_minutes=30, cpus=None, cpu_bf16="amx").base["precision"] == "fp32"  # a GPU run
+    assert "precision" not in choose_recipe(DataFacts("mnist", (28, 28), 1, 60_000, 10), cpus=2, cpu_bf16="amx").base
+
+
+@pytest.mark.parametrize("kind, flags, precision", [
+    ("amx", [], "bf16"), ("avx512bf16", [], "fp32"), ("none", [], "fp32"),
+    ("amx", ["--set", "precision=fp32"], "fp32"),  # an explicit value wins over the hardware's
+])
+def test_the_run_asks_the_cpu_whether_it_has_amx(tmp_path, capsys, monkeypatch, kind, flags, precision):
+    import vitkit.train.resolve as resolve
+
+    monkeypatch.setattr(resolve, "cpu_bf16_kind", lambda: kind)
+    data = image_folder(tmp_path / "data", n=8, test=2)
+    fast = [a for a in FAST if a != "--quiet"]
+    del fast[fast.index("--precision"):fast.index("--precision") + 2]  # the recipe's own, unless flags say
+    lines = run_lines(capsys, ["train", "--data", str(data / "train"), "--out", str(tmp_path / "r"), "--epochs", "1",
+                               "--no-tta", *fast, *flags])
+    assert ("; bf16: the CPU has AMX" in lines[0]) == (kind == "amx")
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["precision"] == precision
 
 
 def test_the_small_data_config_file_is_the_recipe():
@@ -126,7 +161,8 @@ def test_a_run_that_names_another_model_trains_it_at_its_own_sizes():
     r = choose_recipe(CIFAR, max_minutes=5, model="vit_tiny_patch4_32")
     assert r.base["model_args"] == {} and r.base["optim"] == SMALL_DATA["optim"]  # the rest of the recipe stays
     assert "; --model vit_tiny_patch4_32 at its own sizes" in r.reason
-    assert choose_recipe(CIFAR, max_minutes=5, model=SMALL_DATA["model"]).base["model_args"] == SMALL_DATA["model_args"]
+    assert choose_recipe(CIFAR, max_minutes=30, model=SMALL_DATA["model"]).base["model_args"] == SMALL_DATA["model_args"]
+    assert choose_recipe(CIFAR, max_minutes=5, model=SMALL_DATA["model"]).base["model_args"]["stem_convs"] == 1
     photo = DataFacts("folder", (160, 160), 1, 3_000, 2)
     r = choose_recipe(photo, max_minutes=5, model="vit_test")
     assert r.base["model_args"] == {"in_chans": 1} and r.base["img_size"] == PHOTO_SIZES[0][1]  # the data's channels

@@ -20,7 +20,8 @@ The budget: a recipe's run is bounded by the clock (``--max-minutes``; 'small-da
 default, SMALL_DATA_MINUTES) unless ``--epochs`` is given; a run bounded by the clock gets CLOCK_EPOCHS epochs,
 so that the clock, not the epochs, ends it, and its learning-rate schedule (warmup, decay) is fitted
 to the time (``schedule.Schedule``). 'small-data' trains 2 of its model's 4 blocks, narrower, behind a
-wider tokenizer, with Muon; a budget of at most SHORT_MINUTES trains without an EMA (SHORT_RUN). On a CPU of two or more cores a run bounded by the clock trains as two processes of one
+wider tokenizer, with Muon; a budget of at most SHORT_MINUTES trains without an EMA and with one 3x3 conv at the
+tokenizer's grid, not two (SHORT_RUN). On a CPU of two or more cores a run bounded by the clock trains as two processes of one
 thread (CPU_PROCESSES), unless ``--nproc`` says otherwise. Whatever the recipe sets, flags and ``--set``
 overrides are laid over it, and ``--config`` replaces it: they always win. ``vitkit train`` with no
 ``--data`` stays the digits demo on the built-in set.
@@ -41,13 +42,16 @@ SMALL_SIDE = 64  # images whose longer side is at most this many pixels are "sma
 SMALL_IMAGES = 100_000  # ... and a colour set of at most this many training images takes 'small-data'
 SMALL_DATA_MINUTES = 30.0  # the 'small-data' budget when neither --max-minutes nor --epochs is given
 CLOCK_EPOCHS = 1000  # the epochs of a run the clock ends: more than any budget here reaches
-SHORT_MINUTES = 10.0  # a 'small-data' budget of at most this many minutes trains without an EMA (SHORT_RUN)
+SHORT_MINUTES = 10.0  # a 'small-data' budget of at most this many minutes trains SHORT_RUN's way
 # A short budget: no EMA, so that the weights the run ends with are the ones that saw the last, lowest
 # learning rates rather than an average that lags them over a few epochs. Measured at 5 minutes on CIFAR-10
 # (benchmarks/ablate_small_data.py, seed 0's carve, against depth 2, width 128, EMA 0.999: 70.94%): no EMA
 # 72.24% (within one seed's noise; the EMA's update itself is 0.1% of a step, results/ema_cost.json).
-SHORT_RUN: dict[str, Any] = {"ema": None}
-SHORT_WHY = "no EMA"
+# And one 3x3 conv at the tokenizer's grid, not the long budget's two: the second costs epochs that a short run
+# cannot spare (measured at 5 minutes only in an earlier recipe, where two convs at the grid read 76.34% in 5.1
+# epochs against one's 77.06% in 6.7); at 30 minutes it pays (SMALL_DATA's model_args).
+SHORT_RUN: dict[str, Any] = {"ema": None, "model_args": {"stem_convs": 1}}
+SHORT_WHY = "no EMA, one 3x3 conv at the tokenizer's grid"
 # On a CPU of 2 or more cores, a 'small-data' run trains as 2 data-parallel processes of one thread each
 # (--batch-size is the global batch, so the steps are the same): measured on an idle 2-core CPU against 1
 # process of 2 threads, 1.18x the images per second for the long budget's model and 1.13x for the short
@@ -57,6 +61,14 @@ SHORT_WHY = "no EMA"
 # process, so that what it computes does not depend on the machine's cores (each process draws its own
 # augmentations).
 CPU_PROCESSES = 2
+# On a CPU with AMX, 'small-data' trains in bf16 autocast: AMX multiplies bf16 matrices fast enough that this
+# model's training step, channels-last as it trains, ran at 2.16x fp32's images per second (batch 64 on one
+# thread, what each of the recipe's two processes runs; benchmarks/fastpath_rules.py --only bf16_train,
+# results/fastpath_bf16_train_amx.json), and 5 minutes on CIFAR-10 reached 84.96% in 10.59 epochs against
+# fp32's 82.72% in 6.31 (seed 0's carve, side by side: ablate_small_data.py --variants base,fp32). On CPUs
+# with AVX512-BF16 but no AMX it trained at 0.64x fp32's speed, and without either bf16 is emulated: fp32.
+AMX_PRECISION: dict[str, Any] = {"precision": "bf16"}
+AMX_WHY = "the CPU has AMX"
 
 # The small-data recipe (CIFAR-size data; configs/small-data.toml holds the same values, with the story of
 # each). Chosen from the sources in docs/train.md for accuracy per CPU-second; a best guess until the
@@ -72,7 +84,12 @@ SMALL_DATA: dict[str, Any] = {
     # it the frozen whitening filters are all the tokenizer sees at that resolution before the next conv halves
     # the grid. On seed 0's carve 87.84% against 86.80% at 30 minutes (the base on an earlier, slower day), and
     # side by side at 5 minutes 82.98% against 81.82% (7.4 epochs against 8.8); 0.40M parameters against 0.34M
-    "model_args": {"depth": 2, "embed_dim": 96, "num_heads": 3, "stem_width": 64, "stem_early_convs": 1},
+    # Two 3x3 convs at the tokenizer's 8x8 grid, not the registered model's one (stem_convs=2; a budget of at
+    # most SHORT_MINUTES keeps one, SHORT_RUN): at 30 minutes in fp32 on seed 0's carve 88.44% in 32.8 epochs
+    # against one conv's 87.84% in 45.4 (an earlier, faster day), on seed 1's 87.72% in 32.2 against 87.64%
+    # in 33.1: more accuracy per epoch, at about a tenth of the epochs
+    "model_args": {"depth": 2, "embed_dim": 96, "num_heads": 3, "stem_width": 64, "stem_early_convs": 1,
+                   "stem_convs": 2},
     "epochs": 30,  # with no time limit (--max-minutes 0); a run bounded by the clock gets CLOCK_EPOCHS
     "batch_size": 128,
     "ema": 0.999,
@@ -84,7 +101,8 @@ SMALL_DATA: dict[str, Any] = {
     "eval_every": 0,
     "precision": "fp32",  # on a CPU with AVX512-BF16 but no AMX, where "auto" picks bf16, this model trained at
     #   0.64x the speed of fp32 (`vitkit bench vit_hybrid_whiten_patch4_32 --dtype fp32,bf16 --mode train
-    #   --batch-sizes 128 --threads 2`); on CUDA its matrices are too small for bf16 to matter much
+    #   --batch-sizes 128 --threads 2`); on CUDA its matrices are too small for bf16 to matter much. On a CPU
+    #   with AMX the recipe trains in bf16 (AMX_PRECISION), 2.16x as fast
     "augment": {"crop": "pad", "pad": 2, "hflip": 0.5, "flip_mode": "alternate", "auto": "none",
                 "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "label_smoothing": 0.2, "erase_prob": 0.0},
     # Muon for the blocks' weight matrices, AdamW for the rest, one lr and weight decay: at 5 minutes 76.62% and
@@ -136,13 +154,17 @@ class Recipe:
 
 
 def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: int | None = None,
-                  cpus: int | None = None, processes: int | None = None, model: str | None = None) -> Recipe:
+                  cpus: int | None = None, processes: int | None = None, model: str | None = None,
+                  cpu_bf16: str | None = None) -> Recipe:
     """The recipe for data described by ``facts`` (the rules in the module docstring). ``max_minutes`` and
     ``epochs``: the run's own budget, if given (None: not given; they win over the recipe's). ``cpus``: the
     CPUs a run on the CPU may use (None: the run trains on a GPU), for the processes (CPU_PROCESSES).
     ``processes``: the run's own process count (--nproc), if given; the recipe then chooses none.
     ``model``: the run's own model (--model), if given: another than the recipe's trains as registered, the
-    recipe's model sizes (its model_args, made for its own model) left out, all but the data's channels."""
+    recipe's model sizes (its model_args, made for its own model) left out, all but the data's channels.
+    ``cpu_bf16``: the CPU's bf16 matrix instructions ('amx', 'avx512bf16' or 'none', as
+    ``core.hardware.cpu_bf16_kind`` answers) when the run trains on the CPU; with AMX, 'small-data'
+    trains in bf16 (AMX_PRECISION)."""
     small = max(facts.size) <= SMALL_SIDE
     if small and facts.channels == 1:
         base: dict = {}
@@ -151,10 +173,16 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
                       f"digits model (the defaults){clock}", base)
     if small and facts.images <= SMALL_IMAGES:
         base = copy.deepcopy(SMALL_DATA)
-        clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES) + _named_model(base, model)
-        if 0 < base.get("max_minutes", 0) <= SHORT_MINUTES:
+        clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
+        short = 0 < base.get("max_minutes", 0) <= SHORT_MINUTES
+        if short:
             base = merge(base, copy.deepcopy(SHORT_RUN))
+        clock += _named_model(base, model)  # after SHORT_RUN: another model keeps its own sizes at any budget
+        if short:
             clock += f"; at most {SHORT_MINUTES:g} min: {SHORT_WHY}"
+        if cpus is not None and cpu_bf16 == "amx":
+            base.update(AMX_PRECISION)
+            clock += f"; {AMX_PRECISION['precision']}: {AMX_WHY}"
         if processes is not None:
             clock += f"; {processes} process{'es' if processes != 1 else ''} (--nproc)"
         elif cpus is not None and cpus >= CPU_PROCESSES and base.get("max_minutes", 0) > 0:
@@ -213,16 +241,17 @@ def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_mi
 
 def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: float | None = None,
                epochs: int | None = None, cpus: int | None = None, processes: int | None = None,
-               model: str | None = None) -> Recipe:
+               model: str | None = None, cpu_bf16: str | None = None) -> Recipe:
     """The recipe for the data at ``path``: ``probe_data`` then ``choose_recipe``. Data that cannot be
     inspected gets 'default', and the run that opens it says what is wrong in its own words."""
     try:
         facts = probe_data(path, fmt)
     except DataError as e:
         return Recipe("default", f"the data could not be inspected ({e}); the defaults")
-    return choose_recipe(facts, max_minutes, epochs, cpus, processes, model)
+    return choose_recipe(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16)
 
 
 __all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",
            "SMALL_SIDE", "SMALL_IMAGES",
-           "SMALL_DATA_MINUTES", "CLOCK_EPOCHS", "SHORT_MINUTES", "SHORT_RUN", "CPU_PROCESSES"]
+           "SMALL_DATA_MINUTES", "CLOCK_EPOCHS", "SHORT_MINUTES", "SHORT_RUN", "CPU_PROCESSES",
+           "AMX_PRECISION"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
-from ..core.hardware import resolve_device, usable_cpus
+from ..core.hardware import cpu_bf16_kind, resolve_device, usable_cpus
 from ..core.strict import parse_override
 from ..infer.fastpath import FastPath
 from ..infer.paths import training_path
@@ -246,9 +246,11 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
 
     given = _given(flags, overrides)
     model = given.get("model")
+    cpus = cpu_run_cpus(given.get("device"))
     return recipe_for(data, data_format, _number(given.get("max_minutes")), _number(given.get("epochs")),
-                      cpus=cpu_run_cpus(given.get("device")), processes=_whole(given.get("processes")),
-                      model=model if isinstance(model, str) else None)
+                      cpus=cpus, processes=_whole(given.get("processes")),
+                      model=model if isinstance(model, str) else None,
+                      cpu_bf16=cpu_bf16_kind() if cpus is not None else None)
 
 
 def cpu_run_cpus(device) -> int | None:
