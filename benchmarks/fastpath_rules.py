@@ -37,7 +37,8 @@ import vitkit
 from vitkit.infer.fastpath import vit_flops
 from vitkit.infer.paths import detect_hardware
 from vitkit.infer.quantize import quantize_int8
-from vitkit.train.recipe import SMALL_DATA
+from vitkit.train.config import merge
+from vitkit.train.recipe import SHORT_RUN, SMALL_DATA
 
 MODELS = [  # (name, overrides, batch)
     ("vit_hybrid_mini_patch4_28", {}, 64),
@@ -51,11 +52,13 @@ CHANNELS_LAST_TRAIN = [  # (name, batch, threads): the two recipes with conv ste
     ("vit_hybrid_whiten_patch4_32", 128, 1),  # one thread: steadier than two where other work shares the CPU
 ]
 
-SMALL_DATA_ARGS = SMALL_DATA["model_args"]
+LONG_ARGS = SMALL_DATA["model_args"]  # the small-data model beyond SHORT_MINUTES (two convs at the grid)
+SHORT_ARGS = merge(LONG_ARGS, SHORT_RUN["model_args"])  # ... and at most SHORT_MINUTES (one)
 BF16_TRAIN = [  # (name, model overrides, batch, threads): the conv-stem recipes' models as they train
     ("vit_hybrid_mini_patch4_28", {}, 32, 1),  # the demo: each of its two processes
-    ("vit_hybrid_whiten_patch4_32", SMALL_DATA_ARGS, 64, 1),  # the small-data recipe: each of its two processes
-    ("vit_hybrid_whiten_patch4_32", SMALL_DATA_ARGS, 128, None),  # its global batch on --threads
+    ("vit_hybrid_whiten_patch4_32", SHORT_ARGS, 64, 1),  # the small-data recipe: each of its two processes
+    ("vit_hybrid_whiten_patch4_32", LONG_ARGS, 64, 1),
+    ("vit_hybrid_whiten_patch4_32", LONG_ARGS, 128, None),  # its global batch on --threads
 ]
 
 
@@ -97,8 +100,8 @@ def time_bf16_training(record, repeats: int, threads: int) -> None:
         a = channels_last_step(copy.deepcopy(model), x, "bf16")
         b = channels_last_step(copy.deepcopy(model), x)
         res = race(a, b, batch, repeats, 3)
-        label = name + ("+recipe" if over else "")
-        record("bf16/fp32", label, "train", batch, vit_flops(model.cfg), dict(res, threads=n_threads or threads))
+        record("bf16/fp32", name, "train", batch, vit_flops(model.cfg),
+               dict(res, threads=n_threads or threads, model_args=over))
     torch.set_num_threads(threads)
 
 

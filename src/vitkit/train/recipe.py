@@ -21,9 +21,9 @@ default, SMALL_DATA_MINUTES) unless ``--epochs`` is given; a run bounded by the 
 so that the clock, not the epochs, ends it, and its learning-rate schedule (warmup, decay) is fitted
 to the time (``schedule.Schedule``). 'small-data' trains 2 of its model's 4 blocks, narrower, behind a
 wider tokenizer, with Muon; a budget of at most SHORT_MINUTES trains without an EMA and with one 3x3 conv at the
-tokenizer's grid, not two (SHORT_RUN). On a CPU of two or more cores a run bounded by the clock trains as two processes of one
-thread (CPU_PROCESSES), unless ``--nproc`` says otherwise. Whatever the recipe sets, flags and ``--set``
-overrides are laid over it, and ``--config`` replaces it: they always win. ``vitkit train`` with no
+tokenizer's grid, not two (SHORT_RUN). On a CPU of two or more cores a run bounded by the clock trains as two
+processes of one thread (CPU_PROCESSES), unless ``--nproc`` says otherwise. Whatever the recipe sets, flags and
+``--set`` overrides are laid over it, and ``--config`` replaces it: they always win. ``vitkit train`` with no
 ``--data`` stays the digits demo on the built-in set.
 """
 
@@ -62,9 +62,10 @@ SHORT_WHY = "no EMA, one 3x3 conv at the tokenizer's grid"
 # augmentations).
 CPU_PROCESSES = 2
 # On a CPU with AMX, 'small-data' trains in bf16 autocast: AMX multiplies bf16 matrices fast enough that this
-# model's training step, channels-last as it trains, ran at 2.16x fp32's images per second (batch 64 on one
-# thread, what each of the recipe's two processes runs; benchmarks/fastpath_rules.py --only bf16_train,
-# results/fastpath_bf16_train_amx.json), and 5 minutes on CIFAR-10 reached 84.96% in 10.59 epochs against
+# model's training step, channels-last as it trains, ran at 2.13x fp32's images per second with one conv at the
+# grid and 2.10x with two (batch 64 on one thread, what each of the recipe's two processes runs;
+# benchmarks/fastpath_rules.py --only bf16_train, results/fastpath_bf16_train_amx.json), and 5 minutes on
+# CIFAR-10 reached 84.96% in 10.59 epochs against
 # fp32's 82.72% in 6.31 (seed 0's carve, side by side: ablate_small_data.py --variants base,fp32). On CPUs
 # with AVX512-BF16 but no AMX it trained at 0.64x fp32's speed, and without either bf16 is emulated: fp32.
 AMX_PRECISION: dict[str, Any] = {"precision": "bf16"}
@@ -102,7 +103,7 @@ SMALL_DATA: dict[str, Any] = {
     "precision": "fp32",  # on a CPU with AVX512-BF16 but no AMX, where "auto" picks bf16, this model trained at
     #   0.64x the speed of fp32 (`vitkit bench vit_hybrid_whiten_patch4_32 --dtype fp32,bf16 --mode train
     #   --batch-sizes 128 --threads 2`); on CUDA its matrices are too small for bf16 to matter much. On a CPU
-    #   with AMX the recipe trains in bf16 (AMX_PRECISION), 2.16x as fast
+    #   with AMX the recipe trains in bf16 (AMX_PRECISION), 2.1x as fast
     "augment": {"crop": "pad", "pad": 2, "hflip": 0.5, "flip_mode": "alternate", "auto": "none",
                 "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "label_smoothing": 0.2, "erase_prob": 0.0},
     # Muon for the blocks' weight matrices, AdamW for the rest, one lr and weight decay: at 5 minutes 76.62% and
