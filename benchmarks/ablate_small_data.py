@@ -84,6 +84,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "stem-96": ("a wider tokenizer: 96 channels at 16x16 and 192 at the grid (not 64 and 128)",
                 ["model_args.stem_width=96"]),
     "grid-conv-2": ("two 3x3 convs at the grid (not one)", ["model_args.stem_convs=2"]),
+    "grid-4": ("a 4x4 grid: a third stride-2 conv, to 256 channels, and the grid's convs there (patch 8, not 4)",
+               ["model_args.patch_size=8"]),
 }
 
 
