@@ -60,10 +60,11 @@ def test_the_budget_sets_how_long_a_small_data_run_is():
     r = choose_recipe(CIFAR, max_minutes=5)
     assert r.base["max_minutes"] == 5 and r.base["epochs"] == CLOCK_EPOCHS  # the clock ends the run
     assert "fitted to 5 min (--max-minutes)" in r.reason
-    # the same model but for one 3x3 conv at the grid, not two, and no EMA
-    assert r.base["model_args"] == {**SMALL_DATA["model_args"], "stem_convs": 1} and SMALL_DATA["model_args"]["stem_convs"] == 2
-    assert r.base["ema"] is None and SHORT_RUN == {"ema": None, "model_args": {"stem_convs": 1}}
-    assert f"at most {SHORT_MINUTES:g} min: no EMA, one 3x3 conv at the tokenizer's grid" in r.reason
+    # the same model but for one 3x3 conv at each of the tokenizer's resolutions, not two, and no EMA
+    assert r.base["model_args"] == {**SMALL_DATA["model_args"], "stem_convs": 1, "stem_early_convs": 1}
+    assert SMALL_DATA["model_args"]["stem_convs"] == SMALL_DATA["model_args"]["stem_early_convs"] == 2
+    assert r.base["ema"] is None and SHORT_RUN == {"ema": None, "model_args": {"stem_convs": 1, "stem_early_convs": 1}}
+    assert f"at most {SHORT_MINUTES:g} min: no EMA, one 3x3 conv at each of the tokenizer's resolutions" in r.reason
     assert all(r.base[k] == table[k] for k in table if k not in ("ema", "epochs", "model_args"))  # the rest kept
     assert choose_recipe(CIFAR, max_minutes=SHORT_MINUTES).base["model_args"]["stem_convs"] == 1  # the limit included
     assert choose_recipe(CIFAR, max_minutes=SHORT_MINUTES + 1).base["model_args"] == SMALL_DATA["model_args"]

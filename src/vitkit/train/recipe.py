@@ -47,11 +47,12 @@ SHORT_MINUTES = 10.0  # a 'small-data' budget of at most this many minutes train
 # learning rates rather than an average that lags them over a few epochs. Measured at 5 minutes on CIFAR-10
 # (benchmarks/ablate_small_data.py, seed 0's carve, against depth 2, width 128, EMA 0.999: 70.94%): no EMA
 # 72.24% (within one seed's noise; the EMA's update itself is 0.1% of a step, results/ema_cost.json).
-# And one 3x3 conv at the tokenizer's grid, not the long budget's two: the second costs epochs that a short run
-# cannot spare (measured at 5 minutes only in an earlier recipe, where two convs at the grid read 76.34% in 5.1
-# epochs against one's 77.06% in 6.7); at 30 minutes it pays (SMALL_DATA's model_args).
-SHORT_RUN: dict[str, Any] = {"ema": None, "model_args": {"stem_convs": 1}}
-SHORT_WHY = "no EMA, one 3x3 conv at the tokenizer's grid"
+# And one 3x3 conv at each of the tokenizer's two resolutions (16x16 and the grid), not the long budget's two:
+# the second costs epochs that a short run cannot spare (measured at 5 minutes only in an earlier recipe, where
+# two convs at the grid read 76.34% in 5.1 epochs against one's 77.06% in 6.7; two at 16x16 not measured
+# there); at 30 minutes both pay (SMALL_DATA's model_args).
+SHORT_RUN: dict[str, Any] = {"ema": None, "model_args": {"stem_convs": 1, "stem_early_convs": 1}}
+SHORT_WHY = "no EMA, one 3x3 conv at each of the tokenizer's resolutions"
 # On a CPU of 2 or more cores, a 'small-data' run trains as 2 data-parallel processes of one thread each
 # (--batch-size is the global batch, so the steps are the same): measured on an idle 2-core CPU against 1
 # process of 2 threads, 1.18x the images per second for the long budget's model and 1.13x for the short
@@ -62,8 +63,8 @@ SHORT_WHY = "no EMA, one 3x3 conv at the tokenizer's grid"
 # augmentations).
 CPU_PROCESSES = 2
 # On a CPU with AMX, 'small-data' trains in bf16 autocast: AMX multiplies bf16 matrices fast enough that this
-# model's training step, channels-last as it trains, ran at 2.13x fp32's images per second with one conv at the
-# grid and 2.10x with two (batch 64 on one thread, what each of the recipe's two processes runs;
+# model's training step, channels-last as it trains, ran at 2.15x fp32's images per second with one conv at
+# each resolution and 2.34x with two (batch 64 on one thread, what each of the recipe's two processes runs;
 # benchmarks/fastpath_rules.py --only bf16_train, results/fastpath_bf16_train_amx.json), and 5 minutes on
 # CIFAR-10 reached 84.96% in 10.59 epochs against
 # fp32's 82.72% in 6.31 (seed 0's carve, side by side: ablate_small_data.py --variants base,fp32). On CPUs
@@ -89,7 +90,11 @@ SMALL_DATA: dict[str, Any] = {
     # most SHORT_MINUTES keeps one, SHORT_RUN): at 30 minutes in fp32 on seed 0's carve 88.44% in 32.8 epochs
     # against one conv's 87.84% in 45.4 (an earlier, faster day), on seed 1's 87.72% in 32.2 against 87.64%
     # in 33.1: more accuracy per epoch, at about a tenth of the epochs
-    "model_args": {"depth": 2, "embed_dim": 96, "num_heads": 3, "stem_width": 64, "stem_early_convs": 1,
+    # And two 3x3 convs at 16x16, not one (stem_early_convs=2; at most SHORT_MINUTES keeps one): two convs at
+    # each resolution, as airbench's blocks have. At 30 minutes in fp32 on seed 0's carve 88.68% in 26.1
+    # epochs against 88.44% in 32.8 (the day before), on seed 1's 88.38% in 27.0 against 87.72% in 32.2, on the
+    # reporting carve (seed 2) 88.32% against 87.92% (0.58M parameters)
+    "model_args": {"depth": 2, "embed_dim": 96, "num_heads": 3, "stem_width": 64, "stem_early_convs": 2,
                    "stem_convs": 2},
     "epochs": 30,  # with no time limit (--max-minutes 0); a run bounded by the clock gets CLOCK_EPOCHS
     "batch_size": 128,
@@ -103,7 +108,7 @@ SMALL_DATA: dict[str, Any] = {
     "precision": "fp32",  # on a CPU with AVX512-BF16 but no AMX, where "auto" picks bf16, this model trained at
     #   0.64x the speed of fp32 (`vitkit bench vit_hybrid_whiten_patch4_32 --dtype fp32,bf16 --mode train
     #   --batch-sizes 128 --threads 2`); on CUDA its matrices are too small for bf16 to matter much. On a CPU
-    #   with AMX the recipe trains in bf16 (AMX_PRECISION), 2.1x as fast
+    #   with AMX the recipe trains in bf16 (AMX_PRECISION), 2.2-2.3x as fast
     "augment": {"crop": "pad", "pad": 2, "hflip": 0.5, "flip_mode": "alternate", "auto": "none",
                 "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "label_smoothing": 0.2, "erase_prob": 0.0},
     # Muon for the blocks' weight matrices, AdamW for the rest, one lr and weight decay: at 5 minutes 76.62% and
