@@ -48,9 +48,10 @@ SHORT_MINUTES = 10.0  # a 'small-data' budget of at most this many minutes train
 # (benchmarks/ablate_small_data.py, seed 0's carve, against depth 2, width 128, EMA 0.999: 70.94%): no EMA
 # 72.24% (within one seed's noise; the EMA's update itself is 0.1% of a step, results/ema_cost.json).
 # And one 3x3 conv at each of the tokenizer's two resolutions (16x16 and the grid), not the long budget's two:
-# the second costs epochs that a short run cannot spare (measured at 5 minutes only in an earlier recipe, where
-# two convs at the grid read 76.34% in 5.1 epochs against one's 77.06% in 6.7; two at 16x16 not measured
-# there); at 30 minutes both pay (SMALL_DATA's model_args).
+# the grid's second conv costs epochs that a short run could not spare (measured at 5 minutes in an earlier
+# recipe, where two convs at the grid read 76.34% in 5.1 epochs against one's 77.06% in 6.7); at 30 minutes both pay
+# (SMALL_DATA's model_args). Two at 16x16 read 82.82% in 5.1 epochs against one's 81.58% in 6.0 at 5 minutes
+# in fp32 (seed 0's carve, side by side), one carve only: not yet taken here.
 SHORT_RUN: dict[str, Any] = {"ema": None, "model_args": {"stem_convs": 1, "stem_early_convs": 1}}
 SHORT_WHY = "no EMA, one 3x3 conv at each of the tokenizer's resolutions"
 # On a CPU of 2 or more cores, a 'small-data' run trains as 2 data-parallel processes of one thread each
