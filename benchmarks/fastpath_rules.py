@@ -52,8 +52,8 @@ CHANNELS_LAST_TRAIN = [  # (name, batch, threads): the two recipes with conv ste
     ("vit_hybrid_whiten_patch4_32", 128, 1),  # one thread: steadier than two where other work shares the CPU
 ]
 
-LONG_ARGS = SMALL_DATA["model_args"]  # the small-data model beyond SHORT_MINUTES (two convs at the grid)
-SHORT_ARGS = merge(LONG_ARGS, SHORT_RUN["model_args"])  # ... and at most SHORT_MINUTES (one)
+LONG_ARGS = SMALL_DATA["model_args"]  # the small-data model beyond SHORT_MINUTES (two convs at each resolution)
+SHORT_ARGS = merge(LONG_ARGS, SHORT_RUN["model_args"])  # ... and at most SHORT_MINUTES (one at each)
 BF16_TRAIN = [  # (name, model overrides, batch, threads): the conv-stem recipes' models as they train
     ("vit_hybrid_mini_patch4_28", {}, 32, 1),  # the demo: each of its two processes
     ("vit_hybrid_whiten_patch4_32", SHORT_ARGS, 64, 1),  # the small-data recipe: each of its two processes

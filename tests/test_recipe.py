@@ -66,7 +66,7 @@ def test_the_budget_sets_how_long_a_small_data_run_is():
     assert r.base["ema"] is None and SHORT_RUN == {"ema": None, "model_args": {"stem_convs": 1, "stem_early_convs": 1}}
     assert f"at most {SHORT_MINUTES:g} min: no EMA, one 3x3 conv at each of the tokenizer's resolutions" in r.reason
     assert all(r.base[k] == table[k] for k in table if k not in ("ema", "epochs", "model_args"))  # the rest kept
-    assert choose_recipe(CIFAR, max_minutes=SHORT_MINUTES).base["model_args"]["stem_convs"] == 1  # the limit included
+    assert choose_recipe(CIFAR, max_minutes=SHORT_MINUTES).base["model_args"] == r.base["model_args"]  # the limit included
     assert choose_recipe(CIFAR, max_minutes=SHORT_MINUTES + 1).base["model_args"] == SMALL_DATA["model_args"]
     assert SMALL_DATA == table  # and the recipe's own table untouched
     r = choose_recipe(CIFAR)  # no budget given: the recipe's own
@@ -163,7 +163,8 @@ def test_a_run_that_names_another_model_trains_it_at_its_own_sizes():
     assert r.base["model_args"] == {} and r.base["optim"] == SMALL_DATA["optim"]  # the rest of the recipe stays
     assert "; --model vit_tiny_patch4_32 at its own sizes" in r.reason
     assert choose_recipe(CIFAR, max_minutes=30, model=SMALL_DATA["model"]).base["model_args"] == SMALL_DATA["model_args"]
-    assert choose_recipe(CIFAR, max_minutes=5, model=SMALL_DATA["model"]).base["model_args"]["stem_convs"] == 1
+    assert choose_recipe(CIFAR, max_minutes=5, model=SMALL_DATA["model"]).base["model_args"] == \
+        {**SMALL_DATA["model_args"], **SHORT_RUN["model_args"]}
     photo = DataFacts("folder", (160, 160), 1, 3_000, 2)
     r = choose_recipe(photo, max_minutes=5, model="vit_test")
     assert r.base["model_args"] == {"in_chans": 1} and r.base["img_size"] == PHOTO_SIZES[0][1]  # the data's channels

@@ -20,8 +20,8 @@ The budget: a recipe's run is bounded by the clock (``--max-minutes``; 'small-da
 default, SMALL_DATA_MINUTES) unless ``--epochs`` is given; a run bounded by the clock gets CLOCK_EPOCHS epochs,
 so that the clock, not the epochs, ends it, and its learning-rate schedule (warmup, decay) is fitted
 to the time (``schedule.Schedule``). 'small-data' trains 2 of its model's 4 blocks, narrower, behind a
-wider tokenizer, with Muon; a budget of at most SHORT_MINUTES trains without an EMA and with one 3x3 conv at the
-tokenizer's grid, not two (SHORT_RUN). On a CPU of two or more cores a run bounded by the clock trains as two
+wider tokenizer, with Muon; a budget of at most SHORT_MINUTES trains without an EMA and with one 3x3 conv at
+each of the tokenizer's resolutions, not two (SHORT_RUN). On a CPU of two or more cores a run bounded by the clock trains as two
 processes of one thread (CPU_PROCESSES), unless ``--nproc`` says otherwise. Whatever the recipe sets, flags and
 ``--set`` overrides are laid over it, and ``--config`` replaces it: they always win. ``vitkit train`` with no
 ``--data`` stays the digits demo on the built-in set.
