@@ -147,3 +147,82 @@ def test_the_tools_run_the_kernel_the_path_names(kernel):
     model = tiny_model(head_std=0.5)
     net = paths.apply_path(model, FastPath("int8", int8_kernel=kernel))
     assert {m.kernel for m in net.modules() if isinstance(m, Int8Linear)} == {kernel}
+
+
+# ----------------------------------------------------------------------------- right or refused
+def _saturating_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x86's u8 x s8 multiply-add without VNNI: each pair of products summed in 16 bits, saturating."""
+    pairs = (x.long()[:, None, :] * w.long()[None, :, :]).reshape(x.shape[0], w.shape[0], -1, 2).sum(-1)
+    return pairs.clamp(-(2 ** 15), 2 ** 15 - 1).sum(-1).float()
+
+
+def test_the_check_product_tells_a_saturating_kernel_from_an_exact_one():
+    from vitkit.infer.quantize import CHECK_TOLERANCE, check_product_error
+
+    exact = check_product_error(lambda x, w: (x.long() @ w.long().T).float())
+    assert exact == 0.0
+    assert check_product_error(_saturating_product) > 0.4  # most of the first row's sum is lost
+    assert CHECK_TOLERANCE < 1e-3
+
+
+def test_onednn_is_refused_in_one_line_where_its_check_product_is_wrong(monkeypatch):
+    import vitkit.infer.quantize as quantize
+
+    why = "oneDNN's int8 Linear is wrong by 0.494 on a check product on this CPU (8-bit products saturate without VNNI or AMX)"
+    monkeypatch.setattr(quantize, "onednn_int8_problem", lambda: why)
+    monkeypatch.setattr(paths, "onednn_int8_problem", lambda: why)
+    with pytest.raises(ConfigError, match=r"^int8 kernel 'onednn': oneDNN's int8 Linear is wrong by 0\.494 .*; use "
+                                          r"kernel 'fbgemm' \(7-bit activations, which do not saturate\)$"):
+        Int8Linear(torch.nn.Linear(8, 4), "onednn")
+    with pytest.raises(ConfigError, match=r"^int8 kernel 'onednn': oneDNN's int8 Linear is wrong"):
+        quantize_int8(tiny_model(), kernel="onednn")
+    hw = paths.detect_hardware(torch.device("cpu"))
+    assert (hw.onednn_int8, hw.onednn_int8_why) == (False, why)
+    assert int8_kernel(Hardware("cpu", cpu_bf16_kind="amx", onednn_int8_why=why), Work("infer", S16, batch=16)) == (
+        "fbgemm", f"fbgemm: {why}")  # falls back, saying why, even where oneDNN was measured faster
+    if fbgemm_available():
+        assert {m.kernel for m in quantize_int8(tiny_model()).modules() if isinstance(m, Int8Linear)} == {"fbgemm"}
+
+
+EMULATED_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+RIGHT_OR_REFUSED = r"""
+import json, torch, torch.nn.functional as F
+from vitkit.core.errors import ConfigError
+from vitkit.infer.quantize import Int8Linear, onednn_int8_problem
+torch.manual_seed(0)
+lin = torch.nn.Linear(256, 64)
+with torch.no_grad():
+    lin.weight.copy_(torch.sign(torch.randn(64, 256)) * 0.1)  # every weight at its scale: int8 +-127
+x = torch.rand(8, 256) * 10  # activations spanning the 8 bits: 255 x 127 pairs where the data is extreme
+try:
+    q = Int8Linear(lin, "onednn")
+except ConfigError as e:
+    print(json.dumps({"refused": str(e), "problem": onednn_int8_problem()}))
+else:
+    step = x.max().item() / 254
+    bound = 0.5 * step * q.dequantized_weight().abs().sum(1).max().item()
+    err = (q(x) - F.linear(x, q.dequantized_weight(), lin.bias)).abs().max().item()
+    print(json.dumps({"error": err, "bound": bound, "problem": onednn_int8_problem()}))
+"""
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_the_onednn_kernel_is_right_or_refused_on_this_cpu_and_on_avx2(isa):
+    """On this CPU and with oneDNN and ATen held to AVX2 (as on a CPU without VNNI or AMX): either the kernel
+    computes a product of extreme 8-bit values within its rounding bound, or it is refused in one line."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")):
+        pytest.skip("no oneDNN int8 ops in this torch build")
+    env = dict(os.environ, **(EMULATED_AVX2 if isa == "avx2" else {}))
+    out = subprocess.run([sys.executable, "-c", RIGHT_OR_REFUSED], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if "refused" in got:
+        assert got["problem"] and "\n" not in got["refused"]
+        assert got["refused"].startswith("int8 kernel 'onednn': ") and got["refused"].endswith("do not saturate)")
+    else:
+        assert got["problem"] == "" and got["error"] <= got["bound"] * 1.01 + 1e-5, got

@@ -119,7 +119,8 @@ class Hardware:
     device_type: str  # 'cpu', 'cuda' or 'mps'
     cpu_bf16_kind: str = "none"  # the CPU's bf16 matrix instructions: 'amx', 'avx512bf16' or 'none'
     onednn_bf16: bool = False  # a torch build whose oneDNN runs bf16 Linear on packed weights on this CPU
-    onednn_int8: bool = False  # a torch build whose oneDNN runs int8 Linear on this CPU (vitkit.infer.quantize)
+    onednn_int8: bool = False  # a torch build whose oneDNN runs int8 Linear exactly on this CPU (vitkit.infer.quantize)
+    onednn_int8_why: str = ""  # where it cannot: why (vitkit.infer.quantize.onednn_int8_problem)
     cuda_bf16: bool = False  # a CUDA GPU with bf16
     threads: int = 1  # CPU threads this process computes on
     onnxruntime: bool = False  # onnxruntime (and onnx, which exports to it) installed
@@ -287,16 +288,19 @@ def packed_pays(hw: Hardware, work: Work, precision: str, compile: bool) -> tupl
                               "packed: bf16 weights cast and packed once", "autocast")
 
 
+NO_ONEDNN_INT8 = "this torch build cannot run oneDNN's int8 Linear here"
+
+
 def int8_kernel(hw: Hardware, work: Work) -> tuple[str, str]:
     """The kernel of int8 inference's Linear layers for ``work`` on ``hw`` (``vitkit.infer.quantize``), and why:
     'onednn' where this torch build runs it and ``INT8_ONEDNN_MEASURED`` has it faster than fbgemm on this
     kind of CPU at the nearest model size (at batch 16 for batches of 16 or more, else the lesser of batch
     1's and 16's), else 'fbgemm'."""
+    if not hw.onednn_int8:
+        return "fbgemm", f"fbgemm: {hw.onednn_int8_why or NO_ONEDNN_INT8}"
     measured = INT8_ONEDNN_MEASURED.get(hw.cpu_bf16_kind)
     if not measured:
         return "fbgemm", f"fbgemm: oneDNN's int8 kernels not measured on a CPU with {hw.cpu_bf16_kind}"
-    if not hw.onednn_int8:
-        return "fbgemm", "fbgemm: this torch build cannot run oneDNN's int8 Linear here"
     name, (_, at1, at16) = nearest_measured(measured, work.flops_per_image)
     gain = at16 if work.batch >= 16 else min(at1, at16)
     kernel = "onednn" if gain > 1 else "fbgemm"

@@ -17,7 +17,7 @@ from ..core.hardware import cpu_bf16_kind
 from .fastpath import ENGINES, FastPath, Hardware, Work, auto_precision, choose_path, vit_flops
 from .onnxrt import OrtModel, onnxruntime_available
 from .packed import Bf16Inference, onednn_bf16_available
-from .quantize import onednn_int8_available, quantize_int8
+from .quantize import onednn_int8_problem, quantize_int8
 
 
 def detect_hardware(device: torch.device) -> Hardware:
@@ -25,7 +25,7 @@ def detect_hardware(device: torch.device) -> Hardware:
     if device.type == "cpu":
         kind = cpu_bf16_kind()
         return Hardware("cpu", cpu_bf16_kind=kind, onednn_bf16=kind != "none" and onednn_bf16_available(),
-                        onednn_int8=onednn_int8_available(),
+                        onednn_int8=not onednn_int8_problem(), onednn_int8_why=onednn_int8_problem(),
                         threads=torch.get_num_threads(), onnxruntime=onnxruntime_available())
     if device.type == "cuda":
         return Hardware("cuda", cuda_bf16=torch.cuda.is_bf16_supported())

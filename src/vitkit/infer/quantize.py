@@ -58,28 +58,100 @@ def int8_available() -> bool:
 
 
 def fbgemm_available() -> bool:
-    """True when this torch build has the quantized engine's dynamic int8 Linear (fbgemm or qnnpack)."""
-    engines = getattr(torch.backends.quantized, "supported_engines", [])
-    has_ops = hasattr(torch.ops.quantized, "linear_dynamic") and hasattr(torch.ops.quantized, "linear_prepack")
-    return has_ops and any(e in engines for e in ("fbgemm", "x86", "qnnpack", "onednn"))
+    """True when this torch build has the quantized engine's dynamic int8 Linear (fbgemm or qnnpack) and it
+    computes a check product exactly here (``fbgemm_problem``)."""
+    return not fbgemm_problem()
 
 
 @functools.cache
+def fbgemm_problem() -> str:
+    """Why the quantized engine's dynamic int8 Linear cannot be used here; "" where it can. Its check is
+    ``onednn_int8_problem``'s product: activations of 0 and 255 only, which its 7-bit quantization holds
+    exactly (scale 255 / 127), so any error is the kernel's."""
+    engines = getattr(torch.backends.quantized, "supported_engines", [])
+    has_ops = hasattr(torch.ops.quantized, "linear_dynamic") and hasattr(torch.ops.quantized, "linear_prepack")
+    if not (has_ops and any(e in engines for e in ("fbgemm", "x86", "qnnpack", "onednn"))):
+        return "this torch build has no quantized dynamic int8 Linear"
+    try:
+        error = check_product_error(_fbgemm_check_product)
+    except RuntimeError as e:
+        return f"the quantized engine's int8 Linear failed on a check product ({str(e).splitlines()[0][:80]})"
+    if error > CHECK_TOLERANCE:
+        return f"the quantized engine's int8 Linear is wrong by {error:.3g} on a check product on this CPU"
+    return ""
+
+
+def _fbgemm_check_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized-tensor constructors announce their move to torchao
+        qweight = torch._make_per_channel_quantized_tensor(
+            w, torch.ones(w.shape[0], dtype=torch.double), torch.zeros(w.shape[0], dtype=torch.long), 0)
+        return torch.ops.quantized.linear_dynamic(x.float(), torch.ops.quantized.linear_prepack(qweight, None), True)
+
+
 def onednn_int8_available() -> bool:
-    """True where this torch build runs oneDNN's int8 Linear here: the ops exist and a tiny product through
-    them equals the same product in float32 (checked once)."""
+    """True where oneDNN's int8 Linear runs here and computes its products exactly (``onednn_int8_problem``)."""
+    return not onednn_int8_problem()
+
+
+@functools.cache
+def onednn_int8_problem() -> str:
+    """Why oneDNN's int8 Linear cannot be used here, in a few words; "" where it can: this torch build has
+    the ops and a check product through them equals the same product in float32 (run once a process).
+
+    The check multiplies the extreme values real inputs reach, 8-bit activations up to 255 by weights of
+    +-127, summed over 64 inputs: on an x86 CPU without VNNI (AVX512-VNNI, AVX-VNNI) or AMX, the u8 x s8
+    multiply-add sums each pair of products in 16 bits, and 2 * 255 * 127 saturates there, so the kernel
+    returns wrong numbers without an error. fbgemm's path quantizes activations to 7 bits and never does."""
     try:
         if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")):
-            return False
-        w = torch.tensor([[1, -2, 3], [0, 5, -127]], dtype=torch.int8)
-        x = torch.tensor([[0, 128, 255]], dtype=torch.uint8)
-        y = torch.ops.onednn.qlinear_pointwise(
-            x, 0.5, 128, torch.ops.onednn.qlinear_prepack(w, None), torch.tensor([1.0, 0.25]),
-            torch.zeros(2, dtype=torch.int32), None, 1.0, 0, torch.float32, "none", [], "")
-        want = ((x.float() - 128) * 0.5) @ (w.float() * torch.tensor([[1.0], [0.25]])).T
-        return bool(torch.allclose(y, want))
-    except (AttributeError, RuntimeError):
-        return False
+            return "this torch build has no oneDNN int8 Linear"
+        error = check_product_error(_onednn_check_product)
+    except (AttributeError, RuntimeError) as e:
+        return f"oneDNN's int8 Linear failed on a check product ({str(e).splitlines()[0][:80]})"
+    if error > CHECK_TOLERANCE:
+        return (f"oneDNN's int8 Linear is wrong by {error:.3g} on a check product on this CPU (8-bit products "
+                "saturate without VNNI or AMX)")
+    return ""
+
+
+# the check product's largest allowed error, relative to its largest output: the exact integer sums in float32
+CHECK_TOLERANCE = 1e-5
+
+
+def check_operands() -> tuple[torch.Tensor, torch.Tensor]:
+    """The check product's operands: 8-bit activations (one row at 255, one at 0, one alternating) and int8
+    weights (rows of +127, -127, alternating signs, and a ramp), 64 inputs each."""
+    k = 64
+    alternating = torch.arange(k) % 2
+    x = torch.stack([torch.full((k,), 255), torch.zeros(k, dtype=torch.long), alternating * 255]).to(torch.uint8)
+    w = torch.stack([torch.full((k,), 127), torch.full((k,), -127), (1 - 2 * alternating) * 127,
+                     torch.arange(k) * 4 - 127]).clamp(-127, 127).to(torch.int8)
+    return x, w
+
+
+def check_product_error(product) -> float:
+    """The largest error of ``product(x, w)`` (uint8 activations with zero point 0, int8 weights, scales 1 ->
+    float32 (rows, out)) on ``check_operands``, relative to the largest exact output."""
+    x, w = check_operands()
+    want = x.double() @ w.double().T
+    got = product(x, w).double()
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+def _onednn_check_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    out = w.shape[0]
+    return torch.ops.onednn.qlinear_pointwise(
+        x, 1.0, 0, torch.ops.onednn.qlinear_prepack(w, None), torch.ones(out),
+        torch.zeros(out, dtype=torch.int32), None, 1.0, 0, torch.float32, "none", [], "")
+
+
+def refuse_where_wrong(kernel: str) -> None:
+    """A one-line ConfigError where ``kernel`` would return wrong numbers here, or cannot run."""
+    problem = onednn_int8_problem() if kernel == "onednn" else fbgemm_problem()
+    if problem:
+        fallback = "; use kernel 'fbgemm' (7-bit activations, which do not saturate)" if kernel == "onednn" else ""
+        raise ConfigError(f"int8 kernel {kernel!r}: {problem}{fallback}")
 
 
 def activation_name(act: nn.Module) -> str | None:
@@ -105,6 +177,7 @@ class Int8Linear(nn.Module):
         self.w_scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # one scale per output channel
         self.w_int8 = torch.round(w / self.w_scale[:, None]).clamp_(-127, 127).to(torch.int8)
         self.bias = linear.bias.detach().float().cpu() if linear.bias is not None else None
+        refuse_where_wrong(kernel)
         if kernel == "onednn":
             self._packed = torch.ops.onednn.qlinear_prepack(self.w_int8, None)
             self._w_zero = torch.zeros(self.out_features, dtype=torch.int32)
@@ -164,7 +237,8 @@ def default_kernel(model: nn.Module) -> str:
     cfg = getattr(model, "cfg", None)
     if cfg is None:
         return "fbgemm"
-    hw = Hardware("cpu", cpu_bf16_kind=cpu_bf16_kind(), onednn_int8=onednn_int8_available())
+    hw = Hardware("cpu", cpu_bf16_kind=cpu_bf16_kind(), onednn_int8=not onednn_int8_problem(),
+                  onednn_int8_why=onednn_int8_problem())
     return int8_kernel(hw, Work("infer", vit_flops(cfg)))[0]
 
 
@@ -183,8 +257,7 @@ def quantize_int8(model: nn.Module, float_blocks: int = 1, kernel: str | None = 
         kernel = default_kernel(model)
     if kernel not in KERNELS:
         raise ConfigError(f"int8 kernel: {kernel!r} is not one of {', '.join(KERNELS)}")
-    if not (onednn_int8_available() if kernel == "onednn" else fbgemm_available()):
-        raise ConfigError(f"int8: this torch build has no CPU int8 Linear kernels ({kernel})")
+    refuse_where_wrong(kernel)
     q = copy.deepcopy(model).float().cpu().eval()
     blocks = list(getattr(q, "blocks", []))[:float_blocks]
     kept = {id(m) for b in blocks for m in b.modules()}
@@ -203,4 +276,5 @@ def quantize_int8(model: nn.Module, float_blocks: int = 1, kernel: str | None = 
     return q
 
 
-__all__ = ["Int8Linear", "quantize_int8", "int8_available", "onednn_int8_available", "fbgemm_available", "KERNELS"]
+__all__ = ["Int8Linear", "quantize_int8", "int8_available", "onednn_int8_available", "onednn_int8_problem",
+           "check_product_error", "fbgemm_available", "KERNELS"]
