@@ -29,6 +29,8 @@ from pathlib import Path
 
 from time_to_accuracy import clock_run  # one way to run vitkit on a carve (benchmarks/ is on sys.path)
 
+import torch
+
 from vitkit.core.hardware import cpu_bf16_kind
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +86,16 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "stem-96": ("a wider tokenizer: 96 channels at 16x16 and 192 at the grid (not 64 and 128)",
                 ["model_args.stem_width=96"]),
     "grid-conv-2": ("two 3x3 convs at the grid (not one)", ["model_args.stem_convs=2"]),
+    "short": ("the short budget's model: one 3x3 conv at each of the tokenizer's resolutions, no EMA (recipe.SHORT_RUN)",
+              ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null"]),
+    "short-batch-64": ("the short budget's model at batch 64 (not 128), the same learning rate: twice the steps",
+                       ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null", "batch_size=64"]),
+    "short-batch-64-half-lr": ("the short budget's model at batch 64, the learning rate halved with it",
+                               ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null",
+                                "batch_size=64", "optim.lr=0.001"]),
+    "short-stem-32": ("the short budget's model with a narrower tokenizer: 32 channels at 16x16, 64 at the grid",
+                      ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null",
+                       "model_args.stem_width=32"]),
     "grid-4": ("a 4x4 grid: a third stride-2 conv, to 256 channels, and the grid's convs there (patch 8, not 4)",
                ["model_args.patch_size=8"]),
 }
@@ -93,6 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", nargs="?", help="a class-folder dataset (e.g. CIFAR-10's train/)")
     p.add_argument("--minutes", type=float, default=5.0, help="training budget of each variant (default 5)")
+    p.add_argument("--epochs", type=int, default=None, help="train each variant for this many epochs instead "
+                   "of --minutes (the schedule spans them; 2 processes, as a clock-bounded run trains on 2+ cores): "
+                   "accuracy for an amount of work, whatever the machine's speed or load")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of variants (default: all)")
     p.add_argument("--per-class", type=int, default=None, metavar="N", help="train on N images of each class only")
     p.add_argument("--seed", type=int, default=0, help="the carve's and the runs' seed (default 0)")
@@ -135,15 +150,19 @@ def run_variant(name: str, data: str, args, work: Path) -> dict:
     for o in [*args.on, *overrides]:
         extra += ["--set", o]
     t = time.perf_counter()
-    run_dir = work / f"{name}-seed{args.seed}-{args.minutes:g}min"
-    code, s, cmd = clock_run(data, args.minutes, args.seed, run_dir, extra)
+    budget = f"{args.epochs}ep" if args.epochs else f"{args.minutes:g}min"
+    run_dir = work / f"{name}-seed{args.seed}-{budget}"
+    if args.epochs:
+        extra = ["--epochs", str(args.epochs), "--nproc", "2", *extra]
+    code, s, cmd = clock_run(data, 0 if args.epochs else args.minutes, args.seed, run_dir, extra)
     if code != 0:
         return {"variant": name, "changes": what, "error": f"exit code {code}", "command": shlex.join(cmd[1:])}
     precision = json.loads((run_dir / "config.json").read_text()).get("precision")
     return {"variant": name, "changes": what, "overrides": overrides, "on": args.on, "val_acc": s["val_acc"], "epochs": s["epochs"],
             "steps": s["step"], "train_seconds": s["train_seconds"], "wall_s": round(time.perf_counter() - t, 1),
-            "minutes": args.minutes, "seed": args.seed, "per_class": args.per_class, "data": args.data,
-            "precision": precision, "cpu_bf16": cpu_bf16_kind(), "command": shlex.join(cmd[1:])}
+            "minutes": 0 if args.epochs else args.minutes, "fixed_epochs": args.epochs, "seed": args.seed, "per_class": args.per_class, "data": args.data,
+            "precision": precision, "cpu_bf16": cpu_bf16_kind(),
+            "cpu_isa": torch.backends.cpu.get_cpu_capability(), "command": shlex.join(cmd[1:])}
 
 
 def main(argv=None) -> None:

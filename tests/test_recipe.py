@@ -243,3 +243,95 @@ def test_every_recipe_fits_its_schedule_to_a_given_budget():
                   DataFacts("folder", (160, 160), 3, 3_000, 2), CIFAR):
         r = choose_recipe(facts, max_minutes=3)
         assert r.base["max_minutes"] == 3 and r.base["epochs"] == CLOCK_EPOCHS, r.name
+
+
+# ------------------------------------------------------------------------------------ budgets in work
+from vitkit.train.recipe import (  # noqa: E402
+    PHOTO_CANDIDATES,
+    REACH,
+    SMALL_DATA_CANDIDATES,
+    Candidate,
+    choose_by_work,
+)
+
+TABLE = Candidate("t", "a table", {}, ((2.0, 70.0, "x"), (8.0, 80.0, "x"), (32.0, 85.0, "x")))
+
+
+def test_a_candidate_predicts_linearly_in_log_epochs_and_holds_past_its_last_point():
+    assert TABLE.predict(4.0) == pytest.approx(75.0)  # halfway between 2 and 8 in log epochs
+    assert TABLE.predict(16.0) == pytest.approx(82.5)
+    assert TABLE.predict(8.0) == 80.0 and TABLE.predict(500.0) == 85.0  # no gain assumed past what was measured
+    assert TABLE.predict(2.0 / REACH) == pytest.approx(70.0 - 10.0 * np.log(REACH) / np.log(4))  # the first segment
+    assert TABLE.predict(2.0 / REACH * 0.99) is None  # fewer epochs than it was measured near
+    one = Candidate("one", "one point", {}, ((10.0, 88.0, "x"),))
+    assert one.predict(9.0) == 88.0 and one.predict(10.0 / REACH - 0.01) is None
+
+
+def rates(**by_depth):
+    """A speed function: images per second by the candidate config's model depth (a stand-in for measuring)."""
+    seen = []
+
+    def speed(cfg):
+        seen.append(cfg)
+        return by_depth[f"d{cfg['model_args']['depth']}"]
+
+    return speed, seen
+
+
+def test_the_budget_in_epochs_chooses_the_candidate_with_the_best_measured_accuracy():
+    short = Candidate("short", "cheap", {"model_args": {"depth": 1}}, ((2.0, 70.0, "x"), (10.0, 84.0, "x")))
+    long = Candidate("long", "dear", {"model_args": {"depth": 2}}, ((10.0, 83.0, "x"), (30.0, 89.0, "x")))
+    base = {"model_args": {"depth": 0, "embed_dim": 8}, "ema": 0.9}
+    speed, seen = rates(d1=100.0, d2=50.0)
+    pick = choose_by_work((short, long), base, seconds=100, images=2_000, speed=speed)
+    assert (pick.candidate.name, pick.epochs, pick.predicted) == ("short", {"short": 5.0, "long": 2.5},
+                                                                  {"short": pytest.approx(70 + 14 * np.log(2.5) / np.log(5)),
+                                                                   "long": None})
+    assert seen == [{"model_args": {"depth": 1, "embed_dim": 8}, "ema": 0.9},
+                    {"model_args": {"depth": 2, "embed_dim": 8}, "ema": 0.9}] and base["model_args"]["depth"] == 0
+    pick = choose_by_work((short, long), base, seconds=1_000, images=2_000, speed=rates(d1=100.0, d2=50.0)[0])
+    assert pick.candidate.name == "long"  # 50 epochs of short hold at 84%; 25 of long read 88.0%
+    slow = choose_by_work((long, short), base, seconds=10, images=2_000, speed=rates(d1=100.0, d2=50.0)[0])
+    assert slow.candidate.name == "short"  # measured at no so few epochs: the one measured at the fewest
+    line = pick.line("this CPU (AVX2)")
+    assert line == ("measured on this CPU (AVX2): short 100 img/s -> 50.0 epochs (table: 84.0%); "
+                    "long 50 img/s -> 25.0 epochs (table: 88.0%); chose long: dear")
+    assert slow.line("x").startswith("measured on x: long 50 img/s -> 0.2 epochs (table: none so few); short")
+
+
+def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
+    speed, seen = rates(d2=500.0)
+    r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed, where="this CPU (AVX2)")
+    assert [cfg["processes"] for cfg in seen] == [2, 2]  # measured as the run trains: 2 processes
+    # the same speed for both: 3.0 epochs, where only the short model was measured
+    assert r.base["model_args"] == {**SMALL_DATA["model_args"], **SHORT_RUN["model_args"]} and r.base["ema"] is None
+    assert "measured on this CPU (AVX2): short 500 img/s -> 3.0 epochs (table: " in r.line and "chose short" in r.line
+    speed, _ = rates(d2=5_000.0)  # a fast machine: 30 epochs in 5 minutes
+    r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed)
+    assert r.base["model_args"] == SMALL_DATA["model_args"] and r.base["ema"] == SMALL_DATA["ema"]
+    assert "chose long" in r.line
+    for given in ({"epochs": 3}, {"model": "vit_test"}, {"max_minutes": 0}):  # nothing to choose: nothing measured
+        speed, seen = rates(d2=500.0)
+        choose_recipe(CIFAR, **{"max_minutes": 5, **given}, cpus=2, speed=speed)
+        assert seen == []
+
+
+def test_photos_choose_their_resolution_by_work():
+    photos = DataFacts("folder", (160, 160), 3, 3_000, 2)
+    fast = choose_recipe(photos, max_minutes=30, cpus=2, speed=lambda cfg: 1_000.0 * 64 / cfg["img_size"])
+    assert (fast.base["img_size"], fast.base["model_args"]["depth"]) == (96, 4)
+    slow = choose_recipe(photos, max_minutes=30, cpus=2, speed=lambda cfg: 100.0 * 64 / cfg["img_size"])
+    assert (slow.base["img_size"], slow.base["model_args"]["depth"]) == (64, 2)  # 96 px not measured at 40 epochs
+
+
+@pytest.mark.parametrize("candidates", [SMALL_DATA_CANDIDATES, PHOTO_CANDIDATES])
+def test_every_measured_point_is_a_row_of_the_results_file_it_cites(candidates):
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    for c in candidates:
+        for epochs, acc, source in c.points:
+            rows = [json.loads(line) for line in (results / source.split(":")[0]).read_text().splitlines() if line]
+            flat = [r.get("vitkit", r) for r in rows]
+            assert any(abs(r.get("epochs", -1) - epochs) < 1e-3 and abs(r["val_acc"] * 100 - acc) < 0.01
+                       for r in flat), (c.name, source, epochs, acc)

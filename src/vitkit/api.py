@@ -109,7 +109,8 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     flags["init_model" if weights is not None else "model"] = model
     req = RunRequest(data=None if data is None else str(data), weights=None if weights is None else str(weights),
                      config=None if config is None else str(config), flags=flags, overrides=list(overrides or []),
-                     out=None if out is None else str(out), resume=None if resume is None else str(resume))
+                     out=None if out is None else str(out), resume=None if resume is None else str(resume),
+                     cache_dir=None if cache_dir is None else str(cache_dir))
     if weights is not None and data is None and resume is None:
         raise ConfigError("fit: fine-tuning needs data (a folder, MNIST or CIFAR directory)")
     run = resolve_run(req)

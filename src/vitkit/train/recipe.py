@@ -30,7 +30,9 @@ processes of one thread (CPU_PROCESSES), unless ``--nproc`` says otherwise. What
 from __future__ import annotations
 
 import copy
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +148,101 @@ PHOTOS: dict[str, Any] = {
 PHOTO_SIZES = ((SHORT_MINUTES, 64, 2), (float("inf"), 96, 4))
 
 
+# ------------------------------------------------------------------------------- budgets in work
+# A run bounded by the clock measures how fast this machine trains each candidate of its recipe
+# (train/speed.py), turns its minutes into the epochs each would reach, and trains the candidate with the best
+# carve accuracy at that many epochs in the table of measured points (``choose_by_work``). Each point is
+# (epochs reached, validation-carve accuracy in %, where it was measured: benchmarks/results/<file>, variant,
+# budget, seed; seed 0's carve of 10% of CIFAR-10's training images, or of catsdogs' 3,000 photos).
+REACH = 1.25  # a candidate is chosen only for at least its fewest measured epochs / REACH (none below them)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way a recipe may train: ``overrides`` laid over its base, and the accuracy measured at some
+    numbers of epochs (``points``: (epochs, accuracy %, source))."""
+
+    name: str
+    what: str
+    overrides: dict
+    points: tuple[tuple[float, float, str], ...]
+
+    def predict(self, epochs: float) -> float | None:
+        """The accuracy (%) expected after ``epochs``: linear in log epochs between the measured points, the
+        last point's beyond them (no gain assumed past what was measured), and below the first down to
+        1 / REACH of it, the first segment's line (or the first point alone); None further down."""
+        pts = sorted((e, a) for e, a, _ in self.points)
+        if epochs < pts[0][0] / REACH:
+            return None
+        if epochs >= pts[-1][0]:
+            return pts[-1][1]
+        if len(pts) == 1:
+            return pts[0][1]
+        i = next((k for k in range(1, len(pts)) if epochs < pts[k][0]), len(pts) - 1)
+        (e0, a0), (e1, a1) = pts[i - 1], pts[i]
+        return a0 + (a1 - a0) * (math.log(epochs) - math.log(e0)) / (math.log(e1) - math.log(e0))
+
+
+@dataclass(frozen=True)
+class WorkChoice:
+    """What ``choose_by_work`` chose: the candidate, the epochs each candidate would reach and the accuracy
+    its table predicts there (None: fewer epochs than it was measured at), and the images per second."""
+
+    candidate: Candidate
+    epochs: dict[str, float]
+    predicted: dict[str, float | None]
+    images_per_s: dict[str, float]
+
+    def line(self, where: str) -> str:
+        """What the run's first line says of the choice: the measured speeds, the epochs, the choice."""
+        parts = []
+        for name, e in self.epochs.items():
+            p = self.predicted[name]
+            parts.append(f"{name} {self.images_per_s[name]:,.0f} img/s -> {e:.1f} epochs"
+                         + (f" (table: {p:.1f}%)" if p is not None else " (table: none so few)"))
+        return f"measured on {where}: {'; '.join(parts)}; chose {self.candidate.name}: {self.candidate.what}"
+
+
+def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float, images: int,
+                   speed: Callable[[dict], float]) -> WorkChoice:
+    """The candidate that ``seconds`` of training on ``images`` images buys the best accuracy with: each
+    candidate's speed (``speed(config)``: images per second of ``base`` with its overrides) turned into
+    epochs, and those into the accuracy its points predict. Where no candidate was measured at so few epochs,
+    the one measured at the fewest."""
+    rates = {c.name: speed(merge(copy.deepcopy(base), copy.deepcopy(c.overrides))) for c in candidates}
+    epochs = {c.name: rates[c.name] * seconds / max(images, 1) for c in candidates}
+    predicted = {c.name: c.predict(epochs[c.name]) for c in candidates}
+    ranked = [c for c in candidates if predicted[c.name] is not None]
+    if ranked:
+        best = max(ranked, key=lambda c: predicted[c.name])
+    else:
+        best = min(candidates, key=lambda c: min(e for e, _, _ in c.points))
+    return WorkChoice(best, epochs, predicted, rates)
+
+
+ABLATE = "ablate_small_data.jsonl"
+# 'small-data': the short model (one 3x3 conv at each of the tokenizer's resolutions, no EMA) and the long one
+# (two at each, EMA 0.999, SMALL_DATA's own model_args)
+SMALL_DATA_CANDIDATES = (
+    Candidate("short", "one 3x3 conv at each of the tokenizer's resolutions, no EMA", SHORT_RUN, (
+        (2.436, 75.00, f"{ABLATE}: base, 2 min, seed 0"),
+        (5.986, 81.58, f"{ABLATE}: fp32, 5 min, seed 0"),
+        (7.368, 82.98, f"{ABLATE}: early-conv, 5 min, seed 0"),
+        (10.587, 84.96, f"{ABLATE}: base (bf16, AMX), 5 min, seed 0"),
+        (11.764, 85.04, f"{ABLATE}: base, 10 min, seed 0"),
+        (20.758, 86.44, f"{ABLATE}: base (bf16, AMX), 10 min, seed 0"))),
+    Candidate("long", "two 3x3 convs at each of the tokenizer's resolutions, EMA 0.999", {}, (
+        (26.057, 88.68, f"{ABLATE}: early-conv-2, 30 min, seed 0"),)),
+)
+TTA = "time_to_accuracy.jsonl"
+# 'photos': the training resolution and depth (PHOTO_SIZES' rows)
+PHOTO_CANDIDATES = (
+    Candidate("64px-2-blocks", "64 px, 2 blocks", {"img_size": 64, "model_args": {"depth": 2}}, (
+        (67.762, 87.33, f"{TTA}: catsdogs, 5 min, seed 0"),)),
+    Candidate("96px-4-blocks", "96 px, 4 blocks", {"img_size": 96, "model_args": {"depth": 4}}, (
+        (103.857, 88.33, f"{TTA}: catsdogs, 30 min, seed 0"),)),
+)
+
 @dataclass(frozen=True)
 class Recipe:
     """A recipe chosen for some data: its name, why, and the config values it lays over the defaults."""
@@ -162,7 +259,8 @@ class Recipe:
 
 def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: int | None = None,
                   cpus: int | None = None, processes: int | None = None, model: str | None = None,
-                  cpu_bf16: str | None = None) -> Recipe:
+                  cpu_bf16: str | None = None, speed: Callable[[dict], float] | None = None,
+                  where: str = "this machine") -> Recipe:
     """The recipe for data described by ``facts`` (the rules in the module docstring). ``max_minutes`` and
     ``epochs``: the run's own budget, if given (None: not given; they win over the recipe's). ``cpus``: the
     CPUs a run on the CPU may use (None: the run trains on a GPU), for the processes (CPU_PROCESSES).
@@ -171,7 +269,10 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
     recipe's model sizes (its model_args, made for its own model) left out, all but the data's channels.
     ``cpu_bf16``: the CPU's bf16 matrix instructions ('amx', 'avx512bf16' or 'none', as
     ``core.hardware.cpu_bf16_kind`` answers) when the run trains on the CPU; with AMX, 'small-data'
-    trains in bf16 (AMX_PRECISION)."""
+    trains in bf16 (AMX_PRECISION). ``speed``: images per second of a run of a config (a dict), measured on
+    the run's device (``where`` names it): a run bounded by the clock then trains the recipe's candidate that
+    its budget in epochs buys the best accuracy with (``choose_by_work``); None: by the minutes alone (at most
+    SHORT_MINUTES: SHORT_RUN; the photos: PHOTO_SIZES)."""
     small = max(facts.size) <= SMALL_SIDE
     if small and facts.channels == 1:
         base: dict = {}
@@ -179,26 +280,9 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
         return Recipe("digits", f"{facts.describe()}: grey images of at most {SMALL_SIDE} px take the demo's "
                       f"digits model (the defaults){clock}", base)
     if small and facts.images <= SMALL_IMAGES:
-        base = copy.deepcopy(SMALL_DATA)
-        clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
-        short = 0 < base.get("max_minutes", 0) <= SHORT_MINUTES
-        if short:
-            base = merge(base, copy.deepcopy(SHORT_RUN))
-        clock += _named_model(base, model)  # after SHORT_RUN: another model keeps its own sizes at any budget
-        if short:
-            clock += f"; at most {SHORT_MINUTES:g} min: {SHORT_WHY}"
-        if cpus is not None and cpu_bf16 == "amx":
-            base.update(AMX_PRECISION)
-            clock += f"; {AMX_PRECISION['precision']}: {AMX_WHY}"
-        if processes is not None:
-            clock += f"; {processes} process{'es' if processes != 1 else ''} (--nproc)"
-        elif cpus is not None and cpus >= CPU_PROCESSES and base.get("max_minutes", 0) > 0:
-            base["processes"] = CPU_PROCESSES
-            clock += f"; {CPU_PROCESSES} processes on the CPU"
-        return Recipe("small-data", f"{facts.describe()}: CIFAR-size data (at most {SMALL_SIDE} px, "
-                      f"{SMALL_IMAGES:,} images), trained at 32 px; {clock}", base)
+        return _small_data(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where)
     if not small:
-        return _photos(facts, max_minutes, epochs, cpus, processes, model)
+        return _photos(facts, max_minutes, epochs, cpus, processes, model, speed, where)
     base = {"model_args": {"in_chans": facts.channels}}  # the data's channels, not the demo model's
     clock = f"; {_clock(base, max_minutes, epochs, 0)}" if max_minutes else ""
     return Recipe("default", f"{facts.describe()}: more than {SMALL_IMAGES:,} images, for which no recipe is "
@@ -206,23 +290,58 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
                   f"weights){clock}", base)
 
 
+def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where) -> Recipe:
+    """The 'small-data' recipe for ``facts`` (``choose_recipe``'s arguments)."""
+    base = copy.deepcopy(SMALL_DATA)
+    clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
+    if cpus is not None and cpu_bf16 == "amx":
+        base.update(AMX_PRECISION)
+        clock += f"; {AMX_PRECISION['precision']}: {AMX_WHY}"
+    procs = _processes(base, cpus, processes)  # before measuring: a step's cost depends on them
+    minutes = base.get("max_minutes", 0)
+    if minutes and speed is not None and model in (None, base["model"]):
+        choice = choose_by_work(SMALL_DATA_CANDIDATES, base, minutes * 60, facts.images, speed)
+        base = merge(base, copy.deepcopy(choice.candidate.overrides))
+        clock += f"; {choice.line(where)}"
+    elif 0 < minutes <= SHORT_MINUTES:
+        base = merge(base, copy.deepcopy(SHORT_RUN))
+        clock += _named_model(base, model) + f"; at most {SHORT_MINUTES:g} min: {SHORT_WHY}"
+    else:
+        clock += _named_model(base, model)
+    return Recipe("small-data", f"{facts.describe()}: CIFAR-size data (at most {SMALL_SIDE} px, "
+                  f"{SMALL_IMAGES:,} images), trained at 32 px; {clock}{procs}", base)
+
+
+def _processes(base: dict, cpus: int | None, processes: int | None) -> str:
+    """A run bounded by the clock on a CPU of CPU_PROCESSES or more cores trains as that many processes
+    (in ``base``), unless the run gives its own (--nproc); says so."""
+    if processes is not None:
+        return f"; {processes} process{'es' if processes != 1 else ''} (--nproc)"
+    if cpus is not None and cpus >= CPU_PROCESSES and base.get("max_minutes", 0) > 0:
+        base["processes"] = CPU_PROCESSES
+        return f"; {CPU_PROCESSES} processes on the CPU"
+    return ""
+
+
 def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpus: int | None,
-            processes: int | None, model: str | None) -> Recipe:
-    """The 'photos' recipe for ``facts``: PHOTOS at the resolution and depth PHOTO_SIZES gives the budget."""
+            processes: int | None, model: str | None, speed=None, where: str = "this machine") -> Recipe:
+    """The 'photos' recipe for ``facts``: PHOTOS at the resolution and depth its budget buys the best accuracy
+    with (``choose_by_work`` over PHOTO_CANDIDATES), or without a speed, PHOTO_SIZES' by the minutes."""
     base = copy.deepcopy(PHOTOS)
     base["model_args"]["in_chans"] = facts.channels
     clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
+    procs = _processes(base, cpus, processes)  # before measuring: a step's cost depends on them
     minutes = base.get("max_minutes", 0) if epochs is None else 0
-    size, depth = next((s, d) for limit, s, d in PHOTO_SIZES if 0 < minutes <= limit or limit == float("inf"))
-    base["img_size"] = size
-    base["model_args"]["depth"] = depth
-    clock += f"; trained at {size} px" + (_named_model(base, model) or f", {depth} blocks")
-    if processes is not None:
-        clock += f"; {processes} process{'es' if processes != 1 else ''} (--nproc)"
-    elif cpus is not None and cpus >= CPU_PROCESSES and minutes > 0:
-        base["processes"] = CPU_PROCESSES
-        clock += f"; {CPU_PROCESSES} processes on the CPU"
-    return Recipe("photos", f"{facts.describe()}: images larger than {SMALL_SIDE} px; {clock}", base)
+    if minutes and speed is not None and model in (None, base["model"]):
+        choice = choose_by_work(PHOTO_CANDIDATES, base, minutes * 60, facts.images, speed)
+        base = merge(base, copy.deepcopy(choice.candidate.overrides))
+        clock += f"; {choice.line(where)}"
+    else:
+        size, depth = next((s, d) for limit, s, d in PHOTO_SIZES if 0 < minutes <= limit or limit == float("inf"))
+        base["img_size"] = size
+        base["model_args"]["depth"] = depth
+        clock += f"; trained at {size} px" + (_named_model(base, model) or f", {depth} blocks")
+    return Recipe("photos", f"{facts.describe()}: images larger than {SMALL_SIDE} px; {clock}{procs}", base)
 
 
 def _named_model(base: dict, model: str | None) -> str:
@@ -248,17 +367,19 @@ def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_mi
 
 def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: float | None = None,
                epochs: int | None = None, cpus: int | None = None, processes: int | None = None,
-               model: str | None = None, cpu_bf16: str | None = None) -> Recipe:
+               model: str | None = None, cpu_bf16: str | None = None, speed: Callable[[dict], float] | None = None,
+               where: str = "this machine") -> Recipe:
     """The recipe for the data at ``path``: ``probe_data`` then ``choose_recipe``. Data that cannot be
     inspected gets 'default', and the run that opens it says what is wrong in its own words."""
     try:
         facts = probe_data(path, fmt)
     except DataError as e:
         return Recipe("default", f"the data could not be inspected ({e}); the defaults")
-    return choose_recipe(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16)
+    return choose_recipe(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where)
 
 
 __all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",
            "SMALL_SIDE", "SMALL_IMAGES",
            "SMALL_DATA_MINUTES", "CLOCK_EPOCHS", "SHORT_MINUTES", "SHORT_RUN", "CPU_PROCESSES",
-           "AMX_PRECISION"]
+           "AMX_PRECISION", "Candidate", "WorkChoice", "choose_by_work", "SMALL_DATA_CANDIDATES", "PHOTO_CANDIDATES",
+           "REACH"]

@@ -57,6 +57,7 @@ class RunRequest:
     out: str | None = None  # the run directory; None: runs/<model>-<date-time>
     resume: str | None = None  # continue the run in this directory from its last checkpoint
     warmup_epochs: float | None = None  # warmup over this many epochs (a share of a run of fixed epochs)
+    cache_dir: str | None = None  # where measured training speeds are kept (train/speed.py); None: not kept
 
 
 @dataclass
@@ -88,8 +89,10 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         flags["data.format"] = req.data_format
     if req.weights is not None:
         flags["init_from"] = req.weights
-    base, notes, saved = _base(req, flags, elsewhere)
+    base, notes, saved, measuring = _base(req, flags, elsewhere)
     cfg = resolve_config(req.config, flags, req.overrides, base=base)
+    if measuring and cfg.max_minutes:
+        notes.append(take_from_budget(cfg, measuring))
     if saved:
         check_same_model(saved, cfg, Path(req.resume))
     if req.warmup_epochs is not None:
@@ -111,20 +114,28 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes, model=mcfg, init=init)
 
 
-def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, list[str], dict | None]:
-    """The values a run starts from, the lines that say why, and (resuming) the run's saved config."""
+def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, list[str], dict | None, float]:
+    """The values a run starts from, the lines that say why, (resuming) the run's saved config, and the
+    seconds spent measuring this machine's speed for the recipe (0: none)."""
     if req.resume:
         saved = saved_run_config(Path(req.resume), req.out, elsewhere)
-        return saved, [], saved or None
+        return saved, [], saved or None, 0.0
     if req.weights is not None:
         base, line = finetune_base(flags, req.overrides)
-        return base, [line] if line else [], None
+        return base, [line] if line else [], None, 0.0
     if req.config is not None:
-        return None, [], None
+        return None, [], None, 0.0
     if req.data is None:
-        return demo_base(), [], None
-    recipe = data_recipe(req.data, req.data_format, flags, req.overrides)
-    return recipe.base, [recipe.line], None
+        return demo_base(), [], None, 0.0
+    recipe, seconds = data_recipe(req.data, req.data_format, flags, req.overrides, req.cache_dir)
+    return recipe.base, [recipe.line], None, seconds
+
+
+def take_from_budget(cfg: RunConfig, seconds: float) -> str:
+    """Take the seconds spent measuring the machine's speed from the run's budget (in place): the budget a
+    user gives is the time they wait. The line that says so."""
+    cfg.max_minutes = max(round(cfg.max_minutes - seconds / 60, 4), 0.001)
+    return f"measuring the speed took {seconds:.1f} s of the budget: training for {cfg.max_minutes:g} min"
 
 
 def _model(cfg: RunConfig, resume_dir: Path | None) -> tuple:
@@ -240,17 +251,61 @@ def _given(flags: dict, overrides: list[str]) -> dict:
     return given
 
 
-def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list[str]):
-    """The recipe for ``data`` (train/recipe.py), told the budget, processes and model the flags or overrides give."""
+def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list[str],
+                cache_dir: str | None = None):
+    """The recipe for ``data`` (train/recipe.py), told the budget, processes and model the flags or overrides
+    give, and the speed of this machine for each of its candidates (measured, or from ``cache_dir``); and
+    the seconds measuring took."""
     from .recipe import recipe_for
 
     given = _given(flags, overrides)
     model = given.get("model")
     cpus = cpu_run_cpus(given.get("device"))
-    return recipe_for(data, data_format, _number(given.get("max_minutes")), _number(given.get("epochs")),
-                      cpus=cpus, processes=_whole(given.get("processes")),
-                      model=model if isinstance(model, str) else None,
-                      cpu_bf16=cpu_bf16_kind() if cpus is not None else None)
+    spent: list[float] = []
+    speed = recipe_speed(flags, overrides, cache_dir, spent)
+    recipe = recipe_for(data, data_format, _number(given.get("max_minutes")), _number(given.get("epochs")),
+                        cpus=cpus, processes=_whole(given.get("processes")),
+                        model=model if isinstance(model, str) else None,
+                        cpu_bf16=cpu_bf16_kind() if cpus is not None else None, speed=speed,
+                        where=device_words(given.get("device")))
+    return recipe, sum(spent)
+
+
+def recipe_speed(flags: dict, overrides: list[str], cache_dir: str | None, spent: list[float]):
+    """The function a recipe measures its candidates' speed with: a candidate's values (a dict), with the
+    run's flags and overrides laid over them, -> images per second on the run's device
+    (``train.speed.measure_speed``); the seconds each measurement took are added to ``spent``."""
+    from .build import model_config
+    from .speed import measure_speed
+
+    def speed(base: dict) -> float:
+        cfg = resolve_config(None, flags, overrides, base=base)
+        mcfg = model_config(cfg)
+        settle_path(cfg, mcfg)
+        threads = cfg.threads or default_threads(cfg.processes)
+        measured = measure_speed(cfg, mcfg, resolve_device(cfg.device), threads, cache_dir)
+        spent.append(measured.seconds)
+        return measured.images_per_s
+
+    return speed
+
+
+def device_words(device) -> str:
+    """The run's device as the recipe's line names it: this CPU and its instruction set, or the GPU."""
+    try:
+        dev = resolve_device(device or "auto")
+    except ConfigError:
+        return "this machine"
+    if dev.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(dev)
+    if dev.type != "cpu":
+        return dev.type
+    import torch
+
+    amx = ", AMX" if cpu_bf16_kind() == "amx" else ""
+    return f"this CPU ({torch.backends.cpu.get_cpu_capability()}{amx})"
 
 
 def cpu_run_cpus(device) -> int | None:

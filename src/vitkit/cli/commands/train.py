@@ -291,11 +291,14 @@ def execute(args, weights: str | None = None, extra_flags: dict | None = None) -
 def request_from_args(args, weights: str | None = None, extra_flags: dict | None = None):
     """The command line's request (``train.resolve.RunRequest``): ``weights`` to fine-tune from, and the
     flags of a subcommand of its own (``extra_flags``, dotted config keys)."""
+    import os
+
     from ...train.resolve import RunRequest
 
     return RunRequest(data=args.data, data_format=args.data_format, weights=weights, config=args.config,
                       flags={**flags_from_args(args), **(extra_flags or {})}, overrides=overrides_from_args(args),
-                      out=args.out, resume=args.resume, warmup_epochs=args.warmup_epochs)
+                      out=args.out, resume=args.resume, warmup_epochs=args.warmup_epochs,
+                      cache_dir=cache_dir(args, os.environ))
 
 
 def resolve_and_run(args, weights: str | None, extra_flags: dict | None) -> int:

@@ -1,0 +1,184 @@
+"""How fast this machine trains a model: the images per second of its training step, measured before a run
+that the clock bounds, so that a budget in minutes becomes a budget in epochs (``recipe.choose_by_work``).
+
+``measure_speed`` runs a few real training steps (the run's augmentation, forward, backward, clipping and
+optimizer, on random images of the run's size) as one of the run's processes would: its share of the batch,
+its threads, its precision and memory layout, on its device. The run's processes share the machine's cores,
+each on its own, so together they train ``processes`` times one process's images per second. A measurement
+is kept in the cache folder (``speed.json``), keyed by the machine (CPU model and instruction set, or GPU,
+and the torch build) and by everything in the run that sets a step's cost, so that the next run of the same
+model on the same machine starts without measuring again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..core.errors import VitkitError
+from ..core.hardware import cpu_bf16_kind
+from ..data import ImageSet
+from ..io.atomic import atomic_write_text
+from .config import RunConfig
+
+SPEED_FILE = "speed.json"  # in the cache folder: machine and run -> images per second
+WARMUP_STEPS = 2  # steps before the clock starts: the first allocations, the optimizer's state
+MIN_STEPS, MAX_STEPS, MIN_SECONDS = 3, 20, 1.0  # timed steps: at least MIN_STEPS, until MIN_SECONDS have passed
+MAX_ENTRIES = 200  # measurements the cache file keeps (the newest)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """A run's measured training speed: ``images_per_s`` of all its processes together, the seconds the
+    measurement cost (0 when the cache had it) and whether it came from the cache."""
+
+    images_per_s: float
+    seconds: float = 0.0
+    cached: bool = False
+
+
+def machine_key(device: torch.device) -> str:
+    """What a speed is a speed of, as far as the machine goes: the CPU's model and instruction set (or the
+    GPU's name) and the torch build."""
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device)
+    else:
+        where = f"{cpu_model()} {torch.backends.cpu.get_cpu_capability()} {cpu_bf16_kind()}"
+    return f"{device.type}: {where}; torch {torch.__version__}"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform module says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run_key(cfg: RunConfig, img_size: tuple[int, int], threads: int) -> str:
+    """What a speed is a speed of, as far as the run goes: the values that set a step's cost."""
+    parts = {"model": cfg.model, "model_args": cfg.model_args, "img_size": list(img_size), "batch": cfg.batch_size,
+             "processes": cfg.processes, "threads": threads, "precision": cfg.precision,
+             "channels_last": cfg.channels_last, "optim": [cfg.optim.name, cfg.optim.muon_convs],
+             "ema": cfg.ema is not None, "augment": cfg.augment.crop, "accum": cfg.accum_steps}
+    return json.dumps(parts, sort_keys=True, default=str)
+
+
+def measure_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, cache_dir: str | os.PathLike | None = None,
+                  num_classes: int = 10) -> Speed:
+    """The training speed of a run of ``cfg`` (its precision and channels-last settled) training the model
+    ``mcfg`` on ``device``, each of its ``cfg.processes`` processes on ``threads`` threads: from the cache
+    folder's ``speed.json`` when it holds this machine and run, else measured (and stored there)."""
+    key = f"{machine_key(device)} | {run_key(cfg, mcfg.img_size, threads)}"
+    cache = Path(cache_dir) / SPEED_FILE if cache_dir is not None else None
+    known = read_speeds(cache).get(key) if cache is not None else None
+    if known is not None:
+        return Speed(float(known["images_per_s"]), 0.0, True)
+    start = time.perf_counter()
+    one = process_speed(cfg, mcfg, device, threads, num_classes)
+    speed = Speed(one * max(cfg.processes, 1), time.perf_counter() - start, False)
+    if cache is not None:
+        store_speed(cache, key, speed.images_per_s)
+    return speed
+
+
+def process_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, num_classes: int) -> float:
+    """Images per second of one process's training steps (its share of the batch) on ``threads`` threads."""
+    from .build import build_model
+    from .distributed import DistInfo
+    from .trainer import Trainer
+
+    per_process = max(cfg.batch_size // max(cfg.processes, 1), 1)
+    step_cfg = RunConfig.from_dict({**cfg.to_dict(), "batch_size": per_process, "processes": 1, "loggers": [],
+                                    "max_minutes": None, "epochs": 1, "ema": cfg.ema})
+    classes = [str(i) for i in range(max(num_classes, 2))]
+    images = random_set(per_process, classes, mcfg.in_chans, mcfg.img_size)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 1))
+    try:
+        with torch.random.fork_rng(devices=[]), tempfile.TemporaryDirectory(prefix="vitkit-speed-") as tmp:
+            model = build_model(step_cfg, mcfg, classes)
+            trainer = Trainer(step_cfg, model, images, tmp, dist=DistInfo(), device=device, precision=cfg.precision,
+                              channels_last=cfg.channels_last, log=lambda m: None)
+            with contextlib.closing(trainer):
+                return timed_steps(trainer, images, per_process, device)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def timed_steps(trainer, images: ImageSet, batch: int, device: torch.device) -> float:
+    """Images per second of ``trainer``'s steps on the batch ``images`` (after WARMUP_STEPS untimed ones)."""
+    step = (images.images, images.labels)
+    done, start = 0, 0.0
+    for i in range(WARMUP_STEPS + MAX_STEPS):
+        if i == WARMUP_STEPS:
+            sync(device)
+            start = time.perf_counter()
+        trainer.train_step(step)
+        trainer.optimizer_step()
+        if i >= WARMUP_STEPS:
+            done += 1
+            if done >= MIN_STEPS and time.perf_counter() - start >= MIN_SECONDS:
+                break
+    sync(device)
+    return done * batch / max(time.perf_counter() - start, 1e-9)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def random_set(n: int, classes: list[str], channels: int, size: tuple[int, int]) -> ImageSet:
+    """``n`` random uint8 images of ``size``, labels cycling through ``classes``: what a step's cost needs."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, channels, *size), generator=g, dtype=torch.uint8)
+    labels = torch.arange(n) % len(classes)
+    return ImageSet(labels=labels, classes=classes, images=images, paths=None, size=tuple(size), channels=channels)
+
+
+def read_speeds(file: Path) -> dict:
+    """The measurements in ``file`` (key -> {"images_per_s", "when"}); {} where it is missing, not a regular
+    file or not such a JSON object (it is then measured again and rewritten)."""
+    try:
+        if not stat.S_ISREG(os.stat(file).st_mode):
+            return {}
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict) and _positive(v.get("images_per_s"))}
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+
+
+def store_speed(file: Path, key: str, images_per_s: float) -> None:
+    """Add a measurement to ``file`` (atomically; the oldest dropped past MAX_ENTRIES). A cache folder that
+    cannot be written is no error: the next run measures again."""
+    speeds = read_speeds(file)
+    speeds[key] = {"images_per_s": round(images_per_s, 2), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    kept = dict(sorted(speeds.items(), key=lambda kv: kv[1].get("when", ""))[-MAX_ENTRIES:])
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(file, json.dumps(kept, indent=1, sort_keys=True))
+    except (OSError, VitkitError):
+        pass
+
+
+__all__ = ["Speed", "measure_speed", "machine_key", "run_key", "read_speeds", "store_speed", "SPEED_FILE"]

@@ -1,0 +1,98 @@
+"""A machine's training speed, measured before a run the clock bounds (vitkit.train.speed): real steps of the
+run's model, kept in the cache folder by machine and run, a cache that cannot be read or written never
+an error or a hang; and a run whose recipe measured it says so first and takes the time from its budget."""
+
+import json
+import os
+
+import pytest
+import torch
+from helpers import image_folder
+
+from vitkit.cli.main import main
+from vitkit.train.config import RunConfig, resolve_config
+from vitkit.train.recipe import SMALL_DATA
+from vitkit.train.speed import SPEED_FILE, machine_key, measure_speed, read_speeds, run_key, store_speed
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny(**fields) -> tuple[RunConfig, object]:
+    from vitkit.train.build import model_config
+
+    cfg = resolve_config(None, {}, [], base={"model": "vit_test", "batch_size": 8, "processes": 2, **fields})
+    return cfg, model_config(cfg)
+
+
+def test_a_speed_is_measured_once_then_read_from_the_cache(tmp_path):
+    cfg, mcfg = tiny()
+    first = measure_speed(cfg, mcfg, torch.device("cpu"), threads=1, cache_dir=tmp_path)
+    assert first.images_per_s > 0 and first.seconds > 0 and not first.cached
+    again = measure_speed(cfg, mcfg, torch.device("cpu"), threads=1, cache_dir=tmp_path)
+    assert (again.images_per_s, again.seconds, again.cached) == (pytest.approx(first.images_per_s, rel=1e-3), 0.0, True)
+    saved = json.loads((tmp_path / SPEED_FILE).read_text())
+    (key, entry), = saved.items()
+    assert key.startswith(machine_key(torch.device("cpu"))) and key.endswith(run_key(cfg, mcfg.img_size, 1))
+    assert entry["images_per_s"] == pytest.approx(first.images_per_s, rel=1e-3)
+    # what sets a step's cost is in the key: another batch, model or precision is measured anew
+    other, omcfg = tiny(batch_size=16)
+    assert not measure_speed(other, omcfg, torch.device("cpu"), threads=1, cache_dir=tmp_path).cached
+    assert len(read_speeds(tmp_path / SPEED_FILE)) == 2
+
+
+def test_the_processes_train_together_each_on_its_share_of_the_batch(monkeypatch):
+    import vitkit.train.speed as speed
+
+    seen = []
+    monkeypatch.setattr(speed, "timed_steps", lambda trainer, images, batch, device: seen.append(
+        (trainer.cfg.batch_size, trainer.cfg.processes, len(images), torch.get_num_threads())) or 100.0)
+    cfg, mcfg = tiny(batch_size=8, processes=2)
+    assert measure_speed(cfg, mcfg, torch.device("cpu"), threads=1).images_per_s == 200.0
+    assert seen == [(4, 1, 4, 1)]
+
+
+@pytest.mark.parametrize("content", ["fifo", "garbage", "list", "bad-values", "directory"])
+def test_a_speed_cache_that_is_not_one_is_measured_again_never_read_as_one(tmp_path, content):
+    file = tmp_path / SPEED_FILE
+    if content == "fifo":
+        os.mkfifo(file)  # opened, it would block: never opened
+    elif content == "directory":
+        file.mkdir()
+    else:
+        file.write_text({"garbage": "{not json", "list": "[1, 2]",
+                         "bad-values": json.dumps({"a": {"images_per_s": "fast"}, "b": {"images_per_s": -1},
+                                                   "c": {"images_per_s": float("inf")}, "d": 3})}[content])
+    assert read_speeds(file) == {}
+    store_speed(file, "k", 12.5)  # a cache that cannot be written is no error
+    if content in ("garbage", "list", "bad-values"):
+        assert read_speeds(file) == {"k": {"images_per_s": 12.5, "when": read_speeds(file)["k"]["when"]}}
+
+
+def test_a_cache_folder_that_cannot_be_made_is_no_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    cfg, mcfg = tiny()
+    assert measure_speed(cfg, mcfg, torch.device("cpu"), threads=1, cache_dir=tmp_path / "file" / "sub").images_per_s > 0
+
+
+def test_a_run_bounded_by_the_clock_names_its_measured_speed_first_and_takes_the_time_from_its_budget(tmp_path,
+                                                                                                       capsys):
+    data = image_folder(tmp_path / "data", n=8, test=2)
+    cache = tmp_path / "cache"
+    argv = ["train", "--data", str(data), "--max-minutes", "0.05", "--nproc", "1", "--threads", "1", "--device", "cpu",
+            "--batch-size", "8", "--set", "plots=false", "--cache-dir", str(cache)]
+    assert main([*argv, "--out", str(tmp_path / "r1")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("recipe small-data: ") and "; measured on this CPU (" in lines[0]
+    assert " img/s -> " in lines[0] and "; chose short: " in lines[0]  # 16 images: any epochs fit the short model
+    spent = lines[1]
+    assert spent.startswith("measuring the speed took ") and spent.endswith(" s of the budget: training for "
+                                                                              f"{json.loads((tmp_path / 'r1' / 'config.json').read_text())['max_minutes']:g} min")
+    saved = json.loads((tmp_path / "r1" / "config.json").read_text())
+    assert 0 < saved["max_minutes"] < 0.05 and saved["model_args"]["stem_convs"] == 1 and saved["ema"] is None
+    assert len(read_speeds(cache / SPEED_FILE)) == 2  # both candidates, each as the run trains it
+    # the next run of the same request on this machine reads them: no time taken
+    assert main([*argv, "--out", str(tmp_path / "r2")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "measured on this CPU (" in lines[0] and not lines[1].startswith("measuring the speed took")
+    assert json.loads((tmp_path / "r2" / "config.json").read_text())["max_minutes"] == 0.05
+    assert SMALL_DATA["model_args"]["stem_convs"] == 2  # the recipe's table is left as it was
