@@ -96,6 +96,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "short-stem-32": ("the short budget's model with a narrower tokenizer: 32 channels at 16x16, 64 at the grid",
                       ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null",
                        "model_args.stem_width=32"]),
+    "short-lr-2x": ("the short budget's model at twice the learning rate (0.004, not 0.002)",
+                    ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null", "optim.lr=0.004"]),
+    "short-smoothing-0.1": ("the short budget's model with label smoothing 0.1 (not 0.2)",
+                            ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null",
+                             "augment.label_smoothing=0.1"]),
     "grid-4": ("a 4x4 grid: a third stride-2 conv, to 256 channels, and the grid's convs there (patch 8, not 4)",
                ["model_args.patch_size=8"]),
 }

@@ -96,3 +96,16 @@ def test_a_run_bounded_by_the_clock_names_its_measured_speed_first_and_takes_the
     assert "measured on this CPU (" in lines[0] and not lines[1].startswith("measuring the speed took")
     assert json.loads((tmp_path / "r2" / "config.json").read_text())["max_minutes"] == 0.05
     assert SMALL_DATA["model_args"]["stem_convs"] == 2  # the recipe's table is left as it was
+
+
+def test_the_demo_says_first_what_its_budget_is_in_epochs_on_this_machine(tmp_path, capsys):
+    argv = ["train", "--max-minutes", "0.02", "--epochs", "1", "--nproc", "1", "--threads", "1", "--set", "plots=false",
+            "--cache-dir", str(tmp_path / "cache")]
+    assert main([*argv, "--out", str(tmp_path / "d")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("measured on this CPU (") and " img/s -> " in first and " epochs in 0.02 min" in first
+    # a run of fixed epochs, a resumed run or a fine-tune has no budget in minutes to turn into epochs
+    assert main(["train", "--epochs", "1", "--nproc", "1", "--threads", "1", "--set", "plots=false",
+                 "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "e"),
+                 "--max-minutes", "0"]) == 0
+    assert not capsys.readouterr().out.startswith("measured on")

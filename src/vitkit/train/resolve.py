@@ -32,6 +32,7 @@ from .checkpoint import find_checkpoint, write_json
 from .config import DEMO_BUDGET, FINETUNE_DEFAULTS, RunConfig, checked_run_config, read_run_config, resolve_config
 
 RUN_CONFIG = "config.json"  # the resolved run, in its run directory
+MEASURED = "measured on"  # how a run's line of its measured speed begins (after the recipe's, if any)
 # A fine-tuning run of a model of at most this many forward FLOPs an image, bounded by the clock on a CPU,
 # trains as 2 processes of one thread (``finetune_processes``), as the recipes train their models: the
 # largest of them, the photos model at 96 px with 4 blocks, is 0.20 GFLOPs; larger models were not measured
@@ -103,6 +104,8 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     if not threads_given:
         cfg.threads = default_threads(local_processes or cfg.processes)
     path = settle_path(cfg, mcfg)
+    if speed_wanted(req, cfg, mcfg, notes):
+        say_speed(cfg, mcfg, notes, req.cache_dir)
     if cfg.tune == "auto":
         from .tune import settle_tune
 
@@ -131,6 +134,34 @@ def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, l
     return recipe.base, [recipe.line], None, seconds
 
 
+def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig, notes: list[str]) -> bool:
+    """Whether a run should measure its own speed to say what its budget is in epochs: a new run from scratch
+    bounded by the clock, whose recipe measured nothing, of a model small enough (SMALL_MODEL_FLOPS) that a
+    few of its steps take a second or two on a CPU."""
+    from ..infer.fastpath import vit_flops
+
+    measured = bool(notes) and MEASURED in notes[0]
+    return bool(cfg.max_minutes) and not (req.resume or req.weights or measured) and vit_flops(mcfg) <= SMALL_MODEL_FLOPS
+
+
+def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str | None) -> None:
+    """Measure the run's speed (``train.speed``), take the time from its budget and say, first, what the
+    budget is in epochs (in place: ``cfg`` and ``notes``)."""
+    from .speed import measure_speed
+
+    speed = measure_speed(cfg, mcfg, resolve_device(cfg.device), cfg.threads, cache_dir)
+    images = _training_images(cfg) or 1
+    epochs = speed.images_per_s * cfg.max_minutes * 60 / images
+    line = (f"{MEASURED} {device_words(cfg.device)}: {speed.images_per_s:,.0f} img/s -> {epochs:.1f} epochs in "
+            f"{cfg.max_minutes:g} min" + (f" (the run's {cfg.epochs} epochs end it sooner)" if epochs > cfg.epochs else ""))
+    if notes and notes[0].startswith("recipe "):
+        notes[0] += f"; {line}"
+    else:
+        notes.insert(0, line)
+    if speed.seconds:
+        notes.append(take_from_budget(cfg, speed.seconds))
+
+
 def take_from_budget(cfg: RunConfig, seconds: float) -> str:
     """Take the seconds spent measuring the machine's speed from the run's budget (in place): the budget a
     user gives is the time they wait. The line that says so."""
@@ -149,13 +180,15 @@ def _model(cfg: RunConfig, resume_dir: Path | None) -> tuple:
 
 
 def _training_images(cfg: RunConfig) -> int | None:
-    """The training images of the run's data, as its probe counts them (None where it cannot tell)."""
+    """The training images of the run's data (the built-in digits where it names none), as its probe counts
+    them (None where it cannot tell)."""
     from ..core.errors import DataError
+    from ..data.datasets import DEMO_DIR
     from .recipe import probe_data
 
-    if cfg.data.path is None:
-        return None
     try:
+        if cfg.data.path is None:
+            return probe_data(DEMO_DIR, "demo").images
         return probe_data(cfg.data.path, cfg.data.format).images
     except DataError:
         return None  # the run opens the data and says what is wrong
