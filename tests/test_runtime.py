@@ -131,6 +131,7 @@ def test_named_precisions_are_kept_and_fp16_needs_cuda():
 
 @pytest.mark.parametrize("amx, avx512", [(True, False), (False, True), (False, False)])
 def test_cpu_bf16_is_detected_from_either_probe(monkeypatch, amx, avx512):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512, raising=False)
     assert cpu_has_fast_bf16() is (amx or avx512)
@@ -138,6 +139,16 @@ def test_cpu_bf16_is_detected_from_either_probe(monkeypatch, amx, avx512):
     hw = detect_hardware(torch.device("cpu"))
     assert (hw.cpu_bf16, hw.cpu_bf16_kind) == (amx or avx512, cpu_bf16_kind())
     assert not hw.onednn_bf16 or (amx or avx512)  # packing is asked of oneDNN on a bf16 CPU only
+
+
+@pytest.mark.parametrize("capability", ["AVX2", "DEFAULT"])
+def test_kernels_held_below_avx512_mean_no_bf16_whatever_the_cpu_has(monkeypatch, capability):
+    """An AVX2-only CPU, or ATEN_CPU_CAPABILITY=avx2 emulating one on a CPU with AMX: torch's kernels (and
+    oneDNN's, held to AVX2 alongside) have no bf16 matrix instructions, so neither do the rules."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert cpu_bf16_kind() == "none" and not detect_hardware(torch.device("cpu")).cpu_bf16
 
 
 def test_a_probe_that_fails_means_no_bf16(monkeypatch):

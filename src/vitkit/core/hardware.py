@@ -29,10 +29,23 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def cpu_bf16_kind() -> str:
-    """This CPU's bf16 matrix instructions, as benchmark results are filed: 'amx', 'avx512bf16' or 'none'."""
+    """This CPU's bf16 matrix instructions, as benchmark results are filed: 'amx', 'avx512bf16' or 'none'.
+    'none' too where torch's kernels are held below AVX-512 (``torch.backends.cpu.get_cpu_capability()``:
+    an AVX2-only CPU, or ATEN_CPU_CAPABILITY=avx2 emulating one), whatever the CPU itself has."""
+    if not cpu_capability().startswith("AVX512"):
+        return "none"
     if _cpu_probe("_is_amx_tile_supported"):
         return "amx"
     return "avx512bf16" if _cpu_probe("_is_avx512_bf16_supported") else "none"
+
+
+def cpu_capability() -> str:
+    """The instruction set torch's CPU kernels run with ('AVX2', 'AVX512', 'DEFAULT', ...): benchmark rows
+    record it beside their figures."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # pragma: no cover - a torch without the probe
+        return "unknown"
 
 
 def _mps_available() -> bool:
@@ -97,4 +110,4 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
 
 
-__all__ = ["cpu_bf16_kind", "cpu_has_fast_bf16", "resolve_device", "usable_cpus", "keep_freed_memory"]
+__all__ = ["cpu_bf16_kind", "cpu_capability", "cpu_has_fast_bf16", "resolve_device", "usable_cpus", "keep_freed_memory"]
