@@ -109,3 +109,17 @@ def test_the_demo_says_first_what_its_budget_is_in_epochs_on_this_machine(tmp_pa
                  "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "e"),
                  "--max-minutes", "0"]) == 0
     assert not capsys.readouterr().out.startswith("measured on")
+
+
+def test_a_budget_that_cannot_hold_one_step_is_refused_before_anything_is_written(tmp_path, capsys):
+    data = image_folder(tmp_path / "data", n=4, test=2)
+    out = tmp_path / "run"
+    code = main(["train", "--data", str(data), "--model", "vit_small_patch16_224", "--batch-size", "256",
+                 "--max-minutes", "0.3", "--nproc", "1", "--threads", "2", "--device", "cpu", "--precision", "fp32",
+                 "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and not out.exists()
+    assert err.startswith("vitkit: error: --max-minutes 0.3: one training step of batch 256 is about ")
+    assert err.endswith("s of work on this CPU (27.6 GFLOPs an image on 2 thread(s) at about 20 GFLOP/s each), more "
+                        "than the budget; lower --batch-size (about 26 fits) or raise --max-minutes")
+    assert "\n" not in err

@@ -104,6 +104,7 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     if not threads_given:
         cfg.threads = default_threads(local_processes or cfg.processes)
     path = settle_path(cfg, mcfg)
+    check_one_step_fits(cfg, mcfg)
     if speed_wanted(req, cfg, mcfg, notes):
         say_speed(cfg, mcfg, notes, req.cache_dir)
     if cfg.tune == "auto":
@@ -132,6 +133,31 @@ def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, l
         return demo_base(), [], None, 0.0
     recipe, seconds = data_recipe(req.data, req.data_format, flags, req.overrides, req.cache_dir)
     return recipe.base, [recipe.line], None, seconds
+
+
+STEP_MARGIN = 2.0  # a run is refused when one step is estimated at more than this many times its whole budget
+
+
+def check_one_step_fits(cfg: RunConfig, mcfg: ViTConfig) -> None:
+    """A run on the CPU whose budget cannot hold one training step is refused in one line, before anything is
+    written: the step's work (forward and backward, about 3x the forward FLOPs, times the batch) at the eager
+    rate the fast-path rules were measured with (``fastpath.CPU_EAGER_RATE`` a thread), over STEP_MARGIN
+    times the budget (the margin for the estimate: a CPU with AMX in bf16 runs several times faster)."""
+    from ..infer.fastpath import CPU_EAGER_RATE, vit_flops
+
+    if not cfg.max_minutes or resolve_device(cfg.device).type != "cpu":
+        return
+    threads = max(cfg.threads or 1, 1) * max(cfg.processes, 1)
+    work = 3 * vit_flops(mcfg)  # an image's forward and backward
+    step_s = work * cfg.batch_size / (threads * CPU_EAGER_RATE)
+    budget_s = cfg.max_minutes * 60
+    if step_s > STEP_MARGIN * budget_s:
+        fits = int(budget_s * threads * CPU_EAGER_RATE / work)
+        advice = f"lower --batch-size (about {fits} fits) or raise" if fits >= 1 else "raise"
+        raise ConfigError(f"--max-minutes {cfg.max_minutes:g}: one training step of batch {cfg.batch_size} is about "
+                          f"{step_s:.0f} s of work on this CPU ({work / 1e9:.1f} GFLOPs an image on {threads} "
+                          f"thread(s) at about {CPU_EAGER_RATE / 1e9:g} GFLOP/s each), more than the budget; "
+                          f"{advice} --max-minutes")
 
 
 def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig, notes: list[str]) -> bool:
