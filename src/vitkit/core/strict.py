@@ -7,6 +7,7 @@ and the training config alike, so that every config file vitkit reads is checked
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import types
 import typing
@@ -30,6 +31,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in get_args(tp):
             if str not in get_args(tp):  # `--set key=none` on an optional, non-string field
                 return None
+        if isinstance(value, float) and float in get_args(tp):
+            finite(value, where)  # said as such, not as a value of none of the types
         errors = []
         for arg in get_args(tp):
             if arg is type(None):
@@ -74,7 +77,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return finite(float(value), where)
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -87,6 +90,14 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             return None
         raise ConfigError(f"{where}: expected null, got {value!r}")
     raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")
+
+
+def finite(value: float, where: str) -> float:
+    """``value`` when it is a finite number; NaN or an infinity is a ConfigError naming ``where`` (no setting
+    means anything by them, and a comparison with NaN is always false, so range checks would let it by)."""
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    return value
 
 
 def from_dict(cls: type, data: Any, where: str = "config"):
