@@ -629,3 +629,100 @@ def test_a_killed_rank_ends_the_run_in_one_line_with_how_to_resume(rank, data, t
                            capture_output=True, text=True, timeout=120, env=dict(env, KILL_RANK="-"))
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout.splitlines()[-1])["status"] == "completed"
+
+
+# ================================================= 9. numbers that are not finite, flags that disagree, odd data
+@pytest.mark.parametrize("flag, key", [("--max-minutes", "max_minutes"), ("--weight-decay", "optim.weight_decay"),
+                                       ("--mixup", "augment.mixup_alpha"), ("--lr", "optim.lr")])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_number_that_is_not_finite_is_refused_naming_the_key(flag, key, value, data, tmp_path, capsys):
+    rc, _, err = train(capsys, data, tmp_path / "run", flag, value)
+    assert rc == 1
+    one_error(err, names=re.escape(key) + ": expected a finite number, got " + value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_finite_settings_are_refused_in_the_library_and_in_files(data, tmp_path):
+    from vitkit.core.errors import ConfigError
+    from vitkit.train.config import resolve_config
+
+    with pytest.raises(ConfigError, match=r"max_minutes: expected a finite number, got nan"):
+        vitkit.fit(data, max_minutes=float("nan"), epochs=1, out=tmp_path / "run", log=None)
+    with pytest.raises(ConfigError, match=r"augment\.mixup_alpha: expected a finite number, got nan"):
+        resolve_config(None, overrides=["augment.mixup_alpha=NaN"])
+    with pytest.raises(ConfigError, match=r"model_args\.drop_path_rate|drop_path_rate: expected a finite number"):
+        from vitkit.train.build import model_config
+
+        model_config(resolve_config(None, {"model_args.drop_path_rate": float("inf")}))
+    toml = tmp_path / "c.toml"
+    toml.write_text("[optim]\nweight_decay = nan\n")
+    with pytest.raises(ConfigError, match=re.escape(str(toml)) + r".*optim\.weight_decay: expected a finite number"):
+        resolve_config(toml)
+    for override, key in (("optim.eps=0", "optim.eps"), ("optim.momentum=1.5", "optim.momentum")):
+        with pytest.raises(ConfigError, match=re.escape(key) + ": must be"):
+            resolve_config(None, overrides=[override])
+
+
+@pytest.mark.parametrize("flags", [("--amp", "--precision", "fp32"), ("--precision", "fp32", "--amp"),
+                                   ("--model-ema", "--ema", "0.5"), ("--ema", "0.5", "--model-ema"),
+                                   ("--model-ema-decay", "0.9", "--ema", "0.5")])
+def test_a_timm_alias_and_a_flag_that_disagree_are_refused(flags, data, tmp_path, capsys):
+    args = [a for a in FAST_TRAIN_ARGS if a not in ("--precision", "fp32")]
+    rc, _, err = cli(capsys, "train", "--data", data, "--epochs", "1", "--out", tmp_path / "run", *args, *flags)
+    assert rc == 1
+    key = "precision" if "--amp" in flags else "ema"
+    one_error(err, names=rf"--(amp|model-ema).* and --{key} both set {key}, to .*; give one of the two")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_timm_alias_that_agrees_with_the_flag_is_taken(data, tmp_path, capsys):
+    from vitkit.cli.commands.train import flags_from_args
+    from vitkit.cli.main import parse_args
+
+    args = parse_args(["train", "--precision", "bf16", "--amp", "--ema", "0.9998", "--model-ema"])
+    flags = flags_from_args(args)
+    assert (flags["precision"], flags["ema"]) == ("bf16", 0.9998)
+
+
+@pytest.mark.parametrize("settings, says", [({1: 2}, r"settings key 1: expected a dotted config key"),
+                                            ("x", r"settings must be a dict of config keys and values"),
+                                            ({"nosuch.key": 1}, r"nosuch\.key: not a config key"),
+                                            ({"optim.": 1}, r"settings key 'optim\.': expected a dotted")])
+def test_fit_with_settings_that_are_not_config_keys_is_a_config_error(settings, says, tmp_path):
+    from vitkit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        vitkit.fit(settings=settings, out=tmp_path / "run", log=None)
+
+
+def test_a_class_of_one_image_trains_without_a_hold_out_and_the_advice_works(tmp_path, capsys):
+    root = image_folder(tmp_path / "imgs", n=9, test=0)
+    folder = root / "train"
+    for extra in (f"{i}.png" for i in range(1, 9)):
+        (folder / "cat" / extra).unlink()
+    rc, _, err = cli(capsys, "train", "--data", folder, "--epochs", "1", "--out", tmp_path / "a", *FAST_TRAIN_ARGS,
+                     "--set", "data.val_fraction=0.25")
+    assert rc == 1
+    line = one_error(err, names=r"class 'cat' has 1 image; a validation split needs at least 2 per class")
+    assert "set val_fraction to 0" in line, line
+    rc, out, err = cli(capsys, "train", "--data", folder, "--epochs", "1", "--out", tmp_path / "b",
+                       *[a for a in FAST_TRAIN_ARGS if a != "--quiet"], "--set", "data.val_fraction=0")
+    assert rc == 0, err
+    assert "class 'cat' has one image, so none are held out" in out, out
+    rc, out, err = cli(capsys, "eval", tmp_path / "b", "--data", folder, "--quiet")  # the run's own data again
+    assert rc == 0, err
+
+
+def test_preprocess_constants_that_fit_no_channels_name_the_field_and_file(ckpt, data, tmp_path, capsys):
+    import shutil
+
+    for mean, says in (([], r"Preprocess\.mean: expected one value per channel \(or one for all\), got none"),
+                       ([0.1, 0.2], r"Preprocess\.mean: 2 values do not fit 3 channels")):
+        bad = Path(shutil.copytree(ckpt, tmp_path / f"ck{len(mean)}"))
+        _edit_json(bad / "vitkit.json", **{"preprocess.mean": mean, "preprocess.std": [0.5] * len(mean)})
+        rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png")
+        assert rc == 1
+        one_error(err, names=re.escape(str(bad / "vitkit.json")) + ": " + says)
+    rc, _, err = train(capsys, data, tmp_path / "run", "--set", "preprocess.mean=[]")
+    assert rc == 1
+    one_error(err, names=r"Preprocess\.mean: ")

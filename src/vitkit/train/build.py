@@ -22,7 +22,7 @@ from ..core.errors import ConfigError, DataError, TrainingError
 from ..core.hardware import resolve_device
 from ..core.progress import Progress
 from ..data import eval_batch
-from ..data.splits import HELD_OUT, carve_validation, decode_short_side
+from ..data.splits import decode_short_side, held_out
 from ..infer.paths import check_tta_shift, pick_precision
 from ..io import checkpoint as ckpt_io
 from ..io.hub import resolve_weights
@@ -195,9 +195,8 @@ def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progr
     splits = open_dataset(d.path, d.format, channels=mcfg.in_chans, img_size=size, val_fraction=d.val_fraction,
                           seed=cfg.seed, strict=d.strict, in_memory=d.in_memory, progress=progress,
                           short_side=short, cache_dir=cache_dir)
-    if splits.test is None and carve_validation(splits, HELD_OUT, cfg.seed, where=str(d.path)):
-        say(f"no validation or test part in the data: {HELD_OUT:.0%} of the training images are held out for "
-            "validation")
+    if (line := held_out(splits, cfg.seed, where=str(d.path))) is not None:
+        say(line)
     return splits
 
 
