@@ -726,3 +726,57 @@ def test_preprocess_constants_that_fit_no_channels_name_the_field_and_file(ckpt,
     rc, _, err = train(capsys, data, tmp_path / "run", "--set", "preprocess.mean=[]")
     assert rc == 1
     one_error(err, names=r"Preprocess\.mean: ")
+
+
+# ========================================================= 10. FIFOs where vitkit's own files should be
+def python_run(code: str, timeout: float = 60) -> tuple[int, str, str]:
+    """``code`` in a Python process of its own, killed whole if it is still running after ``timeout`` s."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"still running after {timeout} s:\n{code}")
+    return p.returncode, out, err
+
+
+def test_a_fifo_in_place_of_a_decoded_image_cache_entry_is_a_miss(tmp_path):
+    root, cache = _cache_folder(tmp_path / "data"), tmp_path / "cache"
+    _open_cached(root, cache)
+    (entry,) = (cache / "decoded").glob("*.npz")
+    entry.unlink()
+    os.mkfifo(entry)
+    rc, out, err = python_run(f"from test_robustness_cases import _open_cached\n"
+                              f"print(_open_cached({str(root)!r}, {str(cache)!r}).cache)", timeout=60)
+    assert (rc, out.strip()) == (0, "miss"), err
+    assert entry.is_file()  # written again in its place
+
+
+def test_a_fifo_in_place_of_a_probe_feature_cache_entry_is_a_miss(tmp_path):
+    code = f"""
+import torch
+from vitkit.train.features import FeatureCache
+cache = FeatureCache({str(tmp_path)!r})
+labels, feats = torch.tensor([0, 1, 1]), torch.randn(3, 4)
+file = cache.file("weights+data", "k" * 32)
+assert cache.store(file, "k" * 32, feats, labels) is None
+assert torch.equal(cache.load(file, "k" * 32, labels, 4), feats)  # a hit
+file.unlink()
+import os; os.mkfifo(file)
+print(cache.load(file, "k" * 32, labels, 4))
+"""
+    rc, out, err = python_run(code, timeout=60)
+    assert (rc, out.strip()) == (0, "None"), err
+
+
+@pytest.mark.parametrize("name", ["run.toml", "run.json"])
+def test_a_config_file_that_is_a_fifo_is_one_line(name, data, tmp_path):
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    rc, _, err = vitkit_run("train", "--config", fifo, "--data", data, "--out", tmp_path / "run", "--quiet",
+                            timeout=60)
+    assert rc == 1
+    one_error(err, names=re.escape(str(fifo)) + r": not a regular file \(a FIFO\)")

@@ -203,10 +203,13 @@ def parse_json(text: str | bytes):
 def read_json_object(file, error: type[Exception] = ConfigError) -> dict:
     """The JSON object in ``file`` as a dict; text that is not JSON, or JSON that is not an object, is
     ``error`` naming the file."""
-    from pathlib import Path
+    from .files import NotRegularFile, open_regular
 
     try:
-        data = parse_json(Path(file).read_text(encoding="utf-8"))
+        with open_regular(file) as f:
+            data = parse_json(f.read().decode("utf-8"))
+    except NotRegularFile as e:
+        raise error(f"{file}: {e.strerror}") from None
     except ValueError as e:  # UnicodeDecodeError included
         raise error(f"{file}: not valid JSON ({e})") from None
     if not isinstance(data, dict):

@@ -13,7 +13,6 @@ import contextlib
 import glob
 import io
 import os
-import stat
 import threading
 import warnings
 from pathlib import Path
@@ -22,7 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..core import files
 from ..core.errors import DataError
+from ..core.files import not_regular
 from ..core.strict import to_hw
 from .splits import eval_resize
 
@@ -136,36 +137,16 @@ def open_pil(f, head: bytes, path: Path, shown: str):
         raise DataError(f"{shown}: {_sniff(head)}") from None
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
-
-
-def not_regular(mode: int) -> str | None:
-    """What a file of ``mode`` (an os.stat st_mode) is when it is not a regular file ('a FIFO', ...), or None."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
-
-
 def open_regular(path):
     """``path`` opened for binary reading when it is a regular file (after following links). A FIFO, socket
     or device is never opened (opening a FIFO waits for a writer, forever): a DataError says what it is; so
     does a path that cannot be opened (missing, a broken link, a directory, ...)."""
-    shown = show_path(path)
     try:
-        what = not_regular(os.stat(path).st_mode)
-        if what is None:  # opened without blocking and checked again: the name may have changed meanwhile
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-            what = not_regular(os.fstat(fd).st_mode)
-            if what is None:
-                os.set_blocking(fd, True)
-                return os.fdopen(fd, "rb")
-            os.close(fd)
+        return files.open_regular(path)
     except OSError as e:
-        _check_path(Path(path))  # names the cause (missing, broken link, directory, ...)
-        raise DataError(f"{shown}: cannot open ({e.strerror or e})") from None
-    _check_path(Path(path))  # a directory, a FIFO, ...
-    raise DataError(f"{shown}: not a regular file ({what}); not read")
+        _check_path(Path(path))  # names the cause (missing, broken link, directory, a FIFO, ...)
+        why = e.strerror if isinstance(e, files.NotRegularFile) else f"cannot open ({e.strerror or e})"
+        raise DataError(f"{show_path(path)}: {why}") from None
 
 
 def _check_path(path: Path) -> None:

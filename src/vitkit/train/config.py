@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..core.errors import ConfigError
+from ..core.files import NotRegularFile, open_regular
 from ..core.strict import (
     MAX_NESTING,
     apply_overrides,
@@ -258,10 +259,12 @@ def load_toml(path: str | Path) -> dict:
 
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = tomllib.load(f)
         check_nesting(data)
         return data
+    except NotRegularFile as e:
+        raise ConfigError(f"{path}: {e.strerror}, expected a TOML file") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid TOML (nested more than {MAX_NESTING} levels deep)") from None
     except FileNotFoundError:
@@ -285,7 +288,7 @@ def read_run_config(path: str | Path) -> dict:
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
-    if not file.is_file():
+    if not file.exists() or file.is_dir():  # a FIFO, say, is for read_json_object to name
         raise ConfigError(f"{path}: no config.json there; not a vitkit run directory" if path.is_dir()
                           else f"{path}: no such config file")
     data = read_json_object(file)
