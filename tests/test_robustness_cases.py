@@ -780,3 +780,46 @@ def test_a_config_file_that_is_a_fifo_is_one_line(name, data, tmp_path):
                             timeout=60)
     assert rc == 1
     one_error(err, names=re.escape(str(fifo)) + r": not a regular file \(a FIFO\)")
+
+
+# ======================================================== 11. a run held by another process is never touched
+@pytest.fixture
+def held_run(data, tmp_path, capsys) -> Path:
+    """A run folder as a run in progress has it before its first checkpoint: its config.json, metrics.jsonl
+    and a lock naming a live process (this one)."""
+    rc, _, err = train(capsys, data, tmp_path / "done")
+    assert rc == 0, err
+    run = tmp_path / "held"
+    run.mkdir()
+    for name in ("config.json", "metrics.jsonl"):
+        (run / name).write_bytes((tmp_path / "done" / name).read_bytes())
+    (run / ".lock").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    return run
+
+
+def test_a_run_held_by_a_live_process_is_refused_before_anything_is_written(held_run, data, capsys):
+    before = snapshot(held_run)
+    for nproc in ("1", "2"):
+        rc, _, err = train(capsys, data, held_run, "--nproc", nproc, "--epochs", "2")
+        assert rc == 1, (nproc, err)
+        one_error(err, names=re.escape(str(held_run)) + rf": run directory is in use by process {os.getpid()} ")
+        assert snapshot(held_run) == before, nproc
+    from vitkit.core.errors import TrainingError
+
+    with pytest.raises(TrainingError, match=rf"in use by process {os.getpid()} "):
+        vitkit.fit(data, out=held_run, epochs=2, settings={"processes": 2, "model": "vit_test", "batch_size": 8,
+                                                           "device": "cpu", "precision": "fp32"}, log=None)
+    assert snapshot(held_run) == before
+
+
+def test_write_resolved_refuses_a_held_run(held_run):
+    from vitkit.core.errors import TrainingError
+    from vitkit.train.resolve import ResolvedRun, read_resolved, write_resolved
+
+    run = read_resolved(held_run)
+    before = snapshot(held_run)
+    run.cfg.epochs += 5
+    with pytest.raises(TrainingError, match="in use by process"):
+        write_resolved(ResolvedRun(run.cfg, held_run))
+    assert snapshot(held_run) == before
+

@@ -29,7 +29,7 @@ from ..io.hub import resolve_weights
 from ..io.preprocess import apply_preprocess
 from ..model.config import Preprocess, ViTConfig
 from ..model.vit import VisionTransformer, count_params
-from .checkpoint import LOCK, find_checkpoint, foreign_checkpoint_file
+from .checkpoint import LOCK, RunLock, find_checkpoint, foreign_checkpoint_file
 from .config import RunConfig, checked_run_config, read_run_config
 from .metrics import check_loggers
 
@@ -118,6 +118,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
         )
     if not run_dir.is_dir():
         return
+    RunLock(run_dir).check()  # a run another process holds is not touched, not even its config.json
     if not resume:
         _check_run_config_file(run_dir)
     if (foreign := foreign_checkpoint_file(run_dir)) is not None:
