@@ -823,3 +823,15 @@ def test_write_resolved_refuses_a_held_run(held_run):
         write_resolved(ResolvedRun(run.cfg, held_run))
     assert snapshot(held_run) == before
 
+
+def test_a_failed_run_leaves_no_empty_folder_it_created(tmp_path, capsys):
+    root = image_folder(tmp_path / "imgs", n=9, test=0)
+    for extra in (f"{i}.png" for i in range(1, 9)):
+        (root / "train" / "cat" / extra).unlink()
+    out = tmp_path / "new" / "run"
+    rc, _, err = train(capsys, root / "train", out, "--set", "data.val_fraction=0.25")  # fails on the data
+    assert rc == 1 and "has 1 image" in err[0], err
+    assert not out.exists()
+    out.mkdir()  # a folder the user made stays
+    rc, _, err = train(capsys, root / "train", out, "--set", "data.val_fraction=0.25")
+    assert rc == 1 and out.is_dir() and not list(out.iterdir())

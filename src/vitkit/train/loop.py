@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -211,16 +212,23 @@ def ran_with(cfg: RunConfig, dist: DistInfo) -> RunConfig:
 
 @contextlib.contextmanager
 def _hold(run_dir: Path, resume: bool, dist: DistInfo):
-    """The main process checks and creates the run directory, and holds its lock while the run lasts."""
+    """The main process checks and creates the run directory, and holds its lock while the run lasts. A
+    folder it created and a failed run left empty is removed, so that a failure leaves nothing behind."""
     lock = RunLock(run_dir)
+    created = dist.is_main and not os.path.lexists(run_dir)
     if dist.is_main:
         check_run_dir(run_dir, resume)
         ensure_dir(run_dir)  # a file in the way: one line naming it
         lock.acquire()
+    done = False
     try:
         yield
+        done = True
     finally:
         lock.release()
+        if created and not done:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only when empty
 
 
 __all__ = ["train", "run_path", "main_config", "start_point", "ran_with"]
