@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -835,3 +836,50 @@ def test_a_failed_run_leaves_no_empty_folder_it_created(tmp_path, capsys):
     out.mkdir()  # a folder the user made stays
     rc, _, err = train(capsys, root / "train", out, "--set", "data.val_fraction=0.25")
     assert rc == 1 and out.is_dir() and not list(out.iterdir())
+
+
+# ============================================== 12. convert into a checkpoint, a run, or onto a full disk
+@pytest.fixture(scope="module")
+def timm_file(ckpt, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("timm") / "vit.safetensors"
+    assert main(["convert", str(ckpt), str(out), "--to", "timm"]) == 0
+    return out
+
+
+def test_convert_into_a_checkpoint_or_a_run_is_refused_unless_forced(timm_file, data, tmp_path, capsys):
+    run = tmp_path / "run"
+    rc, _, err = train(capsys, data, run)
+    assert rc == 0, err
+    before = snapshot(run)
+    src = ["convert", timm_file]
+    foreign = ["--from", "timm", "--model", "vit_test"]
+    for argv, says in (([*src, run / "best", *foreign], r"best: holds a vitkit checkpoint \(vitkit\.json\)"),
+                       ([*src, run / "last", *foreign], r"last: holds a vitkit checkpoint"),
+                       ([*src, run, *foreign], r"run: holds a training run \(best/ holds a checkpoint\)"),
+                       ([*src, run, *foreign, "--to", "hf"], r"run: holds a training run"),
+                       (["convert", run, run / "timm.safetensors", "--to", "timm"], r"run: holds a training run")):
+        rc, _, err = cli(capsys, *argv)
+        assert rc == 1, argv
+        line = one_error(err, names=says)
+        assert "--force" in line, line
+        assert snapshot(run) == before, argv
+    rc, _, err = cli(capsys, *src, run / "best", *foreign, "--force")
+    assert rc == 0, err
+    assert vitkit.load(run / "best").cfg.depth == 2
+
+
+def test_convert_onto_a_full_disk_leaves_no_empty_destination(timm_file, tmp_path):
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("needs a private mount namespace (unshare -m) for a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (f"mount -t tmpfs -o size=64k tmpfs {disk} || exit 90; head -c 1M /dev/zero > {disk}/filler 2>/dev/null; "
+              f"{sys.executable} -m vitkit convert {timm_file} {disk}/out --from timm --model vit_test; echo rc=$?; "
+              f"ls -a {disk}")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    if r.returncode == 90:
+        pytest.skip("cannot mount a tmpfs here")
+    assert "rc=1" in r.stdout, (r.stdout, r.stderr)
+    one_error(r.stderr.splitlines(), names=r"out/vitkit\.safetensors: could not write \(no space left on device\)")
+    assert r.stdout.split("rc=1", 1)[1].split() == [".", "..", "filler"], r.stdout  # no empty out/ left

@@ -46,6 +46,21 @@ def ensure_dir(path: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
+def removed_if_left_empty(folder: str | os.PathLike):
+    """Run the block; when it fails, ``folder`` did not exist before it and is empty after, remove it, so
+    that a failed write (a full disk, say) leaves no empty folder where its output was to go."""
+    existed = os.path.lexists(folder)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        if not existed and not done:
+            with contextlib.suppress(OSError):
+                Path(folder).rmdir()  # only when empty
+
+
+@contextlib.contextmanager
 def atomic_path(target: str | os.PathLike):
     """Yield a temporary path next to ``target``; on success it is fsynced and renamed over ``target``.
 
