@@ -883,3 +883,33 @@ def test_convert_onto_a_full_disk_leaves_no_empty_destination(timm_file, tmp_pat
     assert "rc=1" in r.stdout, (r.stdout, r.stderr)
     one_error(r.stderr.splitlines(), names=r"out/vitkit\.safetensors: could not write \(no space left on device\)")
     assert r.stdout.split("rc=1", 1)[1].split() == [".", "..", "filler"], r.stdout  # no empty out/ left
+
+
+# ================================================================ 13. a folder tree deeper than the stack
+@pytest.fixture
+def deep_tree(tmp_path):
+    """An image folder whose class 'cat' holds an image 1,100 folders down; removed after the test one
+    folder at a time (shutil.rmtree, as pytest's own clean-up, recurses and would fail on it)."""
+    from helpers import noise_image
+
+    root = image_folder(tmp_path / "imgs", n=6, test=0) / "train"
+    deep = root / "cat"
+    for _ in range(1100):  # one at a time: mkdir(parents=True) itself recurses
+        deep = deep / "d"
+        deep.mkdir()
+    noise_image(32, 32, seed=9).save(deep / "deep.png")
+    yield root, deep
+    (deep / "deep.png").unlink()
+    while deep != root / "cat":
+        deep.rmdir()
+        deep = deep.parent
+
+
+def test_a_folder_tree_1100_levels_deep_is_walked(deep_tree, ckpt, tmp_path, capsys):
+    root, deep = deep_tree
+    rc, out, err = cli(capsys, "predict", ckpt, root, "--json", "--quiet")
+    assert rc == 0, err[-3:]
+    paths = [p["path"] for p in json.loads(out)["predictions"]]
+    assert len(paths) == 13 and paths[6] == str(deep / "deep.png"), paths  # cat's files, its subfolders, then dog's
+    rc, _, err = train(capsys, root, tmp_path / "run")
+    assert rc == 0, err[-3:]

@@ -405,29 +405,50 @@ def _ext_hint() -> str:
 
 
 def walk_images(root: Path, recursive: bool = True) -> list[Path]:
-    """Image files under ``root`` in a stable sorted order; hidden entries skipped."""
-    found = []
-    if recursive:
-        seen: set[tuple[int, int]] = set()  # folders searched, by (device, inode)
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-            try:
-                st = os.stat(dirpath)
-            except OSError:
-                dirnames[:] = []
+    """Image files under ``root`` in a stable sorted order (a folder's files, then its subfolders' in turn);
+    hidden entries skipped. The tree is walked without recursion, so that no depth exhausts the stack."""
+    if not recursive:
+        return [Path(e.path) for e in sorted(os.scandir(root), key=lambda e: e.name)
+                if not e.name.startswith(".") and is_image_name(e.name) and not e.is_dir()]
+    found: list[Path] = []
+    seen: set[tuple[int, int]] = set()  # folders searched, by (device, inode)
+    stack = [os.fspath(root)]  # folders to search, the next one last
+    while stack:
+        folder = stack.pop()
+        try:
+            st = os.stat(folder)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen:  # a symbolic link back to a folder already searched (a cycle would
+            continue  # list its files again and again, exponentially with two links)
+        seen.add((st.st_dev, st.st_ino))
+        subfolders = []
+        for entry in _sorted_entries(folder):
+            if entry.name.startswith("."):
                 continue
-            if (st.st_dev, st.st_ino) in seen:  # a symbolic link back to a folder already searched (a cycle
-                dirnames[:] = []  # would list its files again and again, exponentially with two links)
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if not name.startswith(".") and is_image_name(name):
-                    found.append(Path(dirpath) / name)
-    else:
-        for entry in sorted(os.scandir(root), key=lambda e: e.name):
-            if not entry.name.startswith(".") and is_image_name(entry.name) and not entry.is_dir():
+            if _is_dir(entry):
+                subfolders.append(entry.path)
+            elif is_image_name(entry.name):
                 found.append(Path(entry.path))
+        stack.extend(reversed(subfolders))
     return found
+
+
+def _sorted_entries(folder) -> list[os.DirEntry]:
+    """The entries of ``folder`` by name; none where it cannot be read."""
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Whether ``entry`` is a folder (following a symbolic link), as os.walk tells them."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------------------------------
