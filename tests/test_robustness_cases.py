@@ -913,3 +913,33 @@ def test_a_folder_tree_1100_levels_deep_is_walked(deep_tree, ckpt, tmp_path, cap
     assert len(paths) == 13 and paths[6] == str(deep / "deep.png"), paths  # cat's files, its subfolders, then dog's
     rc, _, err = train(capsys, root, tmp_path / "run")
     assert rc == 0, err[-3:]
+
+
+# ========================================================== 14. export where it cannot write; a killed export
+def test_export_where_the_folder_cannot_be_written_is_one_line(ckpt, tmp_path, capsys, monkeypatch):
+    argv = ["export", ckpt, "--format", "torchscript", "--no-check", "--out"]
+    rc, _, err = cli(capsys, *argv, "/proc/m.pt")  # /proc takes no new files, even from root
+    assert rc == 1
+    one_error(err, names=r"--out: /proc/m\.pt: cannot write in /proc \(")
+    import errno
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)  # a read-only file system, as mkdtemp reports it
+    rc, _, err = cli(capsys, *argv, tmp_path / "m.pt")
+    assert rc == 1
+    one_error(err, names=re.escape(str(tmp_path / "m.pt")) + r": cannot write in .*\(Read-only file system\)")
+
+
+def test_a_killed_exports_temporary_folder_is_removed_by_the_next(ckpt, tmp_path, capsys):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".m.pt.{dead.stdout.strip()}.abcdefgh.tmp"  # as a SIGKILL mid-export leaves it
+    stale.mkdir()
+    (stale / "m.pt").write_bytes(b"half written")
+    live = tmp_path / f".m.pt.{os.getpid()}.ijklmnop.tmp"  # an export running now
+    live.mkdir()
+    rc, _, err = cli(capsys, "export", ckpt, "--format", "torchscript", "--no-check", "--out", tmp_path / "m.pt")
+    assert rc == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "m.pt"])

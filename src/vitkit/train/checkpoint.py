@@ -28,7 +28,7 @@ import torch
 
 from ..core.errors import CheckpointError, TrainingError
 from ..io import checkpoint as ckpt_io
-from ..io.atomic import atomic_path, fsync_dir
+from ..io.atomic import atomic_path, fsync_dir, process_alive
 
 TRAINER_STATE = "trainer.pt"
 LOCK = ".lock"
@@ -189,16 +189,6 @@ def write_json(path: Path, obj) -> None:
 
 
 # ------------------------------------------------------------------------------------------- lock
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class RunLock:
     """An exclusive lock on a run directory: a ``.lock`` file holding the owner's host and pid.
 
@@ -231,7 +221,7 @@ class RunLock:
             return
         host = socket.gethostname()
         owner_host, pid = self._owner()
-        if pid is not None and owner_host == host and not _pid_alive(pid):
+        if pid is not None and owner_host == host and not process_alive(pid):
             if take_stale:
                 self.path.unlink(missing_ok=True)  # stale: its process is gone
             return
