@@ -943,3 +943,34 @@ def test_a_killed_exports_temporary_folder_is_removed_by_the_next(ckpt, tmp_path
     rc, _, err = cli(capsys, "export", ckpt, "--format", "torchscript", "--no-check", "--out", tmp_path / "m.pt")
     assert rc == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "m.pt"])
+
+
+# ====================================================== 15. names that are not UTF-8, labels across lines
+def _read_shown(text: str) -> bytes:
+    """The bytes of a name as vitkit shows it: \\\\ a backslash, \\xNN the byte NN, \\n a newline."""
+    return re.sub(rb"\\(\\|x[0-9a-f]{2}|n)", lambda m: {b"\\": b"\\", b"n": b"\n"}.get(m.group(1)) or
+                  bytes([int(m.group(1)[1:], 16)]), text.encode())
+
+
+def test_a_name_that_is_not_utf8_reads_back_from_predict_json(ckpt, data, tmp_path, capsys):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    png = (data / "test" / "cat" / "0.png").read_bytes()
+    names = [b"bad\xff.png", b"bad\\xff.png", b"two\nlines.png"]  # the second holds a backslash, not a byte
+    for name in names:
+        with open(os.fsencode(folder) + b"/" + name, "wb") as f:
+            f.write(png)
+    rc, out, err = cli(capsys, "predict", ckpt, folder, "--json", "--quiet")
+    assert rc == 0, err
+    shown = [p["path"] for p in json.loads(out)["predictions"]]
+    assert len(set(shown)) == 3, shown  # three files, three names
+    assert sorted(_read_shown(p) for p in shown) == sorted(os.fsencode(folder) + b"/" + n for n in names)
+
+
+def test_a_label_holding_a_newline_keeps_the_predict_table_one_line_a_row(data, tmp_path, capsys):
+    ck = vitkit.save(tiny_model(head_std=1.0, labels=["ca\nt", "d\\og"], num_classes=2), tmp_path / "ck")
+    rc, out, err = cli(capsys, "predict", ck, data / "test" / "cat", "--quiet")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 1 + 2 + 2, out  # the header, a row an image, the path taken and the count
+    assert all(re.search(r"(ca\\nt|d\\\\og) \d\.\d{3}", row) for row in lines[1:3]), out

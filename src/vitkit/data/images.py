@@ -40,10 +40,26 @@ _PIL_LIMIT_LOCK = threading.RLock()
 
 
 def show_path(path) -> str:
-    """A path as printable text: undecodable bytes in file names become \\xNN escapes, never an error."""
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    """A path (or a name) as one line of printable text that says which file it is: a byte of the name that
+    is not UTF-8 becomes \\xNN, a newline, tab or other non-printing character \\n, \\t, \\r or \\uNNNN,
+    and, where a backslash is part of a name rather than the separator (not on Windows), a backslash \\\\.
+    Reading \\\\ as a backslash and \\xNN as the byte NN gives the name back."""
+    text = os.fsdecode(path) if isinstance(path, bytes) else str(path)
+    if text.isprintable() and "\\" not in text:  # the common case, as it is
+        return text
+    return "".join(_SHOWN.get(ch) or _show_char(ch) for ch in text)
+
+
+_SHOWN = {"\n": "\\n", "\t": "\\t", "\r": "\\r", **({"\\": "\\\\"} if os.sep == "/" else {})}
+
+
+def _show_char(ch: str) -> str:
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, as os.fsdecode (surrogateescape) carries it
+        return f"\\x{code - 0xDC00:02x}"
+    if ch.isprintable():
+        return ch
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _img():
