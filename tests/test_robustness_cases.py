@@ -104,20 +104,28 @@ def test_out_at_an_empty_folder_or_a_run_that_saved_no_checkpoint_is_taken(data,
 
 
 # ================================================================== 2. FIFOs in data folders; signals
-def vitkit_run(*argv, timeout: float = 60) -> tuple[int, str, list[str]]:
-    """``vitkit ARGV`` in a process of its own (and its own session, killed whole if it hangs): (exit code,
-    stdout, stderr lines). A command blocked in a system call in a worker thread cannot be interrupted
-    in-process, so whatever could hang runs here."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    p = subprocess.Popen([sys.executable, "-m", "vitkit", *map(str, argv)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+def bounded_run(argv: list[str], timeout: float, what: str) -> tuple[int, str, str]:
+    """``argv`` in a process of its own (and its own session, killed whole, and the test failed, if it is
+    still running after ``timeout`` s), with src/ and tests/ on its path: (exit code, stdout, stderr)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
-        pytest.fail(f"vitkit {' '.join(map(str, argv))}: still running after {timeout} s")
-    return p.returncode, out, err.splitlines()
+        pytest.fail(f"{what}: still running after {timeout} s")
+    return p.returncode, out, err
+
+
+def vitkit_run(*argv, timeout: float = 60) -> tuple[int, str, list[str]]:
+    """``vitkit ARGV`` in a process of its own (``bounded_run``): (exit code, stdout, stderr lines). A command
+    blocked in a system call in a worker thread cannot be interrupted in-process, so whatever could hang
+    runs here."""
+    rc, out, err = bounded_run([sys.executable, "-m", "vitkit", *map(str, argv)], timeout,
+                               f"vitkit {' '.join(map(str, argv))}")
+    return rc, out, err.splitlines()
 
 
 @pytest.fixture(scope="module")
@@ -731,17 +739,8 @@ def test_preprocess_constants_that_fit_no_channels_name_the_field_and_file(ckpt,
 
 # ========================================================= 10. FIFOs where vitkit's own files should be
 def python_run(code: str, timeout: float = 60) -> tuple[int, str, str]:
-    """``code`` in a Python process of its own, killed whole if it is still running after ``timeout`` s."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        pytest.fail(f"still running after {timeout} s:\n{code}")
-    return p.returncode, out, err
+    """``code`` in a Python process of its own (``bounded_run``)."""
+    return bounded_run([sys.executable, "-c", code], timeout, code)
 
 
 def test_a_fifo_in_place_of_a_decoded_image_cache_entry_is_a_miss(tmp_path):

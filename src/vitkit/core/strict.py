@@ -28,22 +28,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is Any:
         return value
     if origin is typing.Union or origin is types.UnionType:
-        if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in get_args(tp):
-            if str not in get_args(tp):  # `--set key=none` on an optional, non-string field
-                return None
-        if isinstance(value, float) and float in get_args(tp):
-            finite(value, where)  # said as such, not as a value of none of the types
-        errors = []
-        for arg in get_args(tp):
-            if arg is type(None):
-                if value is None:
-                    return None
-                continue
-            try:
-                return coerce(value, arg, where)
-            except ConfigError as e:
-                errors.append(e)
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        return _coerce_union(value, tp, where)
     if origin is typing.Literal:
         if value in get_args(tp):
             return value
@@ -90,6 +75,25 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             return None
         raise ConfigError(f"{where}: expected null, got {value!r}")
     raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")
+
+
+def _coerce_union(value: Any, tp: Any, where: str) -> Any:
+    """``value`` as the first of the union ``tp``'s types that takes it (None for an optional's 'none')."""
+    if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in get_args(tp):
+        if str not in get_args(tp):  # `--set key=none` on an optional, non-string field
+            return None
+    if isinstance(value, float) and float in get_args(tp):
+        finite(value, where)  # said as such, not as a value of none of the types
+    for arg in get_args(tp):
+        if arg is type(None):
+            if value is None:
+                return None
+            continue
+        try:
+            return coerce(value, arg, where)
+        except ConfigError:
+            continue
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
 
 
 def finite(value: float, where: str) -> float:
