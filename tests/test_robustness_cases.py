@@ -973,3 +973,18 @@ def test_a_label_holding_a_newline_keeps_the_predict_table_one_line_a_row(data, 
     lines = out.splitlines()
     assert len(lines) == 1 + 2 + 2, out  # the header, a row an image, the path taken and the count
     assert all(re.search(r"(ca\\nt|d\\\\og) \d\.\d{3}", row) for row in lines[1:3]), out
+
+
+@pytest.mark.parametrize("argv, says", [(["export", "--format", "torchscript", "--out", "m.pt", "--atol"],
+                                         r"--atol: must be a finite number >= 0, got "),
+                                        (["explain", "IMAGE", "--out", "x", "--alpha"],
+                                         r"--alpha: the heatmap's opacity must be in \[0, 1\], got ")])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_the_tools_numbers_that_are_not_finite_or_in_range_are_one_line(argv, says, value, ckpt, data, tmp_path,
+                                                                          capsys):
+    argv = [str(data / "test" / "cat" / "0.png") if a == "IMAGE" else str(tmp_path / a) if a in ("m.pt", "x") else a
+            for a in argv]
+    rc, _, err = cli(capsys, argv[0], ckpt, *argv[1:], value)
+    assert rc == 1
+    one_error(err, names=says)
+    assert not (tmp_path / "m.pt").exists() and not (tmp_path / "x").exists()

@@ -51,7 +51,8 @@ def held_out(splits, seed: int, where: str) -> str | None:
     if splits.test is not None or splits.val is not None:
         return None
     if carve_validation(splits, HELD_OUT, seed, where, required=False):
-        return f"no validation or test part in the data: {HELD_OUT:.0%} of the training images are held out for validation"
+        return (f"no validation or test part in the data: {HELD_OUT:.0%} of the training images are held out for "
+                "validation")
     return (f"no validation or test part in the data, and class {lone_class(splits.train)!r} has one image, so none "
             "are held out: the run reports no accuracy (add images, or a val/ or test/ folder)")
 

@@ -318,8 +318,8 @@ def _occupant(folder: Path) -> str | None:
             return f"a training run ({sub}/ holds a checkpoint)"
     for name in FILE_NAMES:
         if os.path.lexists(folder / name):
-            kind = "a vitkit checkpoint" if name in (CONFIG, WEIGHTS) else "a run's config, an HF model or an old checkpoint"
-            return f"{kind} ({name})"
+            mine = name in (CONFIG, WEIGHTS)
+            return f"{'a vitkit checkpoint' if mine else 'a run config, an HF model or an old checkpoint'} ({name})"
     return None
 
 

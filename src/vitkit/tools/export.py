@@ -19,6 +19,7 @@ size; the check at a second size proves it.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import warnings
@@ -135,6 +136,8 @@ def export(
     """
     if fmt not in FORMATS:
         raise ExportError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if not 0 <= atol < math.inf:  # NaN would fail every check, infinity pass any
+        raise ExportError(f"--atol: must be a finite number >= 0, got {atol}")
     if len(set(batch_sizes)) < 2 and check:
         raise ExportError(f"batch_sizes: the check needs at least two batch sizes, got {tuple(batch_sizes)}")
     model = load_model(model_or_path, "cpu").float()

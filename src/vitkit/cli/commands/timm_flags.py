@@ -170,4 +170,5 @@ def timm_hint(flag: str) -> str | None:
     return f"timm's {flag} has no vitkit counterpart ({form[6:]})" if form.startswith("none: ") else f"use {form}"
 
 
-__all__ = ["add_timm_aliases", "timm_flags", "merge_aliases", "ALIASED", "rand_augment", "timm_hint", "TIMM_FORMS", "OPTIMIZERS", "SCHEDULES"]
+__all__ = ["add_timm_aliases", "timm_flags", "merge_aliases", "ALIASED", "rand_augment", "timm_hint", "TIMM_FORMS",
+           "OPTIMIZERS", "SCHEDULES"]
