@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -103,20 +104,28 @@ def test_out_at_an_empty_folder_or_a_run_that_saved_no_checkpoint_is_taken(data,
 
 
 # ================================================================== 2. FIFOs in data folders; signals
-def vitkit_run(*argv, timeout: float = 60) -> tuple[int, str, list[str]]:
-    """``vitkit ARGV`` in a process of its own (and its own session, killed whole if it hangs): (exit code,
-    stdout, stderr lines). A command blocked in a system call in a worker thread cannot be interrupted
-    in-process, so whatever could hang runs here."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    p = subprocess.Popen([sys.executable, "-m", "vitkit", *map(str, argv)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+def bounded_run(argv: list[str], timeout: float, what: str) -> tuple[int, str, str]:
+    """``argv`` in a process of its own (and its own session, killed whole, and the test failed, if it is
+    still running after ``timeout`` s), with src/ and tests/ on its path: (exit code, stdout, stderr)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
-        pytest.fail(f"vitkit {' '.join(map(str, argv))}: still running after {timeout} s")
-    return p.returncode, out, err.splitlines()
+        pytest.fail(f"{what}: still running after {timeout} s")
+    return p.returncode, out, err
+
+
+def vitkit_run(*argv, timeout: float = 60) -> tuple[int, str, list[str]]:
+    """``vitkit ARGV`` in a process of its own (``bounded_run``): (exit code, stdout, stderr lines). A command
+    blocked in a system call in a worker thread cannot be interrupted in-process, so whatever could hang
+    runs here."""
+    rc, out, err = bounded_run([sys.executable, "-m", "vitkit", *map(str, argv)], timeout,
+                               f"vitkit {' '.join(map(str, argv))}")
+    return rc, out, err.splitlines()
 
 
 @pytest.fixture(scope="module")
@@ -629,3 +638,353 @@ def test_a_killed_rank_ends_the_run_in_one_line_with_how_to_resume(rank, data, t
                            capture_output=True, text=True, timeout=120, env=dict(env, KILL_RANK="-"))
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout.splitlines()[-1])["status"] == "completed"
+
+
+# ================================================= 9. numbers that are not finite, flags that disagree, odd data
+@pytest.mark.parametrize("flag, key", [("--max-minutes", "max_minutes"), ("--weight-decay", "optim.weight_decay"),
+                                       ("--mixup", "augment.mixup_alpha"), ("--lr", "optim.lr")])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_number_that_is_not_finite_is_refused_naming_the_key(flag, key, value, data, tmp_path, capsys):
+    rc, _, err = train(capsys, data, tmp_path / "run", flag, value)
+    assert rc == 1
+    one_error(err, names=re.escape(key) + ": expected a finite number, got " + value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_finite_settings_are_refused_in_the_library_and_in_files(data, tmp_path):
+    from vitkit.core.errors import ConfigError
+    from vitkit.train.config import resolve_config
+
+    with pytest.raises(ConfigError, match=r"max_minutes: expected a finite number, got nan"):
+        vitkit.fit(data, max_minutes=float("nan"), epochs=1, out=tmp_path / "run", log=None)
+    with pytest.raises(ConfigError, match=r"augment\.mixup_alpha: expected a finite number, got nan"):
+        resolve_config(None, overrides=["augment.mixup_alpha=NaN"])
+    with pytest.raises(ConfigError, match=r"model_args\.drop_path_rate|drop_path_rate: expected a finite number"):
+        from vitkit.train.build import model_config
+
+        model_config(resolve_config(None, {"model_args.drop_path_rate": float("inf")}))
+    toml = tmp_path / "c.toml"
+    toml.write_text("[optim]\nweight_decay = nan\n")
+    with pytest.raises(ConfigError, match=re.escape(str(toml)) + r".*optim\.weight_decay: expected a finite number"):
+        resolve_config(toml)
+    for override, key in (("optim.eps=0", "optim.eps"), ("optim.momentum=1.5", "optim.momentum")):
+        with pytest.raises(ConfigError, match=re.escape(key) + ": must be"):
+            resolve_config(None, overrides=[override])
+
+
+@pytest.mark.parametrize("flags", [("--amp", "--precision", "fp32"), ("--precision", "fp32", "--amp"),
+                                   ("--model-ema", "--ema", "0.5"), ("--ema", "0.5", "--model-ema"),
+                                   ("--model-ema-decay", "0.9", "--ema", "0.5")])
+def test_a_timm_alias_and_a_flag_that_disagree_are_refused(flags, data, tmp_path, capsys):
+    args = [a for a in FAST_TRAIN_ARGS if a not in ("--precision", "fp32")]
+    rc, _, err = cli(capsys, "train", "--data", data, "--epochs", "1", "--out", tmp_path / "run", *args, *flags)
+    assert rc == 1
+    key = "precision" if "--amp" in flags else "ema"
+    one_error(err, names=rf"--(amp|model-ema).* and --{key} both set {key}, to .*; give one of the two")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_timm_alias_that_agrees_with_the_flag_is_taken(data, tmp_path, capsys):
+    from vitkit.cli.commands.train import flags_from_args
+    from vitkit.cli.main import parse_args
+
+    args = parse_args(["train", "--precision", "bf16", "--amp", "--ema", "0.9998", "--model-ema"])
+    flags = flags_from_args(args)
+    assert (flags["precision"], flags["ema"]) == ("bf16", 0.9998)
+
+
+@pytest.mark.parametrize("settings, says", [({1: 2}, r"settings key 1: expected a dotted config key"),
+                                            ("x", r"settings must be a dict of config keys and values"),
+                                            ({"nosuch.key": 1}, r"nosuch\.key: not a config key"),
+                                            ({"optim.": 1}, r"settings key 'optim\.': expected a dotted")])
+def test_fit_with_settings_that_are_not_config_keys_is_a_config_error(settings, says, tmp_path):
+    from vitkit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        vitkit.fit(settings=settings, out=tmp_path / "run", log=None)
+
+
+def test_a_class_of_one_image_trains_without_a_hold_out_and_the_advice_works(tmp_path, capsys):
+    root = image_folder(tmp_path / "imgs", n=9, test=0)
+    folder = root / "train"
+    for extra in (f"{i}.png" for i in range(1, 9)):
+        (folder / "cat" / extra).unlink()
+    rc, _, err = cli(capsys, "train", "--data", folder, "--epochs", "1", "--out", tmp_path / "a", *FAST_TRAIN_ARGS,
+                     "--set", "data.val_fraction=0.25")
+    assert rc == 1
+    line = one_error(err, names=r"class 'cat' has 1 image; a validation split needs at least 2 per class")
+    assert "set val_fraction to 0" in line, line
+    rc, out, err = cli(capsys, "train", "--data", folder, "--epochs", "1", "--out", tmp_path / "b",
+                       *[a for a in FAST_TRAIN_ARGS if a != "--quiet"], "--set", "data.val_fraction=0")
+    assert rc == 0, err
+    assert "class 'cat' has one image, so none are held out" in out, out
+    rc, out, err = cli(capsys, "eval", tmp_path / "b", "--data", folder, "--quiet")  # the run's own data again
+    assert rc == 0, err
+
+
+def test_preprocess_constants_that_fit_no_channels_name_the_field_and_file(ckpt, data, tmp_path, capsys):
+    import shutil
+
+    for mean, says in (([], r"Preprocess\.mean: expected one value per channel \(or one for all\), got none"),
+                       ([0.1, 0.2], r"Preprocess\.mean: 2 values do not fit 3 channels")):
+        bad = Path(shutil.copytree(ckpt, tmp_path / f"ck{len(mean)}"))
+        _edit_json(bad / "vitkit.json", **{"preprocess.mean": mean, "preprocess.std": [0.5] * len(mean)})
+        rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png")
+        assert rc == 1
+        one_error(err, names=re.escape(str(bad / "vitkit.json")) + ": " + says)
+    rc, _, err = train(capsys, data, tmp_path / "run", "--set", "preprocess.mean=[]")
+    assert rc == 1
+    one_error(err, names=r"Preprocess\.mean: ")
+
+
+# ========================================================= 10. FIFOs where vitkit's own files should be
+def python_run(code: str, timeout: float = 60) -> tuple[int, str, str]:
+    """``code`` in a Python process of its own (``bounded_run``)."""
+    return bounded_run([sys.executable, "-c", code], timeout, code)
+
+
+def test_a_fifo_in_place_of_a_decoded_image_cache_entry_is_a_miss(tmp_path):
+    root, cache = _cache_folder(tmp_path / "data"), tmp_path / "cache"
+    _open_cached(root, cache)
+    (entry,) = (cache / "decoded").glob("*.npz")
+    entry.unlink()
+    os.mkfifo(entry)
+    rc, out, err = python_run(f"from test_robustness_cases import _open_cached\n"
+                              f"print(_open_cached({str(root)!r}, {str(cache)!r}).cache)", timeout=60)
+    assert (rc, out.strip()) == (0, "miss"), err
+    assert entry.is_file()  # written again in its place
+
+
+def test_a_fifo_in_place_of_a_probe_feature_cache_entry_is_a_miss(tmp_path):
+    code = f"""
+import torch
+from vitkit.train.features import FeatureCache
+cache = FeatureCache({str(tmp_path)!r})
+labels, feats = torch.tensor([0, 1, 1]), torch.randn(3, 4)
+file = cache.file("weights+data", "k" * 32)
+assert cache.store(file, "k" * 32, feats, labels) is None
+assert torch.equal(cache.load(file, "k" * 32, labels, 4), feats)  # a hit
+file.unlink()
+import os; os.mkfifo(file)
+print(cache.load(file, "k" * 32, labels, 4))
+"""
+    rc, out, err = python_run(code, timeout=60)
+    assert (rc, out.strip()) == (0, "None"), err
+
+
+@pytest.mark.parametrize("name", ["run.toml", "run.json"])
+def test_a_config_file_that_is_a_fifo_is_one_line(name, data, tmp_path):
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    rc, _, err = vitkit_run("train", "--config", fifo, "--data", data, "--out", tmp_path / "run", "--quiet",
+                            timeout=60)
+    assert rc == 1
+    one_error(err, names=re.escape(str(fifo)) + r": not a regular file \(a FIFO\)")
+
+
+# ======================================================== 11. a run held by another process is never touched
+@pytest.fixture
+def held_run(data, tmp_path, capsys) -> Path:
+    """A run folder as a run in progress has it before its first checkpoint: its config.json, metrics.jsonl
+    and a lock naming a live process (this one)."""
+    rc, _, err = train(capsys, data, tmp_path / "done")
+    assert rc == 0, err
+    run = tmp_path / "held"
+    run.mkdir()
+    for name in ("config.json", "metrics.jsonl"):
+        (run / name).write_bytes((tmp_path / "done" / name).read_bytes())
+    (run / ".lock").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    return run
+
+
+def test_a_run_held_by_a_live_process_is_refused_before_anything_is_written(held_run, data, capsys):
+    before = snapshot(held_run)
+    for nproc in ("1", "2"):
+        rc, _, err = train(capsys, data, held_run, "--nproc", nproc, "--epochs", "2")
+        assert rc == 1, (nproc, err)
+        one_error(err, names=re.escape(str(held_run)) + rf": run directory is in use by process {os.getpid()} ")
+        assert snapshot(held_run) == before, nproc
+    from vitkit.core.errors import TrainingError
+
+    with pytest.raises(TrainingError, match=rf"in use by process {os.getpid()} "):
+        vitkit.fit(data, out=held_run, epochs=2, settings={"processes": 2, "model": "vit_test", "batch_size": 8,
+                                                           "device": "cpu", "precision": "fp32"}, log=None)
+    assert snapshot(held_run) == before
+
+
+def test_write_resolved_refuses_a_held_run(held_run):
+    from vitkit.core.errors import TrainingError
+    from vitkit.train.resolve import ResolvedRun, read_resolved, write_resolved
+
+    run = read_resolved(held_run)
+    before = snapshot(held_run)
+    run.cfg.epochs += 5
+    with pytest.raises(TrainingError, match="in use by process"):
+        write_resolved(ResolvedRun(run.cfg, held_run))
+    assert snapshot(held_run) == before
+
+
+def test_a_failed_run_leaves_no_empty_folder_it_created(tmp_path, capsys):
+    root = image_folder(tmp_path / "imgs", n=9, test=0)
+    for extra in (f"{i}.png" for i in range(1, 9)):
+        (root / "train" / "cat" / extra).unlink()
+    out = tmp_path / "new" / "run"
+    rc, _, err = train(capsys, root / "train", out, "--set", "data.val_fraction=0.25")  # fails on the data
+    assert rc == 1 and "has 1 image" in err[0], err
+    assert not out.exists()
+    out.mkdir()  # a folder the user made stays
+    rc, _, err = train(capsys, root / "train", out, "--set", "data.val_fraction=0.25")
+    assert rc == 1 and out.is_dir() and not list(out.iterdir())
+
+
+# ============================================== 12. convert into a checkpoint, a run, or onto a full disk
+@pytest.fixture(scope="module")
+def timm_file(ckpt, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("timm") / "vit.safetensors"
+    assert main(["convert", str(ckpt), str(out), "--to", "timm"]) == 0
+    return out
+
+
+def test_convert_into_a_checkpoint_or_a_run_is_refused_unless_forced(timm_file, data, tmp_path, capsys):
+    run = tmp_path / "run"
+    rc, _, err = train(capsys, data, run)
+    assert rc == 0, err
+    before = snapshot(run)
+    src = ["convert", timm_file]
+    foreign = ["--from", "timm", "--model", "vit_test"]
+    for argv, says in (([*src, run / "best", *foreign], r"best: holds a vitkit checkpoint \(vitkit\.json\)"),
+                       ([*src, run / "last", *foreign], r"last: holds a vitkit checkpoint"),
+                       ([*src, run, *foreign], r"run: holds a training run \(best/ holds a checkpoint\)"),
+                       ([*src, run, *foreign, "--to", "hf"], r"run: holds a training run"),
+                       (["convert", run, run / "timm.safetensors", "--to", "timm"], r"run: holds a training run")):
+        rc, _, err = cli(capsys, *argv)
+        assert rc == 1, argv
+        line = one_error(err, names=says)
+        assert "--force" in line, line
+        assert snapshot(run) == before, argv
+    rc, _, err = cli(capsys, *src, run / "best", *foreign, "--force")
+    assert rc == 0, err
+    assert vitkit.load(run / "best").cfg.depth == 2
+
+
+def test_convert_onto_a_full_disk_leaves_no_empty_destination(timm_file, tmp_path):
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("needs a private mount namespace (unshare -m) for a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (f"mount -t tmpfs -o size=64k tmpfs {disk} || exit 90; head -c 1M /dev/zero > {disk}/filler 2>/dev/null; "
+              f"{sys.executable} -m vitkit convert {timm_file} {disk}/out --from timm --model vit_test; echo rc=$?; "
+              f"ls -a {disk}")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    if r.returncode == 90:
+        pytest.skip("cannot mount a tmpfs here")
+    assert "rc=1" in r.stdout, (r.stdout, r.stderr)
+    one_error(r.stderr.splitlines(), names=r"out/vitkit\.safetensors: could not write \(no space left on device\)")
+    assert r.stdout.split("rc=1", 1)[1].split() == [".", "..", "filler"], r.stdout  # no empty out/ left
+
+
+# ================================================================ 13. a folder tree deeper than the stack
+@pytest.fixture
+def deep_tree(tmp_path):
+    """An image folder whose class 'cat' holds an image 1,100 folders down; removed after the test one
+    folder at a time (shutil.rmtree, as pytest's own clean-up, recurses and would fail on it)."""
+    from helpers import noise_image
+
+    root = image_folder(tmp_path / "imgs", n=6, test=0) / "train"
+    deep = root / "cat"
+    for _ in range(1100):  # one at a time: mkdir(parents=True) itself recurses
+        deep = deep / "d"
+        deep.mkdir()
+    noise_image(32, 32, seed=9).save(deep / "deep.png")
+    yield root, deep
+    (deep / "deep.png").unlink()
+    while deep != root / "cat":
+        deep.rmdir()
+        deep = deep.parent
+
+
+def test_a_folder_tree_1100_levels_deep_is_walked(deep_tree, ckpt, tmp_path, capsys):
+    root, deep = deep_tree
+    rc, out, err = cli(capsys, "predict", ckpt, root, "--json", "--quiet")
+    assert rc == 0, err[-3:]
+    paths = [p["path"] for p in json.loads(out)["predictions"]]
+    assert len(paths) == 13 and paths[6] == str(deep / "deep.png"), paths  # cat's files, its subfolders, then dog's
+    rc, _, err = train(capsys, root, tmp_path / "run")
+    assert rc == 0, err[-3:]
+
+
+# ========================================================== 14. export where it cannot write; a killed export
+def test_export_where_the_folder_cannot_be_written_is_one_line(ckpt, tmp_path, capsys, monkeypatch):
+    argv = ["export", ckpt, "--format", "torchscript", "--no-check", "--out"]
+    rc, _, err = cli(capsys, *argv, "/proc/m.pt")  # /proc takes no new files, even from root
+    assert rc == 1
+    one_error(err, names=r"--out: /proc/m\.pt: cannot write in /proc \(")
+    import errno
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)  # a read-only file system, as mkdtemp reports it
+    rc, _, err = cli(capsys, *argv, tmp_path / "m.pt")
+    assert rc == 1
+    one_error(err, names=re.escape(str(tmp_path / "m.pt")) + r": cannot write in .*\(Read-only file system\)")
+
+
+def test_a_killed_exports_temporary_folder_is_removed_by_the_next(ckpt, tmp_path, capsys):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".m.pt.{dead.stdout.strip()}.abcdefgh.tmp"  # as a SIGKILL mid-export leaves it
+    stale.mkdir()
+    (stale / "m.pt").write_bytes(b"half written")
+    live = tmp_path / f".m.pt.{os.getpid()}.ijklmnop.tmp"  # an export running now
+    live.mkdir()
+    rc, _, err = cli(capsys, "export", ckpt, "--format", "torchscript", "--no-check", "--out", tmp_path / "m.pt")
+    assert rc == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "m.pt"])
+
+
+# ====================================================== 15. names that are not UTF-8, labels across lines
+def _read_shown(text: str) -> bytes:
+    """The bytes of a name as vitkit shows it: \\\\ a backslash, \\xNN the byte NN, \\n a newline."""
+    return re.sub(rb"\\(\\|x[0-9a-f]{2}|n)", lambda m: {b"\\": b"\\", b"n": b"\n"}.get(m.group(1)) or
+                  bytes([int(m.group(1)[1:], 16)]), text.encode())
+
+
+def test_a_name_that_is_not_utf8_reads_back_from_predict_json(ckpt, data, tmp_path, capsys):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    png = (data / "test" / "cat" / "0.png").read_bytes()
+    names = [b"bad\xff.png", b"bad\\xff.png", b"two\nlines.png"]  # the second holds a backslash, not a byte
+    for name in names:
+        with open(os.fsencode(folder) + b"/" + name, "wb") as f:
+            f.write(png)
+    rc, out, err = cli(capsys, "predict", ckpt, folder, "--json", "--quiet")
+    assert rc == 0, err
+    shown = [p["path"] for p in json.loads(out)["predictions"]]
+    assert len(set(shown)) == 3, shown  # three files, three names
+    assert sorted(_read_shown(p) for p in shown) == sorted(os.fsencode(folder) + b"/" + n for n in names)
+
+
+def test_a_label_holding_a_newline_keeps_the_predict_table_one_line_a_row(data, tmp_path, capsys):
+    ck = vitkit.save(tiny_model(head_std=1.0, labels=["ca\nt", "d\\og"], num_classes=2), tmp_path / "ck")
+    rc, out, err = cli(capsys, "predict", ck, data / "test" / "cat", "--quiet")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 1 + 2 + 2, out  # the header, a row an image, the path taken and the count
+    assert all(re.search(r"(ca\\nt|d\\\\og) \d\.\d{3}", row) for row in lines[1:3]), out
+
+
+@pytest.mark.parametrize("argv, says", [(["export", "--format", "torchscript", "--out", "m.pt", "--atol"],
+                                         r"--atol: must be a finite number >= 0, got "),
+                                        (["explain", "IMAGE", "--out", "x", "--alpha"],
+                                         r"--alpha: the heatmap's opacity must be in \[0, 1\], got ")])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_the_tools_numbers_that_are_not_finite_or_in_range_are_one_line(argv, says, value, ckpt, data, tmp_path,
+                                                                          capsys):
+    argv = [str(data / "test" / "cat" / "0.png") if a == "IMAGE" else str(tmp_path / a) if a in ("m.pt", "x") else a
+            for a in argv]
+    rc, _, err = cli(capsys, argv[0], ckpt, *argv[1:], value)
+    assert rc == 1
+    one_error(err, names=says)
+    assert not (tmp_path / "m.pt").exists() and not (tmp_path / "x").exists()

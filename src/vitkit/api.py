@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .core.errors import ConfigError, TrainingError
 from .model.variants import build_model
@@ -104,7 +104,7 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     """
     from .train.resolve import RunRequest, resolve_run
 
-    flags: dict[str, Any] = dict(settings or {})
+    flags = _settings(settings)
     flags.update({"max_minutes": max_minutes, "epochs": epochs})
     flags["init_model" if weights is not None else "model"] = model
     req = RunRequest(data=None if data is None else str(data), weights=None if weights is None else str(weights),
@@ -123,6 +123,20 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     else:
         summary = _fit_here(run, cache_dir, loggers, say, progress)
     return FitResult(summary, run.run_dir)
+
+
+def _settings(settings) -> dict[str, Any]:
+    """``fit``'s ``settings`` as the flags of a run request: a mapping of dotted config keys (text) to values;
+    anything else is a ConfigError saying what was given."""
+    if settings is None:
+        return {}
+    if not isinstance(settings, Mapping):
+        raise ConfigError(f"fit: settings must be a dict of config keys and values (e.g. {{'optim.lr': 0.003}}), "
+                          f"got {type(settings).__name__} {settings!r:.80}")
+    for key in settings:
+        if not isinstance(key, str) or not all(key.split(".")):
+            raise ConfigError(f"fit: settings key {key!r}: expected a dotted config key such as 'optim.lr'")
+    return dict(settings)
 
 
 def _fit_here(run, cache_dir, loggers, say, progress) -> dict:

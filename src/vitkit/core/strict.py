@@ -7,6 +7,7 @@ and the training config alike, so that every config file vitkit reads is checked
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import types
 import typing
@@ -27,20 +28,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is Any:
         return value
     if origin is typing.Union or origin is types.UnionType:
-        if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in get_args(tp):
-            if str not in get_args(tp):  # `--set key=none` on an optional, non-string field
-                return None
-        errors = []
-        for arg in get_args(tp):
-            if arg is type(None):
-                if value is None:
-                    return None
-                continue
-            try:
-                return coerce(value, arg, where)
-            except ConfigError as e:
-                errors.append(e)
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        return _coerce_union(value, tp, where)
     if origin is typing.Literal:
         if value in get_args(tp):
             return value
@@ -74,7 +62,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return finite(float(value), where)
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -87,6 +75,33 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             return None
         raise ConfigError(f"{where}: expected null, got {value!r}")
     raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")
+
+
+def _coerce_union(value: Any, tp: Any, where: str) -> Any:
+    """``value`` as the first of the union ``tp``'s types that takes it (None for an optional's 'none')."""
+    if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in get_args(tp):
+        if str not in get_args(tp):  # `--set key=none` on an optional, non-string field
+            return None
+    if isinstance(value, float) and float in get_args(tp):
+        finite(value, where)  # said as such, not as a value of none of the types
+    for arg in get_args(tp):
+        if arg is type(None):
+            if value is None:
+                return None
+            continue
+        try:
+            return coerce(value, arg, where)
+        except ConfigError:
+            continue
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def finite(value: float, where: str) -> float:
+    """``value`` when it is a finite number; NaN or an infinity is a ConfigError naming ``where`` (no setting
+    means anything by them, and a comparison with NaN is always false, so range checks would let it by)."""
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    return value
 
 
 def from_dict(cls: type, data: Any, where: str = "config"):
@@ -192,10 +207,13 @@ def parse_json(text: str | bytes):
 def read_json_object(file, error: type[Exception] = ConfigError) -> dict:
     """The JSON object in ``file`` as a dict; text that is not JSON, or JSON that is not an object, is
     ``error`` naming the file."""
-    from pathlib import Path
+    from .files import NotRegularFile, open_regular
 
     try:
-        data = parse_json(Path(file).read_text(encoding="utf-8"))
+        with open_regular(file) as f:
+            data = parse_json(f.read().decode("utf-8"))
+    except NotRegularFile as e:
+        raise error(f"{file}: {e.strerror}") from None
     except ValueError as e:  # UnicodeDecodeError included
         raise error(f"{file}: not valid JSON ({e})") from None
     if not isinstance(data, dict):

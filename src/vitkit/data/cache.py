@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.errors import VitkitError
+from ..core.files import open_regular
 from ..core.strict import parse_json
 from ..io.atomic import atomic_path
 
@@ -77,7 +78,7 @@ class DecodeCache:
         (h, w, C) must satisfy ``fits`` (the decode settings' sizes), so that an entry of the right key
         and checksum but a wrong structure is a miss too, not an error later."""
         try:
-            with zipfile.ZipFile(self._file(name)) as z:
+            with open_regular(self._file(name)) as f, zipfile.ZipFile(f) as z:  # a FIFO is never waited on
                 meta = parse_json(_member(z, "meta", np.uint8, None, META_BYTES + ENTRY_BYTES * count).tobytes())
                 if not isinstance(meta, dict) or meta.get("key") != key or not isinstance(meta.get("errors"), dict):
                     return None

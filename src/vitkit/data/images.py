@@ -13,7 +13,6 @@ import contextlib
 import glob
 import io
 import os
-import stat
 import threading
 import warnings
 from pathlib import Path
@@ -22,7 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..core import files
 from ..core.errors import DataError
+from ..core.files import not_regular
 from ..core.strict import to_hw
 from .splits import eval_resize
 
@@ -39,10 +40,26 @@ _PIL_LIMIT_LOCK = threading.RLock()
 
 
 def show_path(path) -> str:
-    """A path as printable text: undecodable bytes in file names become \\xNN escapes, never an error."""
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    """A path (or a name) as one line of printable text that says which file it is: a byte of the name that
+    is not UTF-8 becomes \\xNN, a newline, tab or other non-printing character \\n, \\t, \\r or \\uNNNN,
+    and, where a backslash is part of a name rather than the separator (not on Windows), a backslash \\\\.
+    Reading \\\\ as a backslash and \\xNN as the byte NN gives the name back."""
+    text = os.fsdecode(path) if isinstance(path, bytes) else str(path)
+    if text.isprintable() and "\\" not in text:  # the common case, as it is
+        return text
+    return "".join(_SHOWN.get(ch) or _show_char(ch) for ch in text)
+
+
+_SHOWN = {"\n": "\\n", "\t": "\\t", "\r": "\\r", **({"\\": "\\\\"} if os.sep == "/" else {})}
+
+
+def _show_char(ch: str) -> str:
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, as os.fsdecode (surrogateescape) carries it
+        return f"\\x{code - 0xDC00:02x}"
+    if ch.isprintable():
+        return ch
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _img():
@@ -136,36 +153,16 @@ def open_pil(f, head: bytes, path: Path, shown: str):
         raise DataError(f"{shown}: {_sniff(head)}") from None
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
-
-
-def not_regular(mode: int) -> str | None:
-    """What a file of ``mode`` (an os.stat st_mode) is when it is not a regular file ('a FIFO', ...), or None."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
-
-
 def open_regular(path):
     """``path`` opened for binary reading when it is a regular file (after following links). A FIFO, socket
     or device is never opened (opening a FIFO waits for a writer, forever): a DataError says what it is; so
     does a path that cannot be opened (missing, a broken link, a directory, ...)."""
-    shown = show_path(path)
     try:
-        what = not_regular(os.stat(path).st_mode)
-        if what is None:  # opened without blocking and checked again: the name may have changed meanwhile
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-            what = not_regular(os.fstat(fd).st_mode)
-            if what is None:
-                os.set_blocking(fd, True)
-                return os.fdopen(fd, "rb")
-            os.close(fd)
+        return files.open_regular(path)
     except OSError as e:
-        _check_path(Path(path))  # names the cause (missing, broken link, directory, ...)
-        raise DataError(f"{shown}: cannot open ({e.strerror or e})") from None
-    _check_path(Path(path))  # a directory, a FIFO, ...
-    raise DataError(f"{shown}: not a regular file ({what}); not read")
+        _check_path(Path(path))  # names the cause (missing, broken link, directory, a FIFO, ...)
+        why = e.strerror if isinstance(e, files.NotRegularFile) else f"cannot open ({e.strerror or e})"
+        raise DataError(f"{show_path(path)}: {why}") from None
 
 
 def _check_path(path: Path) -> None:
@@ -424,29 +421,50 @@ def _ext_hint() -> str:
 
 
 def walk_images(root: Path, recursive: bool = True) -> list[Path]:
-    """Image files under ``root`` in a stable sorted order; hidden entries skipped."""
-    found = []
-    if recursive:
-        seen: set[tuple[int, int]] = set()  # folders searched, by (device, inode)
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-            try:
-                st = os.stat(dirpath)
-            except OSError:
-                dirnames[:] = []
+    """Image files under ``root`` in a stable sorted order (a folder's files, then its subfolders' in turn);
+    hidden entries skipped. The tree is walked without recursion, so that no depth exhausts the stack."""
+    if not recursive:
+        return [Path(e.path) for e in sorted(os.scandir(root), key=lambda e: e.name)
+                if not e.name.startswith(".") and is_image_name(e.name) and not e.is_dir()]
+    found: list[Path] = []
+    seen: set[tuple[int, int]] = set()  # folders searched, by (device, inode)
+    stack = [os.fspath(root)]  # folders to search, the next one last
+    while stack:
+        folder = stack.pop()
+        try:
+            st = os.stat(folder)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen:  # a symbolic link back to a folder already searched (a cycle would
+            continue  # list its files again and again, exponentially with two links)
+        seen.add((st.st_dev, st.st_ino))
+        subfolders = []
+        for entry in _sorted_entries(folder):
+            if entry.name.startswith("."):
                 continue
-            if (st.st_dev, st.st_ino) in seen:  # a symbolic link back to a folder already searched (a cycle
-                dirnames[:] = []  # would list its files again and again, exponentially with two links)
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if not name.startswith(".") and is_image_name(name):
-                    found.append(Path(dirpath) / name)
-    else:
-        for entry in sorted(os.scandir(root), key=lambda e: e.name):
-            if not entry.name.startswith(".") and is_image_name(entry.name) and not entry.is_dir():
+            if _is_dir(entry):
+                subfolders.append(entry.path)
+            elif is_image_name(entry.name):
                 found.append(Path(entry.path))
+        stack.extend(reversed(subfolders))
     return found
+
+
+def _sorted_entries(folder) -> list[os.DirEntry]:
+    """The entries of ``folder`` by name; none where it cannot be read."""
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Whether ``entry`` is a folder (following a symbolic link), as os.walk tells them."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------------------------------

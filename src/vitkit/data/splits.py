@@ -32,13 +32,34 @@ def decode_short_side(img_size: tuple[int, int], crop_pct: float) -> int:
     return max(eval_resize(img_size, crop_pct))
 
 
-def carve_validation(splits, fraction: float, seed: int, where: str) -> bool:
+def carve_validation(splits, fraction: float, seed: int, where: str, required: bool = True) -> bool:
     """Give ``fraction`` of ``splits.train`` (a DataSplits) to ``splits.val``, stratified and seeded, when
-    the data has no validation part; True where it did."""
+    the data has no validation part; True where it did. A class of one image cannot give one: an error
+    where the carve is ``required`` (asked for), else no carve (the run's own hold-out, HELD_OUT)."""
     if splits.val is not None or not fraction:
+        return False
+    if not required and lone_class(splits.train) is not None:
         return False
     splits.train, splits.val = split_stratified(splits.train, fraction, seed, where=where)
     return True
+
+
+def held_out(splits, seed: int, where: str) -> str | None:
+    """A run's own hold-out: HELD_OUT of the training images for validation when the data has neither a
+    validation nor a test part, so that the run reports an accuracy; the line that says what was done
+    (None where the data has a part to score on)."""
+    if splits.test is not None or splits.val is not None:
+        return None
+    if carve_validation(splits, HELD_OUT, seed, where, required=False):
+        return (f"no validation or test part in the data: {HELD_OUT:.0%} of the training images are held out for "
+                "validation")
+    return (f"no validation or test part in the data, and class {lone_class(splits.train)!r} has one image, so none "
+            "are held out: the run reports no accuracy (add images, or a val/ or test/ folder)")
+
+
+def lone_class(images) -> str | None:
+    """The name of the first class of ``images`` with exactly one image, or None."""
+    return next((images.classes[c] for c, n in enumerate(images.class_counts()) if n == 1), None)
 
 
 def split_stratified(images, fraction: float, seed: int, where: str = "dataset") -> tuple:
@@ -49,7 +70,7 @@ def split_stratified(images, fraction: float, seed: int, where: str = "dataset")
     for c, n in enumerate(counts):
         if n == 1:
             raise DataError(f"{where}: class {images.classes[c]!r} has {n} image; a validation split needs at "
-                            f"least 2 per class (add images or use val_fraction=0)")
+                            f"least 2 per class (add images, or set val_fraction to 0: nothing is held out then)")
     # images per class for val: floor(n * fraction) within [1, n - 1], then the largest remainders get
     # one more until the total is round(N * fraction) (8,000 images at 0.1 -> exactly 800)
     want = {c: n * fraction for c, n in enumerate(counts) if n}
@@ -72,4 +93,5 @@ def split_stratified(images, fraction: float, seed: int, where: str = "dataset")
     return images.subset(tr), images.subset(va)
 
 
-__all__ = ["HELD_OUT", "eval_resize", "decode_short_side", "carve_validation", "split_stratified"]
+__all__ = ["HELD_OUT", "eval_resize", "decode_short_side", "carve_validation", "held_out", "lone_class",
+           "split_stratified"]

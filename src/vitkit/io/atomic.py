@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -43,6 +45,51 @@ def ensure_dir(path: str | os.PathLike) -> Path:
         why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else (e.strerror or str(e))
         raise CheckpointError(f"{path}: cannot create the folder ({why})") from None
     return path
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):  # not a pid at all
+        return False
+    return True
+
+
+def private_dir(target: Path) -> Path:
+    """A new hidden folder beside ``target`` to write it in (``.NAME.PID.XXXXXXXX.tmp``), for a writer that
+    renames its result over ``target`` and removes the folder after. Such folders left by a process that
+    was killed (its PID is gone) are removed first. A folder that cannot be written in is a one-line
+    CheckpointError naming ``target``."""
+    parent, prefix = target.parent, f".{target.name}."
+    for old in parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = old.name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and old.is_dir() and not old.is_symlink() and not process_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", dir=parent))
+    except OSError as e:
+        why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        raise CheckpointError(f"{target}: cannot write in {parent} ({why})") from None
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(folder: str | os.PathLike):
+    """Run the block; when it fails, ``folder`` did not exist before it and is empty after, remove it, so
+    that a failed write (a full disk, say) leaves no empty folder where its output was to go."""
+    existed = os.path.lexists(folder)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        if not existed and not done:
+            with contextlib.suppress(OSError):
+                Path(folder).rmdir()  # only when empty
 
 
 @contextlib.contextmanager

@@ -148,6 +148,7 @@ def read_config(ckpt_dir: Path) -> tuple[ViTConfig, Preprocess, list[str] | None
     try:
         cfg = ViTConfig.from_dict(raw["model"], where="model")
         pre = Preprocess.from_dict(raw.get("preprocess") or {}, where="preprocess")
+        pre.for_channels(cfg.in_chans)  # constants that fit the model's channels, said here naming the file
     except ConfigError as e:
         raise CheckpointError(f"{file}: {e}") from None
     labels = raw.get("labels")

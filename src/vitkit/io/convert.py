@@ -24,6 +24,7 @@ from ..core.errors import CheckpointError, ConfigError
 from ..model.config import ViTConfig
 from ..model.vit import count_params
 from .arch import parse_overrides
+from .atomic import removed_if_left_empty
 from .checkpoint import (
     CONFIG,
     FILE_NAMES,
@@ -256,8 +257,13 @@ def convert(
     img_size: int | tuple[int, int] | None = None,
     interpolation: str = "bicubic",
     antialias: bool = False,
+    force: bool = False,
 ) -> dict:
     """Read ``src`` in one format and write ``dest`` in another; returns a report (JSON-ready dict).
+
+    A destination folder (a timm file's: the folder it goes in) that holds a checkpoint or a training run
+    is refused (``check_destination``) unless ``force``: the files written would replace the checkpoint, or
+    become what a tool loads from the run in place of its best/.
 
     ``img_size`` converts at another resolution: learned position embeddings are resampled
     (``interpolation``, default bicubic without antialias, as HF; timm uses antialias=True). Where that is
@@ -266,6 +272,9 @@ def convert(
     """
     _reader(src_format, "--from")
     _writer(dest_format, "--to")
+    folder = Path(dest).parent if dest_format == "timm" else Path(dest)  # the folder the files go to
+    if not force:
+        check_destination(folder)
     model, info = read(src, src_format, model_name=model_name, overrides=overrides)
     resampled = None
     if img_size is not None:
@@ -274,7 +283,8 @@ def convert(
         resampled = {"from": list(old), "to": list(model.cfg.img_size), "interpolation": interpolation,
                      "antialias": antialias}
         model.preprocess = _test_crop(model.preprocess, info.get("test"), model.cfg.img_size, overrides)
-    files = write(model, dest, dest_format)
+    with removed_if_left_empty(folder):
+        files = write(model, dest, dest_format)
     return {
         "src": str(src),
         "dest": str(dest),
@@ -292,6 +302,27 @@ def convert(
     }
 
 
+def check_destination(folder: Path) -> None:
+    """A CheckpointError when ``folder`` holds a training run (best/ or last/ checkpoints) or the files of a
+    checkpoint (vitkit's, an older one's or an HF model's, or a run's config.json), naming what is there."""
+    what = _occupant(folder) if folder.is_dir() else None
+    if what:
+        raise CheckpointError(f"{folder}: holds {what}, which the conversion would replace or shadow; choose "
+                              "another destination, or give --force to write there")
+
+
+def _occupant(folder: Path) -> str | None:
+    """What of a checkpoint's or a training run's ``folder`` holds, in words; None where nothing."""
+    for sub in ("best", "last", ".best.old", ".last.old"):
+        if config_file(folder / sub):
+            return f"a training run ({sub}/ holds a checkpoint)"
+    for name in FILE_NAMES:
+        if os.path.lexists(folder / name):
+            mine = name in (CONFIG, WEIGHTS)
+            return f"{'a vitkit checkpoint' if mine else 'a run config, an HF model or an old checkpoint'} ({name})"
+    return None
+
+
 def _test_crop(pre, test: dict | None, img_size, overrides) -> Any:
     """``pre`` with a timm tag's test_crop_pct where the model now has its test_input_size (and no
     preprocess.crop_pct override says otherwise)."""
@@ -301,6 +332,7 @@ def _test_crop(pre, test: dict | None, img_size, overrides) -> Any:
 
 
 __all__ = [
+    "check_destination",
     "CONTAINERS",
     "load_any",
     "FORMATS",

@@ -288,8 +288,11 @@ class Preprocess:
     #   crop_pct 1: the whole image squeezed to the size)
 
     def __post_init__(self):
+        for name in ("mean", "std"):
+            if not getattr(self, name):
+                raise ConfigError(f"Preprocess.{name}: expected one value per channel (or one for all), got none")
         if len(self.mean) != len(self.std):
-            raise ConfigError(f"Preprocess: mean has {len(self.mean)} values but std has {len(self.std)}")
+            raise ConfigError(f"Preprocess.mean: {len(self.mean)} values, but Preprocess.std has {len(self.std)}")
         if any(s <= 0 for s in self.std):
             raise ConfigError(f"Preprocess.std: every value must be > 0, got {self.std}")
         if not 0 < self.crop_pct <= 1:
@@ -306,7 +309,8 @@ class Preprocess:
             return dataclasses.replace(self, mean=(m,), std=(s,))
         if len(self.mean) == 1:
             return dataclasses.replace(self, mean=self.mean * channels, std=self.std * channels)
-        raise ConfigError(f"Preprocess: {len(self.mean)} mean values do not fit {channels} channels")
+        raise ConfigError(f"Preprocess.mean: {len(self.mean)} values do not fit {channels} channels (one value per "
+                          "channel, or one for all)")
 
     def to_dict(self) -> dict:
         return to_dict(self)

@@ -227,8 +227,8 @@ def _choose(splits, split: str | None, where: str, run, val_fraction: float, see
         carve = ("the run's validation carve", fraction) if fraction else None
     elif run is None and split == "val" and splits.val is None:
         carve = ("validation carve", val_fraction)
-    if carve:
-        carve_validation(splits, carve[1], seed, where)
+    if carve:  # the run's own hold-out is skipped where a class has one image, as the run skipped it
+        carve_validation(splits, carve[1], seed, where, required=run is None or bool(run.data.val_fraction))
     parts = [s for s in ("train", "val", "test") if getattr(splits, s) is not None]
     if split is None:
         split = "test" if splits.test is not None else "val" if splits.val is not None else "all"

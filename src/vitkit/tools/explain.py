@@ -319,7 +319,7 @@ def explain(
     """
     from ..data import to_model_input
 
-    _check_options(method, head_fusion, discard_ratio)
+    _check_options(method, head_fusion, discard_ratio, alpha)
     model = load_model(model_or_path, device)
     cfg = model.cfg
     wanted, notes = _maps_for(method, model, target)
@@ -367,13 +367,15 @@ def _maps_for(method: str, model, target) -> tuple[tuple[str, ...], list[str]]:
     return wanted, []
 
 
-def _check_options(method: str, head_fusion: str, discard_ratio: float) -> None:
+def _check_options(method: str, head_fusion: str, discard_ratio: float, alpha: float = 0.5) -> None:
     if method not in METHODS:
         raise ConfigError(f"--method: {method!r} is not one of {', '.join(METHODS)}")
     if head_fusion not in FUSIONS:
         raise ConfigError(f"--head-fusion: {head_fusion!r} is not one of {', '.join(FUSIONS)}")
     if not 0.0 <= discard_ratio < 1.0:
         raise ConfigError(f"--discard-ratio: must be in [0, 1), got {discard_ratio}")
+    if not 0.0 <= alpha <= 1.0:  # NaN too
+        raise ConfigError(f"--alpha: the heatmap's opacity must be in [0, 1], got {alpha}")
 
 
 def _read_image(image, channels: int, max_pixels) -> tuple[torch.Tensor, str]:

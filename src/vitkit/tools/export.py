@@ -19,9 +19,9 @@ size; the check at a second size proves it.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -136,18 +136,15 @@ def export(
     """
     if fmt not in FORMATS:
         raise ExportError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if not 0 <= atol < math.inf:  # NaN would fail every check, infinity pass any
+        raise ExportError(f"--atol: must be a finite number >= 0, got {atol}")
     if len(set(batch_sizes)) < 2 and check:
         raise ExportError(f"batch_sizes: the check needs at least two batch sizes, got {tuple(batch_sizes)}")
     model = load_model(model_or_path, "cpu").float()
     cfg = model.cfg
     out = Path(out)
     _check_target(cfg, fmt, out, dynamic_size)
-    from ..io.atomic import ensure_dir
-
-    ensure_dir(out.parent)
-    # Write into a private folder next to ``out`` under the final name (torch.export.load wants the
-    # .pt2 suffix), check, then rename over ``out``: a failed export or check leaves ``out`` untouched.
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmpdir = _private_dir(out)
     tmp = tmpdir / out.name
     try:
         _write(model, fmt, tmp, opset, dynamic_size)
@@ -168,6 +165,20 @@ def export(
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return result
+
+
+def _private_dir(out: Path) -> Path:
+    """The folder next to ``out`` to write it in under its final name (torch.export.load wants the .pt2
+    suffix); checked, then renamed over ``out``, so that a failed export or check leaves ``out`` untouched.
+    One that a killed export left is removed by the next; a folder that cannot be written is one line."""
+    from ..core.errors import CheckpointError
+    from ..io.atomic import ensure_dir, private_dir
+
+    try:
+        ensure_dir(out.parent)
+        return private_dir(out)
+    except CheckpointError as e:
+        raise ExportError(f"--out: {e}") from None
 
 
 def _check_target(cfg, fmt: str, out: Path, dynamic_size: bool) -> None:

@@ -22,14 +22,14 @@ from ..core.errors import ConfigError, DataError, TrainingError
 from ..core.hardware import resolve_device
 from ..core.progress import Progress
 from ..data import eval_batch
-from ..data.splits import HELD_OUT, carve_validation, decode_short_side
+from ..data.splits import decode_short_side, held_out
 from ..infer.paths import check_tta_shift, pick_precision
 from ..io import checkpoint as ckpt_io
 from ..io.hub import resolve_weights
 from ..io.preprocess import apply_preprocess
 from ..model.config import Preprocess, ViTConfig
 from ..model.vit import VisionTransformer, count_params
-from .checkpoint import LOCK, find_checkpoint, foreign_checkpoint_file
+from .checkpoint import LOCK, RunLock, find_checkpoint, foreign_checkpoint_file
 from .config import RunConfig, checked_run_config, read_run_config
 from .metrics import check_loggers
 
@@ -118,6 +118,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
         )
     if not run_dir.is_dir():
         return
+    RunLock(run_dir).check()  # a run another process holds is not touched, not even its config.json
     if not resume:
         _check_run_config_file(run_dir)
     if (foreign := foreign_checkpoint_file(run_dir)) is not None:
@@ -195,9 +196,8 @@ def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progr
     splits = open_dataset(d.path, d.format, channels=mcfg.in_chans, img_size=size, val_fraction=d.val_fraction,
                           seed=cfg.seed, strict=d.strict, in_memory=d.in_memory, progress=progress,
                           short_side=short, cache_dir=cache_dir)
-    if splits.test is None and carve_validation(splits, HELD_OUT, cfg.seed, where=str(d.path)):
-        say(f"no validation or test part in the data: {HELD_OUT:.0%} of the training images are held out for "
-            "validation")
+    if (line := held_out(splits, cfg.seed, where=str(d.path))) is not None:
+        say(line)
     return splits
 
 

@@ -28,7 +28,7 @@ import torch
 
 from ..core.errors import CheckpointError, TrainingError
 from ..io import checkpoint as ckpt_io
-from ..io.atomic import atomic_path, fsync_dir
+from ..io.atomic import atomic_path, fsync_dir, process_alive
 
 TRAINER_STATE = "trainer.pt"
 LOCK = ".lock"
@@ -189,16 +189,6 @@ def write_json(path: Path, obj) -> None:
 
 
 # ------------------------------------------------------------------------------------------- lock
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class RunLock:
     """An exclusive lock on a run directory: a ``.lock`` file holding the owner's host and pid.
 
@@ -210,26 +200,36 @@ class RunLock:
         self.held = False
 
     def acquire(self) -> "RunLock":
-        host = socket.gethostname()
-        me = f"{host} {os.getpid()}\n"
+        me = f"{socket.gethostname()} {os.getpid()}\n"
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                owner_host, pid = self._owner()
-                if pid is not None and owner_host == host and not _pid_alive(pid):
-                    self.path.unlink(missing_ok=True)  # stale: its process is gone
-                    continue
-                who = f"process {pid} on {owner_host}" if pid is not None else "another process"
-                raise TrainingError(
-                    f"{self.path.parent}: run directory is in use by {who} (lock file {self.path}); "
-                    "use another --out, or delete the lock if that process is gone"
-                ) from None
+                self.check(take_stale=True)
+                continue
             with os.fdopen(fd, "w") as f:
                 f.write(me)
             self.held = True
             return self
         raise TrainingError(f"{self.path}: could not take the run directory's lock")
+
+    def check(self, take_stale: bool = False) -> None:
+        """A TrainingError naming the holder when another process holds the lock (one on another host, or
+        alive on this one), so that a launcher refuses before it writes anything to the run directory. A
+        lock whose process is gone is stale: left for ``acquire`` to replace, or removed (``take_stale``)."""
+        if not os.path.lexists(self.path) or self.held:
+            return
+        host = socket.gethostname()
+        owner_host, pid = self._owner()
+        if pid is not None and owner_host == host and not process_alive(pid):
+            if take_stale:
+                self.path.unlink(missing_ok=True)  # stale: its process is gone
+            return
+        who = f"process {pid} on {owner_host}" if pid is not None else "another process"
+        raise TrainingError(
+            f"{self.path.parent}: run directory is in use by {who} (lock file {self.path}); "
+            "use another --out, or delete the lock if that process is gone"
+        )
 
     def _owner(self) -> tuple[str | None, int | None]:
         try:

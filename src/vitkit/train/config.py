@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..core.errors import ConfigError
+from ..core.files import NotRegularFile, open_regular
 from ..core.strict import (
     MAX_NESTING,
     apply_overrides,
@@ -85,6 +86,10 @@ class OptimConfig:
             raise ConfigError(f"optim.muon_convs: needs optim.name='muon', got optim.name={self.name!r}")
         if not 0 <= self.muon_momentum < 1:
             raise ConfigError(f"optim.muon_momentum: must be in [0, 1), got {self.muon_momentum!r}")
+        if not self.eps > 0:
+            raise ConfigError(f"optim.eps: must be > 0, got {self.eps!r}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"optim.momentum: must be in [0, 1), got {self.momentum!r}")
         if not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"optim.betas: each must be in [0, 1), got {self.betas!r}")
 
@@ -254,10 +259,12 @@ def load_toml(path: str | Path) -> dict:
 
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = tomllib.load(f)
         check_nesting(data)
         return data
+    except NotRegularFile as e:
+        raise ConfigError(f"{path}: {e.strerror}, expected a TOML file") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid TOML (nested more than {MAX_NESTING} levels deep)") from None
     except FileNotFoundError:
@@ -281,7 +288,7 @@ def read_run_config(path: str | Path) -> dict:
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
-    if not file.is_file():
+    if not file.exists() or file.is_dir():  # a FIFO, say, is for read_json_object to name
         raise ConfigError(f"{path}: no config.json there; not a vitkit run directory" if path.is_dir()
                           else f"{path}: no such config file")
     data = read_json_object(file)
@@ -347,16 +354,23 @@ def resolve_config(
             raise ConfigError(f"{file}: {e}") from None
         data = merge(data, loaded)
     for key, value in (flags or {}).items():
-        if value is None:
-            continue
-        node = data
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[last] = value
+        if value is not None:
+            _set_key(data, key, value)
     if overrides:
         data = apply_overrides(data, overrides)
     return RunConfig.from_dict(data)
+
+
+def _set_key(data: dict, key: str, value) -> None:
+    """Set dotted ``key`` of ``data`` to ``value``; a key under no section of the config is a ConfigError
+    naming it (an unknown key in a section is from_dict's)."""
+    node = data
+    *parents, last = key.split(".")
+    for p in parents:
+        node = node.get(p) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            raise ConfigError(f"{key}: not a config key ({p!r} is not a section of the run config)")
+    node[last] = value
 
 
 def _check_named_model(cfg: RunConfig) -> None:

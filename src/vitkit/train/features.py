@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import TrainingError, VitkitError
+from ..core.files import fd_path, open_regular
 from ..core.progress import Progress
 from ..data import eval_batches
 from ..infer.paths import autocast
@@ -137,7 +138,7 @@ class FeatureCache:
         from safetensors import safe_open
 
         try:
-            with safe_open(os.fspath(file), framework="pt") as f:
+            with open_regular(file) as own, safe_open(fd_path(own, file), framework="pt") as f:  # never a FIFO
                 meta = f.metadata() or {}
                 if meta.get("key") != key or set(f.keys()) != {"features", "labels"}:
                     return None

@@ -26,7 +26,7 @@ from ..core.hardware import resolve_device
 from ..core.progress import Progress
 from ..infer.fastpath import FastPath
 from ..infer.paths import pick_precision, training_path
-from ..io.atomic import ensure_dir
+from ..io.atomic import ensure_dir, removed_if_left_empty
 from .build import check_classes, check_run_dir, check_views, foreign_init, model_config, open_data, prepare_model
 from .checkpoint import RunLock, checkpoint_step, cleanup_temp, find_checkpoint, resume_point
 from .config import RunConfig
@@ -211,16 +211,18 @@ def ran_with(cfg: RunConfig, dist: DistInfo) -> RunConfig:
 
 @contextlib.contextmanager
 def _hold(run_dir: Path, resume: bool, dist: DistInfo):
-    """The main process checks and creates the run directory, and holds its lock while the run lasts."""
+    """The main process checks and creates the run directory, and holds its lock while the run lasts. A
+    folder it created and a failed run left empty is removed, so that a failure leaves nothing behind."""
     lock = RunLock(run_dir)
-    if dist.is_main:
-        check_run_dir(run_dir, resume)
-        ensure_dir(run_dir)  # a file in the way: one line naming it
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
+    with removed_if_left_empty(run_dir) if dist.is_main else contextlib.nullcontext():
+        if dist.is_main:
+            check_run_dir(run_dir, resume)
+            ensure_dir(run_dir)  # a file in the way: one line naming it
+            lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
 
 __all__ = ["train", "run_path", "main_config", "start_point", "ran_with"]

@@ -28,7 +28,7 @@ from ..core.strict import parse_override
 from ..infer.fastpath import FastPath
 from ..infer.paths import training_path
 from ..model.config import ViTConfig
-from .checkpoint import find_checkpoint, write_json
+from .checkpoint import RunLock, find_checkpoint, write_json
 from .config import DEMO_BUDGET, FINETUNE_DEFAULTS, RunConfig, checked_run_config, read_run_config, resolve_config
 
 RUN_CONFIG = "config.json"  # the resolved run, in its run directory
@@ -436,12 +436,17 @@ def default_threads(local_processes: int) -> int:
 def write_resolved(run: ResolvedRun) -> Path:
     """Write the resolved run to its directory's config.json (atomically), for the processes a launcher
     starts; return the file. (A resumed run's record is the run continued: its config with what the
-    request changes, such as a longer budget, as the run itself writes it when it starts.)"""
+    request changes, such as a longer budget, as the run itself writes it when it starts.) The run
+    directory's rules (``build.check_run_dir``: its lock above all) are checked first, and the lock is held
+    while the file is written, so that a run another process holds is never changed."""
     from ..io.atomic import ensure_dir
+    from .build import check_run_dir
 
     file = run.run_dir / RUN_CONFIG
+    check_run_dir(run.run_dir, run.resume)
     ensure_dir(run.run_dir)
-    write_json(file, run.cfg.to_dict())
+    with RunLock(run.run_dir):
+        write_json(file, run.cfg.to_dict())
     return file
 
 

@@ -6,10 +6,15 @@ import json
 import math
 
 
+def printable(text: str) -> str:
+    """``text`` (a message) with the bytes that are not UTF-8 of the file names in it, carried as lone
+    surrogates, shown as \\xNN: printing them raw fails. (A file name itself: data.images.show_path.)"""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _printable(obj):
     if isinstance(obj, str):
-        # file names that are not valid UTF-8 carry lone surrogates: show their bytes as \xNN
-        return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        return printable(obj)
     if isinstance(obj, dict):
         return {_printable(k): _printable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -30,6 +30,8 @@ def register(p):
                    help="position-embedding resampling for --img-size (default bicubic, no antialias, as HF)")
     p.add_argument("--antialias", action="store_true", help="resample with antialias=True, as timm does (this kernel differs from the "
                         "default when upsampling too)")
+    p.add_argument("--force", action="store_true", help="write DEST even where it holds a checkpoint or a training "
+                   "run (whose files the conversion replaces, or whose best/ it shadows); refused without it")
     p.add_argument("--json", action="store_true", help="print a JSON report as the last line")
     p.set_defaults(_convert_parser=p)
 
@@ -47,7 +49,7 @@ def run(args) -> int:
     dest_format = args.dest_format or "vitkit"
     report = convert(args.src, args.dest, src_format, dest_format, model_name=args.model_name,
                      overrides=args.overrides, img_size=args.img_size, interpolation=args.interpolation,
-                     antialias=args.antialias)
+                     antialias=args.antialias, force=args.force)
     for line in describe(report):
         print(line)
     if report["resampled"]:

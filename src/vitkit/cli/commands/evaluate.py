@@ -51,15 +51,15 @@ def run(args) -> int:
 
     from ...data.images import show_path
     from ...tools.evaluate import evaluate
-    from . import cli_progress, json_line
+    from . import cli_progress, json_line, printable
 
     res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
                    batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst,
                    strict=args.strict, max_pixels=max_pixels(args), tta=args.tta,
                    tta_shift=args.tta_shift, precision=args.precision,
                    engine=args.engine, progress=cli_progress(args.quiet, args.progress_every))
-    for item in res["skipped"]:
-        print(f"vitkit: warning: skipped {show_path(item['path'])}: {show_path(item['reason'])}", file=sys.stderr)
+    for item in res["skipped"]:  # the library shows its paths already (data.images.show_path)
+        print(f"vitkit: warning: skipped {printable(item['path'])}: {printable(item['reason'])}", file=sys.stderr)
     if args.json:
         print(json_line(res))
         return 0

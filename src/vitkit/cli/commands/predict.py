@@ -39,13 +39,13 @@ def run(args) -> int:
             print(f"vitkit: warning: skipped {e['error']}", file=sys.stderr)
     if failed:
         if args.json:
-            print(json_line(res))
+            print(json_line(shown_paths(res)))
         n = len(res["errors"])
         why = res["errors"][0]["error"] if n == 1 else f"no image could be classified ({n} skipped)"
         print(f"vitkit: error: {why}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json_line(res))
+    if args.json:  # file names as messages show them (show_path), so that a name that is not UTF-8 reads back
+        print(json_line(shown_paths(res)))
     elif args.csv:
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(["path", "rank", "index", "label", "prob"])
@@ -55,7 +55,7 @@ def run(args) -> int:
     else:
         # undecodable bytes in file names are shown as \xNN: printing them raw fails on a UTF-8 terminal
         rows = [dict(p, path=show_path(p["path"])) for p in res["predictions"]]
-        cells = [[f"{t['label']} {t['prob']:.3f}" for t in p["top"]] for p in rows]
+        cells = [[f"{show_path(t['label'])} {t['prob']:.3f}" for t in p["top"]] for p in rows]  # one line each
         width = max([len(p["path"]) for p in rows] + [4])
         cw = [max([len(c[i]) for c in cells if i < len(c)] + [5]) for i in range(res["top_k"])]
         print("  ".join([f"{'path':<{width}}"] + [f"{f'top-{i + 1}':<{cw[i]}}" for i in range(res["top_k"])]).rstrip())
@@ -65,3 +65,11 @@ def run(args) -> int:
         print(f"ran {res['fast_path']}")
         print(f"{len(rows)} image(s) classified" + (f", {n_err} skipped (see above)" if n_err else ""))
     return 0
+
+
+def shown_paths(res: dict) -> dict:
+    """``predict``'s result with each prediction's and error's path as ``show_path`` shows it."""
+    from ...data.images import show_path
+
+    return dict(res, predictions=[dict(p, path=show_path(p["path"])) for p in res["predictions"]],
+                errors=[dict(e, path=show_path(e["path"])) for e in res["errors"]])

@@ -110,6 +110,27 @@ def timm_flags(args) -> dict:
     return out
 
 
+# config key -> the timm alias that sets it and vitkit's own flag for it: given both, they must agree
+ALIASED = {"precision": ("--amp", "--precision"), "ema": ("--model-ema (or --model-ema-decay)", "--ema")}
+
+
+def merge_aliases(flags: dict, aliases: dict) -> dict:
+    """``flags`` with the keys the timm aliases set (``aliases``, None: not given) laid over them. A key that
+    both vitkit's flag and an alias set to different values is a one-line ConfigError naming both, in
+    whichever order they were typed: neither silently wins."""
+    from ...core.errors import ConfigError
+
+    out = dict(flags)
+    for key, value in aliases.items():
+        if value is None:
+            continue
+        if out.get(key) is not None and out[key] != value:
+            alias, own = ALIASED.get(key, ("a timm flag", "a vitkit flag"))
+            raise ConfigError(f"{alias} and {own} both set {key}, to {value!r} and {out[key]!r}; give one of the two")
+        out[key] = value
+    return out
+
+
 def pretrained_weights(args) -> str:
     """--pretrained: the hf-hub name of --model's published weights; refused where it means nothing."""
     from ...core.errors import ConfigError
@@ -149,4 +170,5 @@ def timm_hint(flag: str) -> str | None:
     return f"timm's {flag} has no vitkit counterpart ({form[6:]})" if form.startswith("none: ") else f"use {form}"
 
 
-__all__ = ["add_timm_aliases", "timm_flags", "rand_augment", "timm_hint", "TIMM_FORMS", "OPTIMIZERS", "SCHEDULES"]
+__all__ = ["add_timm_aliases", "timm_flags", "merge_aliases", "ALIASED", "rand_augment", "timm_hint", "TIMM_FORMS",
+           "OPTIMIZERS", "SCHEDULES"]

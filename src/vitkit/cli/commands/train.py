@@ -18,7 +18,7 @@ import sys
 
 from ...train.launch import DEFAULT_RDZV_ID
 from . import seconds
-from .timm_flags import add_timm_aliases, timm_flags
+from .timm_flags import add_timm_aliases, merge_aliases, timm_flags
 
 
 def _h(text: str, key: str, finetune: bool = False) -> str:
@@ -238,8 +238,7 @@ def flags_from_args(args) -> dict:
         "skip_nonfinite": args.skip_nonfinite,
     }
     f.update(progress_and_loggers_flags(args))
-    f.update({k: v for k, v in timm_flags(args).items() if v is not None})
-    return f
+    return merge_aliases(f, timm_flags(args))
 
 
 def config_keys() -> list[str]:
