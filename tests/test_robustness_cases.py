@@ -1,7 +1,8 @@
 """What a careless or hostile user finds, end to end: an --out folder of someone else's files, FIFOs in a data
 folder, signals, configs that would build a model of terabytes or nest without end, decoded-image cache
 entries that pass the checksum but not the shape, non-finite numbers in --json output, weights that are
-not float, a rank killed in a run of several processes.
+not float, a rank killed in a run of several processes, preprocessing and model fields that are NaN,
+infinite, ill-typed or out of range.
 
 Every case: one line (``vitkit: error: ...`` or a warning), no traceback, no hang (each that could hang
 runs under a timeout), and no file of the user's lost.
@@ -629,3 +630,39 @@ def test_a_killed_rank_ends_the_run_in_one_line_with_how_to_resume(rank, data, t
                            capture_output=True, text=True, timeout=120, env=dict(env, KILL_RANK="-"))
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout.splitlines()[-1])["status"] == "completed"
+
+
+# ======================================================= 9. preprocessing and model fields out of range
+NAN, INF = float("nan"), float("inf")
+CKPT_BAD = {  # case -> (vitkit.json field, value, the error after "vitkit.json: ")
+    "mean-nan": ("preprocess.mean", [NAN] * 3, r"Preprocess\.mean\[0\]: expected a finite number in \[-10, 10\], got nan"),
+    "mean-text": ("preprocess.mean", "abc", r"preprocess\.mean: expected a list, got 'abc'"),
+    "mean-empty": ("preprocess.mean", [], r"Preprocess\.mean: expected a number or a list of numbers in \[-10, 10\]"),
+    "std-inf": ("preprocess.std", [INF] * 3, r"Preprocess\.std\[0\]: expected a finite number in \[0.001, 10\], got inf"),
+    "crop-tiny": ("preprocess.crop_pct", 1e-9, r"Preprocess\.crop_pct: expected a finite number in \[0.1, 1\], got 1e-09"),
+    "crop-subnormal": ("preprocess.crop_pct", 5e-324, r"Preprocess\.crop_pct: expected a finite number in \[0.1, 1\]"),
+    "norm-eps-inf": ("model.norm_eps", INF, r"ViTConfig\.norm_eps: expected a finite number in \(0, 0.1\], got inf"),
+    "mlp-ratio-inf": ("model.mlp_ratio", INF, r"ViTConfig\.mlp_ratio: must be a finite number giving an MLP width >= 1"),
+    "mlp-ratio-huge": ("model.mlp_ratio", 1e308, r"ViTConfig\.mlp_ratio: must be a finite number giving an MLP width"),
+    "layer-scale-inf": ("model.layer_scale", INF, r"ViTConfig\.layer_scale: expected a finite number in \(0, 10\]"),
+    "classes-beyond-float": ("model.num_classes", 10**400, r"ViTConfig\.num_classes: a number of 401 digits is beyond 9007199254740992"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CKPT_BAD))
+def test_a_checkpoint_field_out_of_range_is_one_line_naming_it(case, ckpt, data, tmp_path, capsys):
+    import shutil
+
+    field, value, message = CKPT_BAD[case]
+    bad = Path(shutil.copytree(ckpt, tmp_path / "ck"))
+    _edit_json(bad / "vitkit.json", **{field: value})
+    rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json")
+    assert rc == 1
+    one_error(err, names="^vitkit: error: " + re.escape(f"{bad / 'vitkit.json'}: ") + message)
+
+
+def test_a_preprocess_given_out_of_range_is_one_line(ckpt):
+    from vitkit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^Preprocess\.mean\[0\]: expected a finite number in \[-10, 10\], got nan$"):
+        vitkit.create_model(weights=ckpt, preprocess={"mean": [NAN, 0.5, 0.5]})
