@@ -1,8 +1,8 @@
 """What a careless or hostile user finds, end to end: an --out folder of someone else's files, FIFOs in a data
 folder, signals, configs that would build a model of terabytes or nest without end, decoded-image cache
 entries that pass the checksum but not the shape, non-finite numbers in --json output, weights that are
-not float, a rank killed in a run of several processes, preprocessing and model fields that are NaN,
-infinite, ill-typed or out of range.
+not float (or float8, or a negative BatchNorm variance), a rank killed in a run of several processes,
+preprocessing and model fields that are NaN, infinite, ill-typed or out of range.
 
 Every case: one line (``vitkit: error: ...`` or a warning), no traceback, no hang (each that could hang
 runs under a timeout), and no file of the user's lost.
@@ -632,7 +632,7 @@ def test_a_killed_rank_ends_the_run_in_one_line_with_how_to_resume(rank, data, t
         assert json.loads(r.stdout.splitlines()[-1])["status"] == "completed"
 
 
-# ======================================================= 9. preprocessing and model fields out of range
+# ============================================ 9. preprocessing and model fields out of range, odd weights
 NAN, INF = float("nan"), float("inf")
 CKPT_BAD = {  # case -> (vitkit.json field, value, the error after "vitkit.json: ")
     "mean-nan": ("preprocess.mean", [NAN] * 3, r"Preprocess\.mean\[0\]: expected a finite number in \[-10, 10\], got nan"),
@@ -666,3 +666,46 @@ def test_a_preprocess_given_out_of_range_is_one_line(ckpt):
 
     with pytest.raises(ConfigError, match=r"^Preprocess\.mean\[0\]: expected a finite number in \[-10, 10\], got nan$"):
         vitkit.create_model(weights=ckpt, preprocess={"mean": [NAN, 0.5, 0.5]})
+
+
+def test_a_negative_batchnorm_variance_is_refused_naming_the_tensor(data, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    conv = vitkit.save(tiny_model(head_std=1.0, stem="conv"), tmp_path / "conv")
+    key = next(k for k in load_file(str(conv / "vitkit.safetensors")) if k.endswith("running_var"))
+
+    def change(state):
+        state[key][0] = -0.5
+
+    bad = _weights_with(conv, tmp_path, change)
+    rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json")
+    assert rc == 1
+    one_error(err, names=re.escape(f"{bad / 'vitkit.safetensors'}: tensor {key} holds negative values (min -0.5); "
+                                   "a BatchNorm's running variance is >= 0"))
+
+
+def test_float8_weights_load_as_the_floats_they_hold(ckpt, data, tmp_path, capsys):
+    """float8 has no isfinite kernel: the check reads it as the float32 the model will hold, and the model
+    predicts as one whose weights are those float32 values."""
+    import torch
+
+    def to_f8(state):
+        state["head.weight"] = state["head.weight"].to(torch.float8_e4m3fn)
+
+    image = data / "test" / "cat" / "0.png"
+    f8 = _weights_with(ckpt, tmp_path, to_f8).rename(tmp_path / "f8")
+    same = _weights_with(ckpt, tmp_path, lambda s: (to_f8(s), s.update({"head.weight": s["head.weight"].float()})))
+    outs = []
+    for folder in (f8, same):
+        rc, out, err = cli(capsys, "predict", folder, image, "--json", "--quiet")
+        assert rc == 0 and not err, err
+        outs.append(strict_json(out.strip().splitlines()[-1])["predictions"][0]["top"])
+    assert outs[0] == outs[1] and all(t["prob"] is not None for t in outs[0])
+
+
+def test_float64_weights_beyond_float32_warn_as_infinite(ckpt, data, tmp_path, capsys):
+    """1e300 in a float64 file is infinite in the float32 model that holds it."""
+    bad = _weights_with(ckpt, tmp_path, lambda s: s.update({"head.bias": s["head.bias"].double().fill_(1e300)}))
+    rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json", "--quiet")
+    assert rc == 0 and err == [f"vitkit: warning: {bad / 'vitkit.safetensors'}: tensor head.bias holds NaN or "
+                               "infinite values; the model's outputs will not be finite"], err
