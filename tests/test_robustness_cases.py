@@ -2,7 +2,8 @@
 folder, signals, configs that would build a model of terabytes or nest without end, decoded-image cache
 entries that pass the checksum but not the shape, non-finite numbers in --json output, weights that are
 not float (or float8, or a negative BatchNorm variance), a rank killed in a run of several processes,
-preprocessing and model fields that are NaN, infinite, ill-typed or out of range.
+preprocessing and model fields that are NaN, infinite, ill-typed or out of range, and every field of each
+preprocessing source and of vitkit.json fuzzed.
 
 Every case: one line (``vitkit: error: ...`` or a warning), no traceback, no hang (each that could hang
 runs under a timeout), and no file of the user's lost.
@@ -709,3 +710,106 @@ def test_float64_weights_beyond_float32_warn_as_infinite(ckpt, data, tmp_path, c
     rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json", "--quiet")
     assert rc == 0 and err == [f"vitkit: warning: {bad / 'vitkit.safetensors'}: tensor head.bias holds NaN or "
                                "infinite values; the model's outputs will not be finite"], err
+
+
+# --------------------------------------------------- every field of each source fuzzed: one line, or finite
+def _fuzz_values():
+    from hypothesis import strategies as st
+
+    edges = st.sampled_from([NAN, INF, -INF, 0, 0.0, -1, -0.5, 1e-9, 5e-324, 1e9, 10**9, 2**63, 10**400, 1e308,
+                             True, False, None, "", "abc", "0.5", 1 / 255, "gelu", "relu", "squash", "bilinear"])
+    near = st.one_of(st.floats(-0.1, 1.1), st.integers(0, 64))  # in range or just outside it
+    scalars = st.one_of(edges, near, st.floats(), st.integers(-5, 10**12), st.text(max_size=4))
+    sizes = st.dictionaries(st.sampled_from(["height", "width", "shortest_edge"]), scalars, max_size=3)
+    return st.one_of(scalars, st.lists(scalars, max_size=4), st.lists(near, min_size=1, max_size=4), sizes)
+
+
+TIMM_FIELDS = ["mean", "std", "crop_pct", "crop_mode", "interpolation", "test_input_size", "test_crop_pct"]
+HF_PROCESSOR_FIELDS = ["image_mean", "image_std", "size", "crop_size", "do_resize", "do_center_crop", "do_normalize",
+                       "do_rescale", "rescale_factor", "resample", "image_processor_type"]
+HF_CONFIG_FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+                    "layer_norm_eps", "image_size", "patch_size", "num_channels", "qkv_bias", "hidden_dropout_prob",
+                    "attention_probs_dropout_prob", "model_type", "id2label"]
+
+
+def _vitkit_fields() -> list[str]:
+    import dataclasses
+
+    from vitkit.model.config import Preprocess, ViTConfig
+
+    return ([f"model.{f.name}" for f in dataclasses.fields(ViTConfig)] +
+            [f"preprocess.{f.name}" for f in dataclasses.fields(Preprocess)] + ["labels", "format"])
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, tuple[Path, Path, str, list[str]]]:
+    """Each file fuzzed: source -> (the folder read, the file, the key of the table whose fields change, fields)."""
+    from helpers import random_model
+    from test_hub import hf_folder, timm_folder
+
+    root = tmp_path_factory.mktemp("sources")
+    timm, hf = timm_folder(root / "timm", random_model(seed=1)), hf_folder(root / "hf", random_model(seed=2))
+    ck = vitkit.save(random_model(seed=3), root / "ck")
+    return {"timm": (timm, timm / "config.json", "pretrained_cfg", TIMM_FIELDS),
+            "hf-processor": (hf, hf / "preprocessor_config.json", "", HF_PROCESSOR_FIELDS),
+            "hf-config": (hf, hf / "config.json", "", HF_CONFIG_FIELDS),
+            "vitkit": (ck, ck / "vitkit.json", "", _vitkit_fields())}
+
+
+def _changed(file: Path, table: str, changes: dict) -> str:
+    """``file``'s JSON with ``changes`` (dotted fields) made, under ``table`` when given."""
+    data = json.loads(file.read_text())
+    for key, value in changes.items():
+        *path, last = ([table] if table else []) + key.split(".")
+        target = data
+        for k in path:
+            target = target.setdefault(k, {}) if isinstance(target.get(k, {}), dict) else {}
+        target[last] = value
+    return json.dumps(data)
+
+
+def _predict_fuzzed(folder: Path, image: Path) -> tuple[int, str, str]:
+    """``vitkit predict FOLDER IMAGE --json`` in-process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["predict", str(folder), str(image), "--json", "--quiet", "--engine", "torch", "--device", "cpu",
+                   "--precision", "fp32"])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_fuzz_every_field_of_the_preprocessing_sources_and_vitkit_json(sources, data):
+    """Random values (wrong types, NaN, infinities, zero, negative, huge) in 1-3 fields of a timm
+    pretrained_cfg, an HF preprocessor_config.json or config.json, or a vitkit.json: `vitkit predict` ends
+    in one error line naming the folder read, or a prediction of finite probabilities; never another
+    exception."""
+    from hypothesis import HealthCheck, event, given, settings
+    from hypothesis import strategies as st
+
+    image = data / "test" / "cat" / "0.png"
+
+    @settings(max_examples=200, deadline=20_000, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(st.sampled_from(sorted(sources)).flatmap(lambda s: st.tuples(st.just(s), st.dictionaries(
+        st.sampled_from(sources[s][3]), _fuzz_values(), min_size=1, max_size=2))))
+    def check(case):
+        name, changes = case
+        folder, file, table, _ = sources[name]
+        original = file.read_text()
+        file.write_text(_changed(file, table, changes))
+        try:
+            rc, out, err = _predict_fuzzed(folder, image)
+        finally:
+            file.write_text(original)
+        lines = err.strip().splitlines()
+        event(f"{name}: {'predicted' if rc == 0 else 'refused'}")
+        assert "Traceback" not in err and all(ln.startswith(("vitkit: warning: ", "vitkit: error: ")) for ln in lines), err
+        if rc == 0:
+            top = strict_json(out.strip().splitlines()[-1])["predictions"][0]["top"]
+            assert all(isinstance(t["prob"], float) and 0 <= t["prob"] <= 1 for t in top), (changes, top)
+        else:
+            assert rc == 1 and lines[-1].startswith("vitkit: error: ") and str(folder) in lines[-1], (changes, err)
+            assert sum(ln.startswith("vitkit: error: ") for ln in lines) == 1, err
+
+    check()

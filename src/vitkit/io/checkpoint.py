@@ -147,7 +147,7 @@ def read_config(ckpt_dir: Path) -> tuple[ViTConfig, Preprocess, list[str] | None
         raise CheckpointError(f"{file}: format {raw.get('format')!r} is not 'vitkit'")
     try:
         cfg = ViTConfig.from_dict(raw["model"], where="model")
-        pre = Preprocess.from_dict(raw.get("preprocess") or {}, where="preprocess")
+        pre = Preprocess.from_dict(raw.get("preprocess") or {}, where="preprocess").for_channels(cfg.in_chans)
     except ConfigError as e:
         raise CheckpointError(f"{file}: {e}") from None
     labels = raw.get("labels")

@@ -41,6 +41,8 @@ def _bad(name: str, msg: str):
 MAX_PARAMS = 5_000_000_000  # parameters (estimated from the config: ``ViTConfig.param_estimate``)
 MAX_WHOLE = 2**53  # the largest count or size a field may hold at all (a float holds every whole number up to it)
 MAX_TOKENS = 65_536  # tokens per image: patches and prefix tokens (a 4096x4096 image in patches of 16)
+MAX_DEPTH = 1024  # encoder blocks (ViT-22B has 48): a deep, narrow config under MAX_PARAMS would take minutes
+#   only to build its modules
 
 
 @dataclass
@@ -187,6 +189,9 @@ class ViTConfig:
         parts = self.param_estimate()
         total = sum(parts.values())
         if total <= MAX_PARAMS:
+            if self.depth > MAX_DEPTH:
+                _bad("depth", f"{self.depth} blocks, over the limit of {MAX_DEPTH} (vitkit.model.config.MAX_DEPTH; "
+                              "raise it for a deeper model)")
             return
         part = max(parts, key=parts.get)
         field, what = {
