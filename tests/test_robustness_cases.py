@@ -646,6 +646,8 @@ CKPT_BAD = {  # case -> (vitkit.json field, value, the error after "vitkit.json:
     "mlp-ratio-inf": ("model.mlp_ratio", INF, r"ViTConfig\.mlp_ratio: must be a finite number giving an MLP width >= 1"),
     "mlp-ratio-huge": ("model.mlp_ratio", 1e308, r"ViTConfig\.mlp_ratio: must be a finite number giving an MLP width"),
     "layer-scale-inf": ("model.layer_scale", INF, r"ViTConfig\.layer_scale: expected a finite number in \(0, 10\]"),
+    "depth-beyond-cap": ("model.depth", 2000, r"ViTConfig\.depth: 2000 blocks, over the limit of 1024 "
+                                              r"\(vitkit\.model\.config\.MAX_DEPTH"),
     "classes-beyond-float": ("model.num_classes", 10**400, r"ViTConfig\.num_classes: a number of 401 digits is beyond 9007199254740992"),
 }
 
