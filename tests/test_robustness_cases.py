@@ -648,7 +648,8 @@ CKPT_BAD = {  # case -> (vitkit.json field, value, the error after "vitkit.json:
     "layer-scale-inf": ("model.layer_scale", INF, r"ViTConfig\.layer_scale: expected a finite number in \(0, 10\]"),
     "depth-beyond-cap": ("model.depth", 2000, r"ViTConfig\.depth: 2000 blocks, over the limit of 1024 "
                                               r"\(vitkit\.model\.config\.MAX_DEPTH"),
-    "classes-beyond-float": ("model.num_classes", 10**400, r"ViTConfig\.num_classes: a number of 401 digits is beyond 9007199254740992"),
+    "classes-beyond-float": ("model.num_classes", 10**400,
+                             r"ViTConfig\.num_classes: a number of 401 digits is beyond 9007199254740992"),
 }
 
 

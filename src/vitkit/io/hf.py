@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import reprlib
 import warnings
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def checked_fields(hf_cfg: dict, source: str) -> dict:
     for name, kind in (("hidden_act", str), ("pooler_act", str), ("model_type", str), ("qkv_bias", bool)):
         if name in c and not isinstance(c[name], kind):
             what = "true or false" if kind is bool else "a string"
-            raise CheckpointError(f"{source}: {name}: expected {what}, got {c[name]!r}")
+            raise CheckpointError(f"{source}: {name}: expected {what}, got {reprlib.repr(c[name])}")
     return c
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 from typing import Any, Mapping, Sequence
 
 from ..core.errors import CheckpointError, ConfigError
@@ -76,7 +77,7 @@ def from_pretrained_cfg(pcfg: Mapping[str, Any], in_chans: int, source: str) -> 
 def _text(value, where: str) -> str:
     """``value`` where it is a string; else a CheckpointError naming ``where``."""
     if not isinstance(value, str):
-        raise CheckpointError(f"{where}: expected a string, got {value!r}")
+        raise CheckpointError(f"{where}: expected a string, got {reprlib.repr(value)}")
     return value
 
 
@@ -104,7 +105,7 @@ def timm_test_crop(pcfg: Mapping[str, Any], source: str = "pretrained_cfg") -> d
         return None
     where = f"{source}: pretrained_cfg.test_input_size"
     if not (isinstance(size, (list, tuple)) and len(size) == 3):
-        raise CheckpointError(f"{where}: expected [channels, height, width], got {size!r}")
+        raise CheckpointError(f"{where}: expected [channels, height, width], got {reprlib.repr(size)}")
     hw = tuple(whole_in(v, f"{where}[{i}]", 1, MAX_SIDE, CheckpointError) for i, v in enumerate(size))[1:]
     name = next((n for n in ("test_crop_pct", "crop_pct") if pcfg.get(n) is not None), None)
     crop_pct = TIMM_DEFAULTS["crop_pct"] if name is None else real_in(
@@ -137,7 +138,7 @@ def _flag(p: Mapping[str, Any], name: str, default: bool, source: str) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise CheckpointError(f"{source}: {name}: expected true or false, got {value!r}")
+        raise CheckpointError(f"{source}: {name}: expected true or false, got {reprlib.repr(value)}")
     return value
 
 
@@ -147,7 +148,7 @@ def _resample(p: Mapping[str, Any], source: str, assumed: dict) -> str:
     value = p.get("resample", 2)
     if isinstance(value, bool) or not isinstance(value, int):
         raise CheckpointError(f"{source}: resample: expected a PIL filter number (0 nearest, 2 bilinear, 3 "
-                              f"bicubic), got {value!r}")
+                              f"bicubic), got {reprlib.repr(value)}")
     if value not in PIL_FILTERS:
         assumed[_key("interpolation")] = f"bicubic (for PIL filter {value!r})"
     return PIL_FILTERS.get(value, "bicubic")
@@ -178,8 +179,8 @@ def _check_rescale(p: Mapping[str, Any], source: str) -> None:
     if on and number and abs(factor - 1 / 255) <= 1e-9:
         return
     field = "do_rescale" if not on else "rescale_factor"
-    raise CheckpointError(f"{source}: {field}: rescales pixels by {factor!r} (do_rescale {on}); vitkit scales "
-                          "them to [0, 1], so it takes do_rescale true with rescale_factor 1/255 only")
+    raise CheckpointError(f"{source}: {field}: rescales pixels by {reprlib.repr(factor)} (do_rescale {on}); vitkit "
+                          "scales them to [0, 1], so it takes do_rescale true with rescale_factor 1/255 only")
 
 
 def from_image_processor(p: Mapping[str, Any], img_size: tuple[int, int], in_chans: int,
