@@ -8,6 +8,7 @@ HF_HUB_CACHE pointing at it (huggingface_hub reads its environment when it is im
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from PIL import Image
 from vitkit.cli.main import main
 from vitkit.data.images import resize_center_crop, to_model_input
 from vitkit.io.convert import describe, detect_format, read, to_hf
+from vitkit.io.preprocess import from_pretrained_cfg
 from vitkit.io.timm import save_timm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,6 +72,13 @@ def offline(cache: Path, *argv: str, code: str | None = None, timeout: float = 2
                PYTHONPATH=os.pathsep.join([SRC, os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-c", code] if code is not None else [sys.executable, "-m", "vitkit", *argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cache.parent)
+
+
+def offline_json(cache: Path, code: str):
+    """``python -c CODE`` offline (``offline``), which must succeed: the last line it prints, read as JSON."""
+    r = offline(cache, code=code)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[-1])
 
 
 @pytest.fixture()
@@ -152,9 +161,7 @@ def test_create_model_pretrained_reads_the_tag_of_its_name(hub):
             "n = vitkit.create_model(weights='hf-hub:org/tiny-hf', num_classes=3, preprocess={'crop_pct': 0.5})\n"
             "print(json.dumps([sum(float(p.detach().double().sum()) for p in m.parameters()), m.preprocess.to_dict(),\n"
             "                  m.labels, n.cfg.num_classes, n.preprocess.resize, n.preprocess.crop_pct]))\n")
-    r = offline(cache, code=code)
-    assert r.returncode == 0, r.stderr
-    total, pre, labels, classes, resize, crop_pct = json.loads(r.stdout.splitlines()[-1])
+    total, pre, labels, classes, resize, crop_pct = offline_json(cache, code)
     assert abs(total - sum(float(p.detach().double().sum()) for p in timm_model.parameters())) < 1e-6
     assert pre == dict(IMAGENET, crop_pct=0.9, interpolation="bilinear", resize="squash")
     assert labels == LABELS and classes == 3 and (resize, crop_pct) == ("squash", 0.5)
@@ -283,6 +290,127 @@ def test_a_bare_file_reports_its_assumed_preprocessing_and_takes_overrides(tmp_p
     lines = describe({"src": "w", "from": "timm", "config": model.cfg.to_dict(), "params": 1,
                       "assumed": info["assumed"], "preprocess_assumed": info["preprocess_assumed"]})
     assert lines[-1].startswith("preprocessing not in the source, assumed: preprocess.mean=[0.5, 0.5, 0.5]")
+
+
+# -------------------------------------------------------------- a bad field of a source is one line naming it
+NAN, INF = float("nan"), float("inf")
+# pretrained_cfg field changes -> the error after "config.json: pretrained_cfg."
+TIMM_BAD = {
+    "mean-nan": ({"mean": [NAN] * 3}, r"mean\[0\]: expected a finite number in \[-10, 10\], got nan"),
+    "mean-text": ({"mean": "abc"}, r"mean: expected a number or a list of numbers in \[-10, 10\], got 'abc'"),
+    "mean-empty": ({"mean": []}, r"mean: expected a number or a list of numbers in \[-10, 10\], got \[\]"),
+    "mean-two": ({"mean": [0.5, 0.5], "std": [0.5, 0.5]}, r"mean: 2 values for a model of 3 channels"),
+    "std-inf": ({"std": [INF] * 3}, r"std\[0\]: expected a finite number in \[0.001, 10\], got inf"),
+    "std-zero": ({"std": [0.2, 0.0, 0.2]}, r"std\[1\]: expected a finite number in \[0.001, 10\], got 0.0"),
+    "crop-tiny": ({"crop_pct": 1e-9}, r"crop_pct: expected a finite number in \[0.1, 1\], got 1e-09"),
+    "crop-subnormal": ({"crop_pct": 5e-324}, r"crop_pct: expected a finite number in \[0.1, 1\], got 5e-324"),
+    "crop-text": ({"crop_pct": "0.9"}, r"crop_pct: expected a finite number in \[0.1, 1\], got '0.9'"),
+    "crop-mode-list": ({"crop_mode": ["center"]}, r"crop_mode: expected a string, got \['center'\]"),
+    "test-size-text": ({"test_input_size": [3, "a", 5]},
+                       r"test_input_size\[1\]: expected a whole number in \[1, 16384\], got 'a'"),
+    "test-size-zero": ({"test_input_size": [3, 0, 0]}, r"test_input_size\[1\]: expected a whole number in \[1, 16384\]"),
+    "test-crop-nan": ({"test_input_size": [3, 48, 48], "test_crop_pct": NAN},
+                      r"test_crop_pct: expected a finite number in \[0.1, 1\], got nan"),
+}
+# preprocessor_config.json changes -> the error after "preprocessor_config.json: "
+HF_PROCESSOR_BAD = {
+    "size-huge": ({"size": {"height": 10**9, "width": 10**9}},
+                  r"size\.height: expected a whole number in \[1, 16384\], got 1000000000"),
+    "size-text": ({"size": {"height": "x", "width": 32}}, r"size\.height: expected a whole number in \[1, 16384\], got 'x'"),
+    "size-zero": ({"size": {"height": 0, "width": 0}}, r"size\.height: expected a whole number in \[1, 16384\], got 0"),
+    "shortest-edge-zero": ({"size": {"shortest_edge": 0}}, r"size\.shortest_edge: expected a whole number in \[1, 16384\]"),
+    "size-far-beyond-crop": ({"size": 16384}, r"size \(16384, 16384\) for a crop of 32x32 makes crop_pct 0.00195, "
+                                              r"outside \[0.1, 1\]"),
+    "crop-size-float": ({"do_center_crop": True, "crop_size": 31.5}, r"crop_size: expected a whole number in \[1, 16384\]"),
+    "rescale-text": ({"rescale_factor": "abc"}, r"rescale_factor: rescales pixels by 'abc' \(do_rescale True\); vitkit "
+                                                r"scales them to \[0, 1\]"),
+    "do-resize-text": ({"do_resize": "no"}, r"do_resize: expected true or false, got 'no'"),
+    "resample-list": ({"resample": [3]}, r"resample: expected a PIL filter number"),
+    "mean-nan": ({"image_mean": [NAN] * 3}, r"image_mean\[0\]: expected a finite number in \[-10, 10\], got nan"),
+    "mean-empty": ({"image_mean": []}, r"image_mean: expected a number or a list of numbers in \[-10, 10\], got \[\]"),
+    "std-inf": ({"image_std": INF}, r"image_std: expected a finite number in \[0.001, 10\], got inf"),
+}
+# config.json changes -> the error after "config.json: "
+HF_CONFIG_BAD = {
+    "hidden-act-list": ({"hidden_act": ["gelu"]}, r"hidden_act: expected a string, got \['gelu'\]"),
+    "norm-eps-text": ({"layer_norm_eps": "abc"}, r"layer_norm_eps: expected a finite number in \(0, 0.1\], got 'abc'"),
+    "norm-eps-inf": ({"layer_norm_eps": INF}, r"layer_norm_eps: expected a finite number in \(0, 0.1\], got inf"),
+    "dropout-text": ({"hidden_dropout_prob": "x"}, r"hidden_dropout_prob: expected a finite number in \[0, 1\), got 'x'"),
+    "attn-dropout-nan": ({"attention_probs_dropout_prob": NAN}, r"attention_probs_dropout_prob: expected a finite number"),
+    "mlp-width-text": ({"intermediate_size": "abc"},
+                       r"intermediate_size: expected a whole number in \[1, 9007199254740992\], got 'abc'"),
+    "channels-zero": ({"num_channels": 0}, r"num_channels: expected a whole number in \[1, 9007199254740992\], got 0"),
+    "image-size-text": ({"image_size": [32, "x"]}, r"image_size: expected a whole number in \[1, 9007199254740992\], got 'x'"),
+    "qkv-bias-text": ({"qkv_bias": "yes"}, r"qkv_bias: expected true or false, got 'yes'"),
+}
+
+
+def _predict_error(capsys, folder: Path, tmp_path: Path) -> str:
+    """``vitkit predict FOLDER IMAGE``'s one error line (asserting exit 1, one line, no traceback)."""
+    img = tmp_path / "img.png"
+    if not img.exists():
+        Image.new("RGB", (40, 56), (90, 120, 200)).save(img)
+    assert main(["predict", str(folder), str(img), "--json", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("vitkit: error: "), err
+    return err[len("vitkit: error: "):]
+
+
+@pytest.mark.parametrize("case", sorted(TIMM_BAD))
+def test_a_bad_pretrained_cfg_field_is_one_line_naming_it(case, tmp_path, capsys):
+    change, message = TIMM_BAD[case]
+    folder = timm_folder(tmp_path / "tag", random_model(), pretrained_cfg={**PRETRAINED_CFG, **change})
+    line = _predict_error(capsys, folder, tmp_path)
+    assert re.fullmatch(re.escape(f"{folder / 'config.json'}: pretrained_cfg.") + message + ".*", line), line
+
+
+@pytest.mark.parametrize("case", sorted(HF_PROCESSOR_BAD))
+def test_a_bad_preprocessor_config_field_is_one_line_naming_it(case, tmp_path, capsys):
+    change, message = HF_PROCESSOR_BAD[case]
+    folder = hf_folder(tmp_path / "hf", random_model(), **change)
+    line = _predict_error(capsys, folder, tmp_path)
+    assert re.fullmatch(re.escape(f"{folder / 'preprocessor_config.json'}: ") + message + ".*", line), line
+
+
+@pytest.mark.parametrize("case", sorted(HF_CONFIG_BAD))
+def test_a_bad_hf_config_field_is_one_line_naming_it(case, tmp_path, capsys):
+    change, message = HF_CONFIG_BAD[case]
+    folder = hf_folder(tmp_path / "hf", random_model())
+    config = folder / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), **change}))
+    line = _predict_error(capsys, folder, tmp_path)
+    assert re.fullmatch(re.escape(f"{config}: ") + message + ".*", line), line
+
+
+def test_sources_in_range_still_read_with_their_values(tmp_path):
+    """The published forms at the edges of the ranges: crop_pct 1.0 and a test crop, a grey model's three
+    ImageNet constants, one number for a mean, a processor's null switch (its default)."""
+    cfg = dict(PRETRAINED_CFG, crop_pct=1.0, test_input_size=[3, 48, 48], test_crop_pct=0.95)
+    model, info = read(timm_folder(tmp_path / "tag", random_model(), pretrained_cfg=cfg))
+    assert model.preprocess.crop_pct == 1.0 and info["test"] == {"img_size": (48, 48), "crop_pct": 0.95}
+    grey = from_pretrained_cfg(PRETRAINED_CFG, 1, "config.json")[0]
+    assert grey.mean == (sum(IMAGENET["mean"]) / 3,) and grey.std == (sum(IMAGENET["std"]) / 3,)
+    p = read(hf_folder(tmp_path / "hf", random_model(), image_mean=0.5, image_std=0.25, do_center_crop=None,
+                       size=320))[0].preprocess
+    assert (p.mean, p.std, p.crop_pct) == ((0.5,) * 3, (0.25,) * 3, 0.1)
+
+
+def test_bad_fields_by_hub_name_are_one_line_naming_the_cached_file(tmp_path):
+    """The same checks on models named hf-hub:ORG/NAME, read from the local Hub cache."""
+    cache = tmp_path / "hub"
+    timm_folder(cached_repo(cache, "org/nan-mean"), random_model(), pretrained_cfg=dict(PRETRAINED_CFG, mean=[NAN] * 3))
+    hf_folder(cached_repo(cache, "org/huge-size"), random_model(), size={"height": 10**9, "width": 10**9})
+    code = ("import json, vitkit\nout = []\n"
+            "for name in ('hf-hub:org/nan-mean', 'hf-hub:org/huge-size'):\n"
+            "    try:\n        vitkit.create_model(weights=name)\n        out.append('read')\n"
+            "    except vitkit.VitkitError as e:\n        out.append(str(e))\n"
+            "print(json.dumps(out))\n")
+    nan_mean, huge = offline_json(cache, code)
+    assert re.fullmatch(r".*models--org--nan-mean/snapshots/\w+/config\.json: pretrained_cfg\.mean\[0\]: expected a "
+                        r"finite number in \[-10, 10\], got nan", nan_mean), nan_mean
+    assert re.fullmatch(r".*models--org--huge-size/snapshots/\w+/preprocessor_config\.json: size\.height: expected a "
+                        r"whole number in \[1, 16384\], got 1000000000", huge), huge
 
 
 # ----------------------------------------------------------------------------------- the squash resize

@@ -342,7 +342,7 @@ def test_a_whitening_conv_stem_builds_from_the_config_and_is_set_from_data():
         plain.patch_embed.set_whitening(torch.randn(2, 3, 32, 32))
     with pytest.raises(ConfigError, match="ViTConfig.stem_whiten: .* needs stem='conv'"):
         vitkit.create_model("vit_test", stem_whiten=True)
-    with pytest.raises(ConfigError, match=r"ViTConfig.stem_bn_momentum: must be in \(0, 1\]"):
+    with pytest.raises(ConfigError, match=r"ViTConfig.stem_bn_momentum: expected a finite number in \(0, 1\], got 0.0"):
         vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_bn_momentum=0)
 
 

@@ -74,7 +74,7 @@ def test_tutorial_mnist_preset():
         (dict(img_size=30, patch_size=8), r"ViTConfig.img_size: 30x30 is not divisible by patch_size 8"),
         (dict(class_token=False, global_pool="token"), r"ViTConfig.global_pool: 'token' pooling needs class_token"),
         (dict(pos_embed="sincos2d", embed_dim=34, num_heads=2), r"ViTConfig.pos_embed: 'sincos2d' needs embed_dim"),
-        (dict(drop_rate=1.0), r"ViTConfig.drop_rate: must be in \[0, 1\)"),
+        (dict(drop_rate=1.0), r"ViTConfig.drop_rate: expected a finite number in \[0, 1\), got 1.0"),
         (dict(stem="conv", patch_size=6, img_size=36), r"ViTConfig.stem: .*power-of-two"),
         (dict(stem_convs=1), r"ViTConfig.stem_convs: extra stem convolutions need stem='conv'"),
         (dict(stem="conv", stem_convs=-1), r"ViTConfig.stem_convs: must be an integer >= 0"),

@@ -1,7 +1,9 @@
 """What a careless or hostile user finds, end to end: an --out folder of someone else's files, FIFOs in a data
 folder, signals, configs that would build a model of terabytes or nest without end, decoded-image cache
 entries that pass the checksum but not the shape, non-finite numbers in --json output, weights that are
-not float, a rank killed in a run of several processes.
+not float (or float8, or a negative BatchNorm variance), a rank killed in a run of several processes,
+preprocessing and model fields that are NaN, infinite, ill-typed or out of range, and every field of each
+preprocessing source and of vitkit.json fuzzed.
 
 Every case: one line (``vitkit: error: ...`` or a warning), no traceback, no hang (each that could hang
 runs under a timeout), and no file of the user's lost.
@@ -988,3 +990,186 @@ def test_the_tools_numbers_that_are_not_finite_or_in_range_are_one_line(argv, sa
     assert rc == 1
     one_error(err, names=says)
     assert not (tmp_path / "m.pt").exists() and not (tmp_path / "x").exists()
+# ============================================ 9. preprocessing and model fields out of range, odd weights
+NAN, INF = float("nan"), float("inf")
+CKPT_BAD = {  # case -> (vitkit.json field, value, the error after "vitkit.json: ")
+    "mean-nan": ("preprocess.mean", [NAN] * 3, r"Preprocess\.mean\[0\]: expected a finite number in \[-10, 10\], got nan"),
+    "mean-text": ("preprocess.mean", "abc", r"preprocess\.mean: expected a list, got 'abc'"),
+    "mean-empty": ("preprocess.mean", [], r"Preprocess\.mean: expected a number or a list of numbers in \[-10, 10\]"),
+    "std-inf": ("preprocess.std", [INF] * 3, r"Preprocess\.std\[0\]: expected a finite number in \[0.001, 10\], got inf"),
+    "crop-tiny": ("preprocess.crop_pct", 1e-9, r"Preprocess\.crop_pct: expected a finite number in \[0.1, 1\], got 1e-09"),
+    "crop-subnormal": ("preprocess.crop_pct", 5e-324, r"Preprocess\.crop_pct: expected a finite number in \[0.1, 1\]"),
+    "norm-eps-inf": ("model.norm_eps", INF, r"ViTConfig\.norm_eps: expected a finite number in \(0, 0.1\], got inf"),
+    "mlp-ratio-inf": ("model.mlp_ratio", INF, r"ViTConfig\.mlp_ratio: must be a finite number giving an MLP width >= 1"),
+    "mlp-ratio-huge": ("model.mlp_ratio", 1e308, r"ViTConfig\.mlp_ratio: must be a finite number giving an MLP width"),
+    "layer-scale-inf": ("model.layer_scale", INF, r"ViTConfig\.layer_scale: expected a finite number in \(0, 10\]"),
+    "depth-beyond-cap": ("model.depth", 2000, r"ViTConfig\.depth: 2000 blocks, over the limit of 1024 "
+                                              r"\(vitkit\.model\.config\.MAX_DEPTH"),
+    "classes-beyond-float": ("model.num_classes", 10**400,
+                             r"ViTConfig\.num_classes: a number of 401 digits is beyond 9007199254740992"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CKPT_BAD))
+def test_a_checkpoint_field_out_of_range_is_one_line_naming_it(case, ckpt, data, tmp_path, capsys):
+    import shutil
+
+    field, value, message = CKPT_BAD[case]
+    bad = Path(shutil.copytree(ckpt, tmp_path / "ck"))
+    _edit_json(bad / "vitkit.json", **{field: value})
+    rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json")
+    assert rc == 1
+    one_error(err, names="^vitkit: error: " + re.escape(f"{bad / 'vitkit.json'}: ") + message)
+
+
+def test_a_preprocess_given_out_of_range_is_one_line(ckpt):
+    from vitkit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^Preprocess\.mean\[0\]: expected a finite number in \[-10, 10\], got nan$"):
+        vitkit.create_model(weights=ckpt, preprocess={"mean": [NAN, 0.5, 0.5]})
+
+
+def test_a_negative_batchnorm_variance_is_refused_naming_the_tensor(data, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    conv = vitkit.save(tiny_model(head_std=1.0, stem="conv"), tmp_path / "conv")
+    key = next(k for k in load_file(str(conv / "vitkit.safetensors")) if k.endswith("running_var"))
+
+    def change(state):
+        state[key][0] = -0.5
+
+    bad = _weights_with(conv, tmp_path, change)
+    rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json")
+    assert rc == 1
+    one_error(err, names=re.escape(f"{bad / 'vitkit.safetensors'}: tensor {key} holds negative values (min -0.5); "
+                                   "a BatchNorm's running variance is >= 0"))
+
+
+def test_float8_weights_load_as_the_floats_they_hold(ckpt, data, tmp_path, capsys):
+    """float8 has no isfinite kernel: the check reads it as the float32 the model will hold, and the model
+    predicts as one whose weights are those float32 values."""
+    import torch
+
+    def to_f8(state):
+        state["head.weight"] = state["head.weight"].to(torch.float8_e4m3fn)
+
+    image = data / "test" / "cat" / "0.png"
+    f8 = _weights_with(ckpt, tmp_path, to_f8).rename(tmp_path / "f8")
+    same = _weights_with(ckpt, tmp_path, lambda s: (to_f8(s), s.update({"head.weight": s["head.weight"].float()})))
+    outs = []
+    for folder in (f8, same):
+        rc, out, err = cli(capsys, "predict", folder, image, "--json", "--quiet")
+        assert rc == 0 and not err, err
+        outs.append(strict_json(out.strip().splitlines()[-1])["predictions"][0]["top"])
+    assert outs[0] == outs[1] and all(t["prob"] is not None for t in outs[0])
+
+
+def test_float64_weights_beyond_float32_warn_as_infinite(ckpt, data, tmp_path, capsys):
+    """1e300 in a float64 file is infinite in the float32 model that holds it."""
+    bad = _weights_with(ckpt, tmp_path, lambda s: s.update({"head.bias": s["head.bias"].double().fill_(1e300)}))
+    rc, _, err = cli(capsys, "predict", bad, data / "test" / "cat" / "0.png", "--json", "--quiet")
+    assert rc == 0 and err == [f"vitkit: warning: {bad / 'vitkit.safetensors'}: tensor head.bias holds NaN or "
+                               "infinite values; the model's outputs will not be finite"], err
+
+
+# --------------------------------------------------- every field of each source fuzzed: one line, or finite
+def _fuzz_values():
+    from hypothesis import strategies as st
+
+    edges = st.sampled_from([NAN, INF, -INF, 0, 0.0, -1, -0.5, 1e-9, 5e-324, 1e9, 10**9, 2**63, 10**400, 1e308,
+                             True, False, None, "", "abc", "0.5", 1 / 255, "gelu", "relu", "squash", "bilinear"])
+    near = st.one_of(st.floats(-0.1, 1.1), st.integers(0, 64))  # in range or just outside it
+    scalars = st.one_of(edges, near, st.floats(), st.integers(-5, 10**12), st.text(max_size=4))
+    sizes = st.dictionaries(st.sampled_from(["height", "width", "shortest_edge"]), scalars, max_size=3)
+    return st.one_of(scalars, st.lists(scalars, max_size=4), st.lists(near, min_size=1, max_size=4), sizes)
+
+
+TIMM_FIELDS = ["mean", "std", "crop_pct", "crop_mode", "interpolation", "test_input_size", "test_crop_pct"]
+HF_PROCESSOR_FIELDS = ["image_mean", "image_std", "size", "crop_size", "do_resize", "do_center_crop", "do_normalize",
+                       "do_rescale", "rescale_factor", "resample", "image_processor_type"]
+HF_CONFIG_FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+                    "layer_norm_eps", "image_size", "patch_size", "num_channels", "qkv_bias", "hidden_dropout_prob",
+                    "attention_probs_dropout_prob", "model_type", "id2label"]
+
+
+def _vitkit_fields() -> list[str]:
+    import dataclasses
+
+    from vitkit.model.config import Preprocess, ViTConfig
+
+    return ([f"model.{f.name}" for f in dataclasses.fields(ViTConfig)] +
+            [f"preprocess.{f.name}" for f in dataclasses.fields(Preprocess)] + ["labels", "format"])
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, tuple[Path, Path, str, list[str]]]:
+    """Each file fuzzed: source -> (the folder read, the file, the key of the table whose fields change, fields)."""
+    from helpers import random_model
+    from test_hub import hf_folder, timm_folder
+
+    root = tmp_path_factory.mktemp("sources")
+    timm, hf = timm_folder(root / "timm", random_model(seed=1)), hf_folder(root / "hf", random_model(seed=2))
+    ck = vitkit.save(random_model(seed=3), root / "ck")
+    return {"timm": (timm, timm / "config.json", "pretrained_cfg", TIMM_FIELDS),
+            "hf-processor": (hf, hf / "preprocessor_config.json", "", HF_PROCESSOR_FIELDS),
+            "hf-config": (hf, hf / "config.json", "", HF_CONFIG_FIELDS),
+            "vitkit": (ck, ck / "vitkit.json", "", _vitkit_fields())}
+
+
+def _changed(file: Path, table: str, changes: dict) -> str:
+    """``file``'s JSON with ``changes`` (dotted fields) made, under ``table`` when given."""
+    data = json.loads(file.read_text())
+    for key, value in changes.items():
+        *path, last = ([table] if table else []) + key.split(".")
+        target = data
+        for k in path:
+            target = target.setdefault(k, {}) if isinstance(target.get(k, {}), dict) else {}
+        target[last] = value
+    return json.dumps(data)
+
+
+def _predict_fuzzed(folder: Path, image: Path) -> tuple[int, str, str]:
+    """``vitkit predict FOLDER IMAGE --json`` in-process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["predict", str(folder), str(image), "--json", "--quiet", "--engine", "torch", "--device", "cpu",
+                   "--precision", "fp32"])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_fuzz_every_field_of_the_preprocessing_sources_and_vitkit_json(sources, data):
+    """Random values (wrong types, NaN, infinities, zero, negative, huge) in 1-3 fields of a timm
+    pretrained_cfg, an HF preprocessor_config.json or config.json, or a vitkit.json: `vitkit predict` ends
+    in one error line naming the folder read, or a prediction of finite probabilities; never another
+    exception."""
+    from hypothesis import HealthCheck, event, given, settings
+    from hypothesis import strategies as st
+
+    image = data / "test" / "cat" / "0.png"
+
+    @settings(max_examples=200, deadline=20_000, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(st.sampled_from(sorted(sources)).flatmap(lambda s: st.tuples(st.just(s), st.dictionaries(
+        st.sampled_from(sources[s][3]), _fuzz_values(), min_size=1, max_size=2))))
+    def check(case):
+        name, changes = case
+        folder, file, table, _ = sources[name]
+        original = file.read_text()
+        file.write_text(_changed(file, table, changes))
+        try:
+            rc, out, err = _predict_fuzzed(folder, image)
+        finally:
+            file.write_text(original)
+        lines = err.strip().splitlines()
+        event(f"{name}: {'predicted' if rc == 0 else 'refused'}")
+        assert "Traceback" not in err and all(ln.startswith(("vitkit: warning: ", "vitkit: error: ")) for ln in lines), err
+        if rc == 0:
+            top = strict_json(out.strip().splitlines()[-1])["predictions"][0]["top"]
+            assert all(isinstance(t["prob"], float) and 0 <= t["prob"] <= 1 for t in top), (changes, top)
+        else:
+            assert rc == 1 and lines[-1].startswith("vitkit: error: ") and str(folder) in lines[-1], (changes, err)
+            assert sum(ln.startswith("vitkit: error: ") for ln in lines) == 1, err
+
+    check()

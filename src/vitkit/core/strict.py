@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import reprlib
 import types
 import typing
 from typing import Any, get_args, get_origin
@@ -224,6 +225,36 @@ def read_json_object(file, error: type[Exception] = ConfigError) -> dict:
 def _whole(x) -> bool:
     """A whole number (Python's or numpy's), not a bool."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def real_in(value, where: str, lo: float, hi: float, *, open_lo: bool = False, open_hi: bool = False,
+            error: type[Exception] = ConfigError) -> float:
+    """``value`` as a float where it is a finite number (not a bool) in the range; else ``error`` in one line
+    naming ``where`` and the range taken (``[lo, hi]``, an end left out with ``open_lo`` / ``open_hi``)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and (lo < value if open_lo else lo <= value) and (value < hi if open_hi else value <= hi):
+        return float(value)
+    span = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
+    raise error(f"{where}: expected a finite number in {span}, got {reprlib.repr(value)}")
+
+
+def reals_in(value, where: str, lo: float, hi: float, error: type[Exception] = ConfigError) -> tuple[float, ...]:
+    """``value`` (a list of numbers, or one number) as a tuple of floats, each finite and in [lo, hi]; an
+    empty list, another type or a value out of range is ``error`` naming ``where`` and the range."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items):
+        raise error(f"{where}: expected a number or a list of numbers in [{lo:g}, {hi:g}], got {reprlib.repr(value)}")
+    return tuple(real_in(v, f"{where}[{i}]" if len(items) > 1 else where, lo, hi, error=error)
+                 for i, v in enumerate(items))
+
+
+def whole_in(value, where: str, lo: int, hi: int | None = None, error: type[Exception] = ConfigError) -> int:
+    """``value`` as an int where it is a whole number (not a bool, not a float) in [lo, hi] (>= lo without
+    ``hi``); else ``error`` naming ``where`` and the range."""
+    if _whole(value) and lo <= value and (hi is None or value <= hi):
+        return int(value)
+    span = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+    raise error(f"{where}: expected a whole number {span}, got {reprlib.repr(value)}")
 
 
 def to_hw(value, what: str = "img_size", error: type[Exception] = ConfigError) -> tuple[int, int]:

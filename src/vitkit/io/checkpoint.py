@@ -147,8 +147,7 @@ def read_config(ckpt_dir: Path) -> tuple[ViTConfig, Preprocess, list[str] | None
         raise CheckpointError(f"{file}: format {raw.get('format')!r} is not 'vitkit'")
     try:
         cfg = ViTConfig.from_dict(raw["model"], where="model")
-        pre = Preprocess.from_dict(raw.get("preprocess") or {}, where="preprocess")
-        pre.for_channels(cfg.in_chans)  # constants that fit the model's channels, said here naming the file
+        pre = Preprocess.from_dict(raw.get("preprocess") or {}, where="preprocess").for_channels(cfg.in_chans)
     except ConfigError as e:
         raise CheckpointError(f"{file}: {e}") from None
     labels = raw.get("labels")
@@ -260,8 +259,10 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], 
 
 def check_values(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], source: str) -> None:
     """Weights that the model holds as floats must be floats (int8 or bool weights are a CheckpointError
-    naming the tensor); NaN or infinite values are a warning naming the first such tensor: the model
-    loads, and its outputs will not be finite."""
+    naming the tensor), and a BatchNorm's running variance must be >= 0 (a negative one makes NaN
+    outputs; a CheckpointError); NaN or infinite values, as the model will hold them (a float64 beyond
+    float32's range is infinite there; float8 is read as float32), are a warning naming the first such
+    tensor: the model loads, and its outputs will not be finite."""
     nonfinite = []
     for k, v in state.items():
         if not own[k].is_floating_point():
@@ -269,8 +270,12 @@ def check_values(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tens
         if not v.is_floating_point():
             raise CheckpointError(f"{source}: tensor {k} is {str(v.dtype).removeprefix('torch.')}, not floating "
                                   "point; a model's weights are floats")
-        if not bool(torch.isfinite(v).all()):
+        held = v.detach().to("cpu", own[k].dtype)
+        if not bool(torch.isfinite(held).all()):
             nonfinite.append(k)
+        if k.endswith("running_var") and bool((held < 0).any()):
+            raise CheckpointError(f"{source}: tensor {k} holds negative values (min {float(held.min()):.3g}); a "
+                                  "BatchNorm's running variance is >= 0")
     if nonfinite:
         more = f" and {len(nonfinite) - 1} more" if len(nonfinite) > 1 else ""
         warnings.warn(f"{source}: tensor {nonfinite[0]}{more} holds NaN or infinite values; the model's outputs "

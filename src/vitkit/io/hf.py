@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import reprlib
 import warnings
 from pathlib import Path
 
 import torch
 
 from ..core.errors import CheckpointError, VitkitWarning
-from ..core.strict import parse_json, read_json_object
-from ..model.config import Preprocess, ViTConfig
+from ..core.strict import parse_json, read_json_object, real_in, whole_in
+from ..model.config import MAX_WHOLE, NORM_EPS_MAX, Preprocess, ViTConfig
 from .arch import arch_config, mlp_ratio_for
 from .atomic import atomic_write_bytes, atomic_write_text
 from .checkpoint import load_state_dict_file
@@ -36,6 +37,11 @@ RESAMPLE_TO_HF = {"nearest": 0, "bilinear": 2, "bicubic": 3}  # PIL constants
 HF_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                    hidden_act="gelu", layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3,
                    qkv_bias=True, pooler_act="tanh")
+# the config.json fields read, by what each must be (their ranges beyond these: ViTConfig's)
+HF_COUNTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "num_channels")
+HF_SIZES = ("image_size", "patch_size")  # one whole number, or [height, width]
+HF_RATES = {"layer_norm_eps": (0.0, NORM_EPS_MAX, True, False), "hidden_dropout_prob": (0.0, 1.0, False, True),
+            "attention_probs_dropout_prob": (0.0, 1.0, False, True)}  # (lo, hi, open at lo, open at hi)
 
 # transformers 5 in-memory names -> the names on disk (and in transformers 4)
 _MODERN = [
@@ -114,12 +120,34 @@ def read_hf_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor],
     raise CheckpointError(f"{path}: no model.safetensors or pytorch_model.bin beside config.json")
 
 
-def infer(hf_cfg: dict, sd: dict, source: str) -> tuple[dict, dict]:
-    """(ViTConfig fields, notes) from HF's config.json and the weights' keys."""
-    model_type = hf_cfg.get("model_type", "vit")
+def checked_fields(hf_cfg: dict, source: str) -> dict:
+    """config.json's fields over HF's defaults, each read one checked for its type (and a rate or eps for its
+    range); a bad one is a CheckpointError naming ``source`` and the field."""
+    c = {**HF_DEFAULTS, **hf_cfg}
+    c.setdefault("hidden_dropout_prob", 0.0)
+    c.setdefault("attention_probs_dropout_prob", 0.0)
+    for name in HF_COUNTS:
+        whole_in(c[name], f"{source}: {name}", 1, MAX_WHOLE, CheckpointError)
+    for name in HF_SIZES:
+        sides = c[name] if isinstance(c[name], (list, tuple)) and len(c[name]) == 2 else [c[name]]
+        for v in sides:
+            whole_in(v, f"{source}: {name}", 1, MAX_WHOLE, CheckpointError)
+    for name, (lo, hi, open_lo, open_hi) in HF_RATES.items():
+        c[name] = real_in(c[name], f"{source}: {name}", lo, hi, open_lo=open_lo, open_hi=open_hi, error=CheckpointError)
+    for name, kind in (("hidden_act", str), ("pooler_act", str), ("model_type", str), ("qkv_bias", bool)):
+        if name in c and not isinstance(c[name], kind):
+            what = "true or false" if kind is bool else "a string"
+            raise CheckpointError(f"{source}: {name}: expected {what}, got {reprlib.repr(c[name])}")
+    return c
+
+
+def infer(hf_cfg: dict, sd: dict, source: str, cfg_file: str | None = None) -> tuple[dict, dict]:
+    """(ViTConfig fields, notes) from HF's config.json (``cfg_file``, named in errors about its fields;
+    ``source`` is the weights') and the weights' keys."""
+    c = checked_fields(hf_cfg, cfg_file or source)
+    model_type = c.get("model_type", "vit")
     if model_type != "vit":
         raise CheckpointError(f"{source}: model_type {model_type!r} is not a plain ViT ('vit')")
-    c = {**HF_DEFAULTS, **hf_cfg}
     act = ACT_FROM_HF.get(c["hidden_act"])
     if act is None:
         raise CheckpointError(f"{source}: hidden_act {c['hidden_act']!r} has no vitkit equivalent "
@@ -145,7 +173,7 @@ def infer(hf_cfg: dict, sd: dict, source: str) -> tuple[dict, dict]:
         num_heads=c["num_attention_heads"],
         mlp_ratio=mlp_ratio_for(c["intermediate_size"], D),
         act=act,
-        norm_eps=float(c["layer_norm_eps"]),
+        norm_eps=c["layer_norm_eps"],
         img_size=list(img) if isinstance(img, (list, tuple)) else img,
         patch_size=ps,
         in_chans=c["num_channels"],
@@ -157,8 +185,8 @@ def infer(hf_cfg: dict, sd: dict, source: str) -> tuple[dict, dict]:
         no_embed_class=False,
         num_classes=sd["classifier.weight"].shape[0] if has_head else 0,
         representation_size=sd[f"{prefix}pooler.dense.weight"].shape[0] if has_pooler else None,
-        drop_rate=float(c.get("hidden_dropout_prob", 0.0)),
-        attn_drop_rate=float(c.get("attention_probs_dropout_prob", 0.0)),
+        drop_rate=c["hidden_dropout_prob"],
+        attn_drop_rate=c["attention_probs_dropout_prob"],
     )
     return seen, {"prefix": prefix}
 
@@ -198,7 +226,7 @@ def read_hf(path, cfg: ViTConfig | None = None, model=None, *, model_name=None, 
     """(VisionTransformer, info) from an HF ViT directory."""
     hf_cfg, sd, source = read_hf_dir(path)
     sd = {_legacy_name(k): v for k, v in sd.items()}
-    seen, notes = infer(hf_cfg, sd, source)
+    seen, notes = infer(hf_cfg, sd, source, str(Path(source).parent / "config.json"))
     if model is not None:
         cfg = model.cfg
     elif cfg is None:

@@ -169,7 +169,7 @@ def read_timm_folder(path, *, model_name=None, overrides=None):
     if weights is None:
         raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin beside config.json")
     arch = hub_cfg.get("architecture")
-    name = model_name or (arch if arch in REGISTRY else None)
+    name = model_name or (arch if isinstance(arch, str) and arch in REGISTRY else None)
     model, info = read_timm(weights, model_name=name, overrides=overrides)
     pcfg = hub_cfg.get("pretrained_cfg")
     pcfg = pcfg if isinstance(pcfg, dict) else hub_cfg  # timm's older configs: one flat dict
@@ -178,7 +178,7 @@ def read_timm_folder(path, *, model_name=None, overrides=None):
     if isinstance(labels, list) and len(labels) == model.cfg.num_classes and all(isinstance(x, str) for x in labels):
         model.labels = labels
     return model, {**info, "preprocess_assumed": pre_assumed, "architecture": arch,
-                   "preprocess_from": f"{cfg_file} (pretrained_cfg)", "test": timm_test_crop(pcfg)}
+                   "preprocess_from": f"{cfg_file} (pretrained_cfg)", "test": timm_test_crop(pcfg, str(cfg_file))}
 
 
 def to_timm(model) -> dict[str, torch.Tensor]:

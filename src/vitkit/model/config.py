@@ -7,15 +7,27 @@ resize) is a ``Preprocess``; both are saved in a checkpoint's vitkit.json.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 from ..core.errors import ConfigError
-from ..core.strict import from_dict, to_dict, to_hw
+from ..core.strict import from_dict, real_in, reals_in, to_dict, to_hw
 
 Pool = Literal["token", "avg", "map", "none"]
 PosEmbed = Literal["learn", "sincos1d", "sincos2d", "none"]
 RESIZE_MODES = ("shorter_then_crop", "squash")  # Preprocess.resize
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")  # Preprocess.interpolation
+
+# The ranges a Preprocess takes (pixels are scaled to [0, 1] before the mean and std), wide enough for every
+# published model and narrow enough that no value makes a non-finite input or an image of absurd size:
+MEAN_RANGE = (-10.0, 10.0)  # each channel's mean (published ones are in [0, 1]: 0.5, ImageNet's, CLIP's)
+STD_RANGE = (1e-3, 10.0)  # each channel's std; 1e-3 is also the floor of what a run measures on its data
+CROP_PCT_RANGE = (0.1, 1.0)  # the resize before the centre crop is at most 10x the model's size (timm's
+#   tags use 0.875 to 1.0, HF's processors crop 224 of 256 or none)
+NORM_EPS_MAX = 0.1  # ViTConfig.norm_eps is in (0, NORM_EPS_MAX]: models use 1e-12 (HF) to 1e-5 (torch); a
+#   larger one flattens every LayerNorm's output towards its bias
+LAYER_SCALE_MAX = 10.0  # ViTConfig.layer_scale is in (0, LAYER_SCALE_MAX] (CaiT / DeiT III start at 1e-5 to 0.1)
 
 
 def _bad(name: str, msg: str):
@@ -27,7 +39,10 @@ def _bad(name: str, msg: str):
 # a MemoryError. A caller who means a larger model raises them first, e.g. ``vitkit.model.config.MAX_PARAMS
 # = 3e10`` for ViT-22B (21.7e9 parameters); ViT-g/14, the largest named model here, has 1.0e9.
 MAX_PARAMS = 5_000_000_000  # parameters (estimated from the config: ``ViTConfig.param_estimate``)
+MAX_WHOLE = 2**53  # the largest count or size a field may hold at all (a float holds every whole number up to it)
 MAX_TOKENS = 65_536  # tokens per image: patches and prefix tokens (a 4096x4096 image in patches of 16)
+MAX_DEPTH = 1024  # encoder blocks (ViT-22B has 48): a deep, narrow config under MAX_PARAMS would take minutes
+#   only to build its modules
 
 
 @dataclass
@@ -134,6 +149,7 @@ class ViTConfig:
     # ------------------------------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ConfigError naming the first field out of range or inconsistent with another."""
+        self._check_whole_numbers()
         self._check_sizes()
         self._check_tokens()
         self._check_layers()
@@ -173,6 +189,9 @@ class ViTConfig:
         parts = self.param_estimate()
         total = sum(parts.values())
         if total <= MAX_PARAMS:
+            if self.depth > MAX_DEPTH:
+                _bad("depth", f"{self.depth} blocks, over the limit of {MAX_DEPTH} (vitkit.model.config.MAX_DEPTH; "
+                              "raise it for a deeper model)")
             return
         part = max(parts, key=parts.get)
         field, what = {
@@ -188,6 +207,16 @@ class ViTConfig:
         _bad(field, f"{what} make {total:.2g} parameters, over the limit of {MAX_PARAMS:.2g} "
                     "(vitkit.model.config.MAX_PARAMS; raise it to build a larger model)")
 
+    def _check_whole_numbers(self) -> None:
+        """No whole number beyond MAX_WHOLE: the size checks compute in floats, which do not hold it."""
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            for x in v if isinstance(v, tuple) else (v,):
+                if isinstance(x, int) and not isinstance(x, bool) and abs(x) > MAX_WHOLE:
+                    shown = x if abs(x) < 10**20 else f"a number of {len(str(abs(x)))} digits"
+                    _bad(f.name, f"{shown} is beyond {MAX_WHOLE} (2**53), the largest whole number a float holds "
+                                 "exactly")
+
     def _check_sizes(self) -> None:
         """Widths, counts and rates: each in its range; the image in whole patches, the width in whole heads."""
         for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "stem_width"):
@@ -202,14 +231,20 @@ class ViTConfig:
             _bad("img_size", f"{h}x{w} is not divisible by patch_size {p}")
         if self.embed_dim % self.num_heads:
             _bad("num_heads", f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
-            _bad("mlp_ratio", f"must give an MLP width >= 1, got {self.mlp_ratio!r}")
+        r = self.mlp_ratio
+        real = isinstance(r, (int, float)) and not isinstance(r, bool)
+        if not (real and math.isfinite(self.embed_dim * r) and int(self.embed_dim * r) >= 1):
+            _bad("mlp_ratio", f"must be a finite number giving an MLP width >= 1, got {r!r}")
+        self._check_rates()
+
+    def _check_rates(self) -> None:
+        """The dropout rates in [0, 1), norm_eps, layer_scale and the BatchNorm momentum each finite, in range."""
         for name in ("drop_rate", "attn_drop_rate", "drop_path_rate", "head_drop_rate"):
-            v = getattr(self, name)
-            if not 0.0 <= v < 1.0:
-                _bad(name, f"must be in [0, 1), got {v!r}")
-        if not self.norm_eps > 0:
-            _bad("norm_eps", f"must be > 0, got {self.norm_eps!r}")
+            real_in(getattr(self, name), f"ViTConfig.{name}", 0.0, 1.0, open_hi=True)
+        real_in(self.norm_eps, "ViTConfig.norm_eps", 0.0, NORM_EPS_MAX, open_lo=True)
+        if self.layer_scale is not None:
+            real_in(self.layer_scale, "ViTConfig.layer_scale", 0.0, LAYER_SCALE_MAX, open_lo=True)
+        real_in(self.stem_bn_momentum, "ViTConfig.stem_bn_momentum", 0.0, 1.0, open_lo=True)
 
     def _check_tokens(self) -> None:
         """Prefix tokens, pooling and position tables: each pooling finds the tokens it reads."""
@@ -244,8 +279,6 @@ class ViTConfig:
             _bad("stem_whiten", "the whitening layer is part of the conv stem; it needs stem='conv'")
         if self.stem_dirac and self.stem != "conv":
             _bad("stem_dirac", "the identity init is for the conv stem's convolutions; it needs stem='conv'")
-        if not 0 < self.stem_bn_momentum <= 1:
-            _bad("stem_bn_momentum", f"must be in (0, 1], got {self.stem_bn_momentum!r}")
         if self.stem == "conv":
             if p & (p - 1) or p < 2:
                 _bad("stem", f"the 'conv' stem needs a power-of-two patch_size >= 2, got {p}")
@@ -253,8 +286,6 @@ class ViTConfig:
                 _bad("patch_embed", "the 'conv' stem has no linear form; use patch_embed='conv'")
         if self.representation_size is not None and self.representation_size < 1:
             _bad("representation_size", f"must be a positive integer or null, got {self.representation_size!r}")
-        if self.layer_scale is not None and not self.layer_scale > 0:
-            _bad("layer_scale", f"must be > 0 or null, got {self.layer_scale!r}")
         if self.norm == "post" and self.fc_norm:
             _bad("fc_norm", "post-LN blocks already end in a LayerNorm; fc_norm must be off")
 
@@ -288,29 +319,30 @@ class Preprocess:
     #   crop_pct 1: the whole image squeezed to the size)
 
     def __post_init__(self):
-        for name in ("mean", "std"):
-            if not getattr(self, name):
-                raise ConfigError(f"Preprocess.{name}: expected one value per channel (or one for all), got none")
+        """Each field checked for its type, finiteness and range (MEAN_RANGE, STD_RANGE, CROP_PCT_RANGE)."""
+        self.mean = reals_in(self.mean, "Preprocess.mean", *MEAN_RANGE)
+        self.std = reals_in(self.std, "Preprocess.std", *STD_RANGE)
         if len(self.mean) != len(self.std):
-            raise ConfigError(f"Preprocess.mean: {len(self.mean)} values, but Preprocess.std has {len(self.std)}")
-        if any(s <= 0 for s in self.std):
-            raise ConfigError(f"Preprocess.std: every value must be > 0, got {self.std}")
-        if not 0 < self.crop_pct <= 1:
-            raise ConfigError(f"Preprocess.crop_pct: must be in (0, 1], got {self.crop_pct}")
+            raise ConfigError(f"Preprocess: mean has {len(self.mean)} values but std has {len(self.std)}")
+        self.crop_pct = real_in(self.crop_pct, "Preprocess.crop_pct", *CROP_PCT_RANGE)
+        if self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(f"Preprocess.interpolation: expected one of {', '.join(INTERPOLATIONS)}, "
+                              f"got {self.interpolation!r}")
         if self.resize not in RESIZE_MODES:
             raise ConfigError(f"Preprocess.resize: expected one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
 
     def for_channels(self, channels: int) -> "Preprocess":
-        """The same constants with one value per channel (a grey model gets the mean of RGB values)."""
+        """The same constants with one value per channel (a grey model gets the mean of RGB values; constants
+        that are the same for every channel, as the default 0.5, fit any number of channels)."""
         if len(self.mean) == channels:
             return self
         if channels == 1:
             m, s = sum(self.mean) / len(self.mean), sum(self.std) / len(self.std)
             return dataclasses.replace(self, mean=(m,), std=(s,))
-        if len(self.mean) == 1:
-            return dataclasses.replace(self, mean=self.mean * channels, std=self.std * channels)
-        raise ConfigError(f"Preprocess.mean: {len(self.mean)} values do not fit {channels} channels (one value per "
-                          "channel, or one for all)")
+        if len(set(self.mean)) == 1 and len(set(self.std)) == 1:
+            return dataclasses.replace(self, mean=self.mean[:1] * channels, std=self.std[:1] * channels)
+        raise ConfigError(f"Preprocess.mean: {len(self.mean)} values do not fit {channels} channels (expected 1 or "
+                          f"{channels})")
 
     def to_dict(self) -> dict:
         return to_dict(self)

@@ -123,7 +123,10 @@ class VisionTransformer(nn.Module):
 
         The model's own tensors first (position table, class token, registers), then ``init_jax`` or
         ``init_timm`` on every submodule in ``named_modules()`` order: that order fixes the random draws.
+        A model on the meta device (its shapes only) holds no values to initialise: nothing is drawn.
         """
+        if any(p.is_meta for p in self.parameters()):
+            return
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02, a=-0.04, b=0.04)
         if self.cls_token is not None:

@@ -21,9 +21,11 @@ from ..core.strict import (
     from_dict,
     parse_override,
     read_json_object,
+    real_in,
     to_dict,
 )
 from ..data import AugmentConfig
+from ..model.config import CROP_PCT_RANGE
 
 
 @dataclass
@@ -51,8 +53,7 @@ class DataConfig:
                 raise ConfigError(f"data.{name}: must be a positive integer or null, got {v!r}")
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"data.workers: must be >= 0 or null (null: one per usable CPU), got {self.workers!r}")
-        if not 0 < self.crop_pct <= 1:
-            raise ConfigError(f"data.crop_pct: must be in (0, 1], got {self.crop_pct!r}")
+        real_in(self.crop_pct, "data.crop_pct", *CROP_PCT_RANGE)  # the eval crop's Preprocess takes the same
 
 
 @dataclass
