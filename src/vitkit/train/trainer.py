@@ -42,7 +42,7 @@ from ..io import checkpoint as ckpt_io
 from ..model.vit import count_params
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
-from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers
+from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_weights
 from .ema import EMA
 from .fsdp import full_optimizer_state, full_tensor, full_weights, load_optimizer_state, plain_copy, shard_model
 from .loader import BatchLoader, loader_workers, micro_batches
@@ -84,7 +84,7 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
     base = ckpt_io.unwrap(model)
     was_training = base.training
     base.eval()
-    broadcast_buffers(base, dist)  # every shard is scored with the buffers rank 0's checkpoint holds
+    broadcast_weights(base, dist)  # every shard is scored with the weights rank 0's checkpoint holds
     shard = torch.arange(dist.rank, len(images), dist.world_size)
     tally = Tally(base.cfg.num_classes, confusion=confusion)
     for x, y in eval_batches(images, base.cfg.img_size, base.preprocess, device, batch_size, shard):
@@ -270,11 +270,13 @@ class Trainer:
         """The rest of the current epoch, step by step, until it ends, the run is spent or a stop is requested."""
         st = self.state
         for pos, images, labels in self.loader.epoch(st.epoch, st.pos):
-            st.seconds = self.elapsed()
-            # one process alone may stop before a step (resuming a run whose budget is spent); processes
-            # together decide on the time they agree on, after the step's collective
-            if self.schedule.done(st.step, st.seconds) and not self.dist.enabled:
-                return EpochEnd.SPENT
+            # one process alone reads its clock before a step (and may stop: resuming a run whose budget is
+            # spent); processes together step and stop on the time they agreed on at the last step's
+            # collective, so that a budget gives every one the same learning rate
+            if not self.dist.enabled:
+                st.seconds = self.elapsed()
+                if self.schedule.done(st.step, st.seconds):
+                    return EpochEnd.SPENT
             result = self.train_step((images, labels))
             self.apply(result, pos)
             if result.stop:
