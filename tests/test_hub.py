@@ -47,10 +47,14 @@ def timm_folder(folder: Path, model, architecture: str = "vit_test", pretrained_
 
 
 def hf_folder(folder: Path, model, **processor) -> Path:
-    """An HF model's files (to_hf), its preprocessor_config.json changed by ``processor``."""
+    """An HF model's files (to_hf), its preprocessor_config.json a ViTImageProcessor's (the whole image
+    squashed to the model's size) changed by ``processor``."""
     to_hf(model, folder)
     file = folder / "preprocessor_config.json"
-    file.write_text(json.dumps({**json.loads(file.read_text()), **processor}))
+    vit = {k: v for k, v in json.loads(file.read_text()).items() if k not in ("do_center_crop", "crop_size")}
+    h, w = model.cfg.img_size
+    vit.update(image_processor_type="ViTImageProcessor", size={"height": h, "width": w})
+    file.write_text(json.dumps({**vit, **processor}))
     return folder
 
 
