@@ -179,7 +179,7 @@ def add_progress_and_loggers(p: argparse.ArgumentParser) -> None:
                            "progress_every"))
     g.add_argument("--log", type=logger_list, metavar="LOGGERS", help="also log the metrics to: csv (metrics.csv), "
                    "tensorboard, wandb (WANDB_MODE and WANDB_PROJECT honoured; offline without credentials), mlflow "
-                   "(MLFLOW_TRACKING_URI, else the run's mlruns/); a comma list, e.g. --log tensorboard,csv "
+                   "(MLFLOW_TRACKING_URI, else the run's mlflow.db); a comma list, e.g. --log tensorboard,csv "
                    "(metrics.jsonl is always written)")
 
 
