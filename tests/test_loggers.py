@@ -64,6 +64,19 @@ def test_csv_holds_the_steps_and_evaluations_and_is_trimmed_on_resume(tmp_path):
     assert [r["step"] for r in rows if r["split"] == "train"] == [str(i) for i in range(1, 13)]  # each once
     assert [(r["type"], r["step"]) for r in rows if r["split"] == "val"] == [("eval", "4"), ("eval", "8"),
                                                                              ("eval", "12")]
+    assert [(r["type"], r["step"], r["split"]) for r in rows][-1] == ("final", "12", "test")  # as metrics.jsonl
+    assert (float(rows[-1]["acc"]), float(rows[-1]["loss"])) == (s["test_acc"], s["test_loss"])
+
+
+def test_csv_has_one_test_row_the_last_segments(tmp_path):
+    """A run continued for more epochs: the first segment's test row gives way to the longer run's."""
+    run = tmp_path / "run"
+    train(cfg(loggers=["csv"]), run, splits=tiny_splits(), log=lambda m: None)
+    assert [r["step"] for r in csv_rows(run) if r["split"] == "test"] == ["8"]
+    s = train(cfg(epochs=3, loggers=["csv"]), run, resume=True, splits=tiny_splits(), log=lambda m: None)
+    rows = csv_rows(run)
+    assert rows == expected_csv(run) and [r["step"] for r in rows if r["split"] == "test"] == ["12"]
+    assert float(rows[-1]["acc"]) == s["test_acc"]
 
 
 def test_tensorboard_scalars_read_back_with_tensorboards_reader(tmp_path):

@@ -38,6 +38,7 @@ def carve_validation(splits, fraction: float, seed: int, where: str) -> bool:
     if splits.val is not None or not fraction:
         return False
     splits.train, splits.val = split_stratified(splits.train, fraction, seed, where=where)
+    splits.held_out = fraction
     return True
 
 

@@ -12,8 +12,9 @@ Records, by ``type``:
 ``MetricsLog`` writes every record to metrics.jsonl and hands it to each logger the run asked for
 (``RunConfig.loggers``), from one place:
 
-- ``csv``: metrics.csv, one row per step record (split 'train') and per evaluation (split 'val'),
-  under fixed columns (``CSV_COLUMNS``);
+- ``csv``: metrics.csv, one row per step record (split 'train'), per evaluation (split 'val') and, at
+  the end of a run with a test split, its test loss and accuracy (type 'final', split 'test'), under fixed
+  columns (``CSV_COLUMNS``);
 - ``tensorboard``: an event file in the run directory (``tensorboard --logdir runs/`` shows each run
   by its directory's name) with the scalars of ``scalars``, the run's config as hyper-parameters (the
   HPARAMS tab) and, at the end, the confusion matrix as an image; needs the tensorboard package;
@@ -156,11 +157,15 @@ CSV_COLUMNS = ("type", "step", "epoch", "seconds", "split", "loss", "acc", "lr",
 
 def csv_row(rec: dict) -> dict | None:
     """The metrics.csv row of a record: step records as split 'train' (their train accuracy as acc),
-    evaluations as their split; None for the other records."""
+    evaluations as their split, the final record of a run with a test split as split 'test' (its test loss
+    and accuracy, its train seconds); None for the other records."""
     if rec.get("type") == "step":
         return {**{k: rec.get(k, "") for k in CSV_COLUMNS}, "split": "train", "acc": rec["train_acc"]}
     if rec.get("type") == "eval":
         return {k: rec.get(k, "") for k in CSV_COLUMNS}
+    if rec.get("type") == "final" and "test_acc" in rec:
+        return {**{k: "" for k in CSV_COLUMNS}, "type": "final", "step": rec["step"],
+                "seconds": rec.get("train_seconds", ""), "split": "test", "loss": rec["test_loss"], "acc": rec["test_acc"]}
     return None
 
 
@@ -176,7 +181,8 @@ class CsvLog(Logger):
         rows = []
         if self.file.exists():  # a resumed run: keep the rows up to its step
             with open(self.file, newline="", encoding="utf-8") as f:
-                rows = [r for r in csv.DictReader(f) if r.get("step", "").isdigit() and int(r["step"]) <= step]
+                rows = [r for r in csv.DictReader(f) if r.get("step", "").isdigit() and int(r["step"]) <= step
+                        and r.get("type") != "final"]  # a longer run's test row is written at its end
         with atomic_path(self.file) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
             out = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
             out.writeheader()

@@ -178,6 +178,8 @@ class Trainer:
         self.lr = 0.0  # the learning rate of the last step
         self.task = Progress().task("train")  # the steps' progress, while fit runs
         self.clock_start = time.perf_counter()  # when training began, less the time spent before a resume
+        self.session_start = time.perf_counter()  # when this segment of the run began (train.loop: its start)
+        self.wall_before = 0.0  # the earlier segments' wall-clock, up to the checkpoint resumed
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         """The module that runs the steps: sharded in place (FSDP: cfg.strategy), compiled (cfg.compile),
@@ -199,6 +201,7 @@ class Trainer:
         """trainer.pt: the state, the optimizer, scaler and EMA states and every process's RNG states
         (gathered: a collective, so every process takes part). Under FSDP the optimizer and EMA states
         are gathered from their shards into the same layout (complete on rank 0, which writes them)."""
+        self.state.wall_seconds = self.wall_seconds()
         rngs = all_gather_object(rng_state(), self.dist)
         optimizer = full_optimizer_state(self.model, self.optimizer) if self.sharded else self.optimizer.state_dict()
         return {
@@ -224,6 +227,7 @@ class Trainer:
         if self.ema is not None and saved.get("ema") is not None:
             self.ema.load_state_dict(saved["ema"])
         self.state = TrainerState.load(saved)
+        self.wall_before = self.state.wall_seconds
         rngs = saved["rng"]
         set_rng_state(rngs[min(self.dist.rank, len(rngs) - 1)])
 
@@ -299,6 +303,11 @@ class Trainer:
                 self.plot()
         if self.epoch_files:
             self.save("last")
+
+    def wall_seconds(self) -> float:
+        """The run's wall-clock so far: this segment's since it began and the earlier segments' up to the
+        checkpoint it resumed (as ``state.seconds`` counts the training time)."""
+        return self.wall_before + time.perf_counter() - self.session_start
 
     def elapsed(self) -> float:
         """Training seconds so far, on this process's clock (the earlier segments of a resumed run included)."""

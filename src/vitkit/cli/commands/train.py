@@ -457,16 +457,28 @@ def report(args, summary: dict, run_dir) -> int:
         if args.json:
             print(json_line(summary))
         return 130
-    parts = []
-    if "test_acc" in summary:
-        parts.append(f"test accuracy {summary['test_acc'] * 100:.2f}%")
-    if "val_acc" in summary:
-        parts.append(f"val accuracy {summary['val_acc'] * 100:.2f}%")
+    parts = accuracy_parts(summary)
     parts.append(f"train time {summary['train_seconds']:.1f} s (total {summary['total_seconds']:.1f} s)")
     print(", ".join(parts) + f"; saved {run_dir}")
     if args.json:
         print(json_line(summary))
     return 0
+
+
+def accuracy_parts(summary: dict) -> list[str]:
+    """The accuracies of the last line, each saying which weights it is of where best/ holds other weights
+    than the run ended with: the test split scores best/ (what ``vitkit.load(run)`` gives), the final
+    validation the weights the run ended with."""
+    parts = []
+    if "test_acc" in summary:
+        final = summary.get("test_acc_final")
+        parts.append(f"test accuracy {summary['test_acc'] * 100:.2f}%"
+                     + (f" (best/; the final weights {final * 100:.2f}%)" if final is not None else ""))
+    if "val_acc" in summary:
+        best = summary.get("best_val_acc", summary["val_acc"])
+        parts.append(f"val accuracy {summary['val_acc'] * 100:.2f}%"
+                     + (f" (the final weights; best/ {best * 100:.2f}%)" if best != summary["val_acc"] else ""))
+    return parts
 
 
 def run(args) -> int:
