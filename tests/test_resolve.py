@@ -128,6 +128,8 @@ def test_the_cli_and_fit_record_the_same_run(tmp_path, capsys):
     assert cli == py  # the same request, resolved the same way
     cli_sum = json.loads((tmp_path / "cli" / "summary.json").read_text())
     assert res.summary["test_acc"] == cli_sum["test_acc"] and res.run_dir == tmp_path / "py"
+    # the decoded-image cache on in both, in the same folder: the command line decoded, fit read it back
+    assert (cli_sum["data_cache"], res.summary["data_cache"]) == ("miss", "hit")
 
 
 def test_fit_feeds_logger_objects(tmp_path):

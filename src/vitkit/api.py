@@ -82,7 +82,7 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
         out: str | os.PathLike | None = None, max_minutes: float | None = None, epochs: int | None = None,
         model: str | None = None, config: str | os.PathLike | None = None, resume: str | os.PathLike | None = None,
         settings: dict[str, Any] | None = None, overrides: list[str] | None = None, loggers: list | None = None,
-        cache_dir: str | os.PathLike | None = None, log: Callable[[str], None] | None = print,
+        cache_dir: str | os.PathLike | None = "default", log: Callable[[str], None] | None = print,
         progress=None) -> FitResult:
     """Train on ``data`` as ``vitkit train --data DATA`` does (or, with ``weights``, fine-tune them as
     ``vitkit finetune WEIGHTS --data DATA`` does): the same request resolved the same way
@@ -99,8 +99,10 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     not show. ``loggers``: objects with ``log_metrics(metrics: dict, step: int)`` (and optionally
     ``log_hparams(config: dict)`` and ``close()``), fed as the run logs; a run of several processes runs in
     processes of its own (started as `vitkit train --nproc N` starts them), whose records reach the
-    loggers, from its metrics.jsonl, when it ends. ``log``: where the run's lines go (None: nowhere);
-    ``progress``: a ``core.progress.Progress``.
+    loggers, from its metrics.jsonl, when it ends. ``cache_dir``: where decoded image folders are cached
+    (docs/data.md), by default where `vitkit train` caches them (``data.cache.user_cache``: ~/.cache/vitkit; the
+    command line follows $XDG_CACHE_HOME, which a library call does not read: pass its folder here); None: no
+    cache. ``log``: where the run's lines go (None: nowhere); ``progress``: a ``core.progress.Progress``.
     """
     from .train.resolve import RunRequest, resolve_run
 
@@ -113,6 +115,10 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     if weights is not None and data is None and resume is None:
         raise ConfigError("fit: fine-tuning needs data (a folder, MNIST or CIFAR directory)")
     run = resolve_run(req)
+    if cache_dir == "default":
+        from .data.cache import user_cache
+
+        cache_dir = user_cache()
     say = log or (lambda m: None)
     for note in run.notes:
         say(note)

@@ -409,16 +409,17 @@ def stop_on_signals():
 
 
 def cache_dir(args, env) -> str | None:
-    """The decoded-image cache folder: --cache-dir, else $XDG_CACHE_HOME/vitkit, else ~/.cache/vitkit;
-    None with --no-cache or --cache-dir none."""
+    """The decoded-image cache folder: --cache-dir, else $XDG_CACHE_HOME/vitkit, else ~/.cache/vitkit (as
+    ``vitkit.fit`` caches by default: ``data.cache.user_cache``); None with --no-cache or --cache-dir none."""
     import os
+
+    from ...data.cache import user_cache
 
     if getattr(args, "no_cache", False) or (args.cache_dir or "").lower() == "none":
         return None
     if args.cache_dir:
         return args.cache_dir
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "vitkit")
+    return os.path.join(env["XDG_CACHE_HOME"], "vitkit") if env.get("XDG_CACHE_HOME") else user_cache()
 
 
 def train_here(args, run, dist) -> int:
