@@ -115,10 +115,7 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     if weights is not None and data is None and resume is None:
         raise ConfigError("fit: fine-tuning needs data (a folder, MNIST or CIFAR directory)")
     run = resolve_run(req)
-    if cache_dir == "default":
-        from .data.cache import user_cache
-
-        cache_dir = user_cache()
+    cache_dir = _cache_folder(cache_dir)
     say = log or (lambda m: None)
     for note in run.notes:
         say(note)
@@ -128,6 +125,13 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     else:
         summary = _fit_here(run, cache_dir, loggers, say, progress)
     return FitResult(summary, run.run_dir)
+
+
+def _cache_folder(cache_dir):
+    """``fit``'s cache_dir: 'default' is the folder `vitkit train` caches in by default."""
+    from .data.cache import user_cache
+
+    return user_cache() if cache_dir == "default" else cache_dir
 
 
 def _fit_here(run, cache_dir, loggers, say, progress) -> dict:
