@@ -285,8 +285,9 @@ def image_processor(pre: Preprocess, img_size: tuple[int, int], in_chans: int, w
     (``pre.resize``) is ViTImageProcessor's resize to the size (DeiTImageProcessor's, then a centre crop, at
     crop_pct < 1); the short side resized and the centre cropped is BitImageProcessor's (shortest_edge,
     crop_size), with vitkit's sizes: the short side to floor(size / crop_pct) and the long side truncated.
-    HF's processors resize the short side to one length, so a non-square input whose crop would bind on
-    either side is given the longer of the two, with a warning naming ``where``."""
+    HF's processors resize the short side to one length, so a non-square input (whose resize covers both
+    sides) is given the longer of the two, which covers the crop without padding and frames square images
+    as vitkit does, with a warning naming ``where``."""
     h, w = img_size
     side = [max(s, math.floor(s / pre.crop_pct + 1e-9)) for s in img_size]  # data.splits.eval_resize's
     out = {"do_resize": True, "resample": RESAMPLE_TO_HF[pre.interpolation], "do_rescale": True,
@@ -300,8 +301,8 @@ def image_processor(pre: Preprocess, img_size: tuple[int, int], in_chans: int, w
                 **crop}
     if side[0] != side[1]:
         warnings.warn(f"{where}: preprocessor_config.json resizes the short side to {max(side)} and crops {h}x{w}; "
-                      f"vitkit resizes an image to cover {side[0]}x{side[1]}, which HF's processors cannot: "
-                      "images of another shape than the input's are framed differently", VitkitWarning, stacklevel=3)
+                      f"vitkit resizes an image to cover {side[0]}x{side[1]}, which HF's processors cannot: only "
+                      "square images get vitkit's input", VitkitWarning, stacklevel=3)
     return {"image_processor_type": "BitImageProcessor", **out, "size": {"shortest_edge": max(side)}, **crop}
 
 
