@@ -19,6 +19,8 @@ def _own_cache(tmp_path_factory, monkeypatch):
     """`vitkit train` caches decoded image folders under $XDG_CACHE_HOME: tests keep theirs in a temporary
     folder (inherited by the commands they start), never in the user's."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+    # and so does vitkit.fit, which caches by default where the command line does without that variable
+    monkeypatch.setattr("vitkit.data.cache.USER_CACHE", str(tmp_path_factory.getbasetemp() / "xdg-cache" / "vitkit"))
 
 
 @pytest.fixture(autouse=True)

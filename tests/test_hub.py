@@ -18,6 +18,7 @@ import torch
 from helpers import image_folder, random_model, tiny_model
 from PIL import Image
 
+import vitkit
 from vitkit.cli.main import main
 from vitkit.data.images import resize_center_crop, to_model_input
 from vitkit.io.convert import describe, detect_format, read, to_hf
@@ -49,10 +50,14 @@ def timm_folder(folder: Path, model, architecture: str = "vit_test", pretrained_
 
 
 def hf_folder(folder: Path, model, **processor) -> Path:
-    """An HF model's files (to_hf), its preprocessor_config.json changed by ``processor``."""
+    """An HF model's files (to_hf), its preprocessor_config.json a ViTImageProcessor's (the whole image
+    squashed to the model's size) changed by ``processor``."""
     to_hf(model, folder)
     file = folder / "preprocessor_config.json"
-    file.write_text(json.dumps({**json.loads(file.read_text()), **processor}))
+    vit = {k: v for k, v in json.loads(file.read_text()).items() if k not in ("do_center_crop", "crop_size")}
+    h, w = model.cfg.img_size
+    vit.update(image_processor_type="ViTImageProcessor", size={"height": h, "width": w})
+    file.write_text(json.dumps({**vit, **processor}))
     return folder
 
 
@@ -273,23 +278,47 @@ def test_a_bare_file_reports_its_assumed_preprocessing_and_takes_overrides(tmp_p
     weights = tmp_path / "vit.safetensors"
     save_timm(random_model(), weights)
     model, info = read(weights, overrides=["num_heads=2"])
+    # timm's defaults, as for a Hub repository whose pretrained_cfg leaves the fields out
     assert info["preprocess_assumed"] == {
-        "preprocess.mean": [0.5, 0.5, 0.5], "preprocess.std": [0.5, 0.5, 0.5], "preprocess.crop_pct": 1.0,
+        "preprocess.mean": IMAGENET["mean"], "preprocess.std": IMAGENET["std"], "preprocess.crop_pct": 0.875,
         "preprocess.interpolation": "bicubic", "preprocess.resize": "shorter_then_crop"}
     assert main(["convert", str(weights), str(tmp_path / "ck"), "--set", "num_heads=2",
-                 "--set", "preprocess.crop_pct=0.9", "--set", "preprocess.mean=[0.485,0.456,0.406]"]) == 0
+                 "--set", "preprocess.crop_pct=0.9", "--set", "preprocess.mean=[0.5,0.5,0.5]"]) == 0
     out = capsys.readouterr().out
-    assert ("preprocessing not in the source, assumed: preprocess.std=[0.5, 0.5, 0.5], "
+    assert (f"preprocessing not in the source, assumed: preprocess.std={IMAGENET['std']}, "
             "preprocess.interpolation=bicubic, preprocess.resize=shorter_then_crop "
             "(change with --set preprocess.KEY=VALUE)") in out
     pre = json.loads((tmp_path / "ck" / "vitkit.json").read_text())["preprocess"]
-    assert pre["crop_pct"] == 0.9 and pre["mean"] == IMAGENET["mean"]
+    assert pre["crop_pct"] == 0.9 and pre["mean"] == [0.5, 0.5, 0.5]
     assert main(["convert", str(weights), str(tmp_path / "x"), "--set", "num_heads=2",
                  "--set", "preprocess.crop=0.9"]) == 1
     assert "preprocess.crop: not a Preprocess field" in capsys.readouterr().err
     lines = describe({"src": "w", "from": "timm", "config": model.cfg.to_dict(), "params": 1,
                       "assumed": info["assumed"], "preprocess_assumed": info["preprocess_assumed"]})
-    assert lines[-1].startswith("preprocessing not in the source, assumed: preprocess.mean=[0.5, 0.5, 0.5]")
+    assert lines[-1].startswith(f"preprocessing not in the source, assumed: preprocess.mean={IMAGENET['mean']}")
+
+
+def test_convert_to_timm_keeps_the_runs_preprocessing_beside_the_file(tmp_path):
+    """`vitkit convert CKPT out.safetensors --to timm` writes out.json beside it, a pretrained_cfg as timm's Hub
+    repositories hold one; reading the file back takes it, nothing assumed; a user's file there is refused."""
+    from vitkit import Preprocess
+
+    model = random_model()
+    model.preprocess = Preprocess(mean=(0.4, 0.4, 0.4), std=(0.2, 0.3, 0.2), crop_pct=0.9, interpolation="bilinear",
+                                  resize="squash")
+    model.labels = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"][: model.cfg.num_classes]
+    vitkit.save(model, tmp_path / "ck")
+    assert main(["convert", str(tmp_path / "ck"), str(tmp_path / "vit.safetensors"), "--to", "timm"]) == 0
+    beside = json.loads((tmp_path / "vit.json").read_text())
+    assert beside["pretrained_cfg"] == {"input_size": [3, 32, 32], "mean": [0.4] * 3, "std": [0.2, 0.3, 0.2],
+                                        "crop_pct": 0.9, "crop_mode": "squash", "interpolation": "bilinear",
+                                        "num_classes": model.cfg.num_classes}
+    back, info = read(tmp_path / "vit.safetensors", overrides=["num_heads=2"])
+    assert back.preprocess == model.preprocess and back.labels == model.labels
+    assert info["preprocess_assumed"] == {} and info["preprocess_from"].endswith("vit.json (pretrained_cfg)")
+    (tmp_path / "mine.json").write_text('{"notes": "mine"}')
+    assert main(["convert", str(tmp_path / "ck"), str(tmp_path / "mine.safetensors"), "--to", "timm"]) == 1
+    assert not (tmp_path / "mine.safetensors").exists() and (tmp_path / "mine.json").read_text() == '{"notes": "mine"}'
 
 
 # -------------------------------------------------------------- a bad field of a source is one line naming it

@@ -64,6 +64,19 @@ def test_csv_holds_the_steps_and_evaluations_and_is_trimmed_on_resume(tmp_path):
     assert [r["step"] for r in rows if r["split"] == "train"] == [str(i) for i in range(1, 13)]  # each once
     assert [(r["type"], r["step"]) for r in rows if r["split"] == "val"] == [("eval", "4"), ("eval", "8"),
                                                                              ("eval", "12")]
+    assert [(r["type"], r["step"], r["split"]) for r in rows][-1] == ("final", "12", "test")  # as metrics.jsonl
+    assert (float(rows[-1]["acc"]), float(rows[-1]["loss"])) == (s["test_acc"], s["test_loss"])
+
+
+def test_csv_has_one_test_row_the_last_segments(tmp_path):
+    """A run continued for more epochs: the first segment's test row gives way to the longer run's."""
+    run = tmp_path / "run"
+    train(cfg(loggers=["csv"]), run, splits=tiny_splits(), log=lambda m: None)
+    assert [r["step"] for r in csv_rows(run) if r["split"] == "test"] == ["8"]
+    s = train(cfg(epochs=3, loggers=["csv"]), run, resume=True, splits=tiny_splits(), log=lambda m: None)
+    rows = csv_rows(run)
+    assert rows == expected_csv(run) and [r["step"] for r in rows if r["split"] == "test"] == ["12"]
+    assert float(rows[-1]["acc"]) == s["test_acc"]
 
 
 def test_tensorboard_scalars_read_back_with_tensorboards_reader(tmp_path):
@@ -238,7 +251,7 @@ class FakeMlflowClient:
         found = self.experiments.get(name)
         return types.SimpleNamespace(experiment_id=found) if found else None
 
-    def create_experiment(self, name):
+    def create_experiment(self, name, artifact_location=None):
         self.experiments[name] = f"exp-{name}"
         return self.experiments[name]
 
@@ -263,7 +276,7 @@ def test_mlflow_records_params_once_and_the_metrics_of_a_resumed_run_in_the_same
     run = tmp_path / "run"
     crash_then_resume(run, ["mlflow"])
     calls = FakeMlflowClient.calls
-    assert [c for c in calls if c[0] == "client"] == [("client", (run / "mlruns").resolve().as_uri())] * 2
+    assert [c for c in calls if c[0] == "client"] == [("client", f"sqlite:///{(run / 'mlflow.db').resolve()}")] * 2
     assert [c for c in calls if c[0] == "run"] == [("run", "exp-vitkit", "run")]  # the resumed run continues it
     assert (run / "mlflow-id.txt").read_text() == "r1\n"
     params = {c[2]: c[3] for c in calls if c[0] == "param"}
@@ -274,13 +287,38 @@ def test_mlflow_records_params_once_and_the_metrics_of_a_resumed_run_in_the_same
     assert ("metric", "r1", "test/acc", 12) in calls and calls[-1] == ("end", "r1")
 
 
-def test_mlflow_for_real(tmp_path):
+def test_mlflow_for_real_in_a_store_mlflow_takes(tmp_path, monkeypatch):
+    """With the installed mlflow (3.x refuses file stores): the run's SQLite store, nothing written outside
+    the run directory, and a resumed run continues the same MLflow run."""
     mlflow = pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     train(cfg(loggers=["mlflow"]), run, splits=tiny_splits(), log=lambda m: None)
-    client = mlflow.tracking.MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    train(cfg(epochs=3, loggers=["mlflow"]), run, resume=True, splits=tiny_splits(), log=lambda m: None)
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}")
     got = client.get_run((run / "mlflow-id.txt").read_text().strip())
     assert got.data.params["model"] == "vit_test" and "test/acc" in got.data.metrics
+    assert [m.step for m in client.get_metric_history(got.info.run_id, "test/acc")] == [8, 12]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no mlruns/ in the working folder
+
+
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_a_store_mlflow_refuses_is_one_line_naming_it_before_wandb_starts(tmp_path, capfd, monkeypatch, nproc):
+    mlflow = pytest.importorskip("mlflow")
+    from helpers import FAST_TRAIN_ARGS, image_folder
+
+    started = []  # in this process (one), a wandb listed first must not have started its run
+    fake_module(monkeypatch, "wandb", init=lambda **kw: started.append(kw))
+    loggers = "wandb,mlflow" if nproc == "1" else "csv,mlflow"
+    store = (tmp_path / "mlruns").as_uri()  # a file store, which mlflow 3 refuses (2.x took it)
+    if mlflow.__version__.startswith(("1.", "2.")):
+        store = "bogus://nowhere"
+    data = image_folder(tmp_path / "data")
+    code = main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--nproc", nproc, *FAST_TRAIN_ARGS,
+                 "--epochs", "1", "--log", loggers, "--set", f"mlflow_tracking_uri={store}"])
+    err = [line for line in capfd.readouterr().err.strip().splitlines() if line.strip()]
+    assert code == 1 and not started, err
+    assert len(err) == 1 and err[0].startswith("vitkit: error: loggers: mlflow could not start ("), err
 
 
 # ------------------------------------------------------------------------------ logger objects from Python

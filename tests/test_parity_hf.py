@@ -117,3 +117,54 @@ def test_a_trained_checkpoint_loads_in_transformers_by_the_lines_docs_show(tmp_p
     ])
     ref = scope["model"].eval()
     assert_same_logits(model, lambda x: ref(pixel_values=x).logits, random_images(model.cfg, n=2), tol=1e-4)
+
+
+def crop_offsets_agree(size: tuple[int, int], pre) -> bool:
+    """Whether HF's centre crop, which floors the offset, starts where vitkit's (timm's and torchvision's:
+    rounded half to even) does for an image of ``size`` at a 32 x 32 input; they differ by a pixel where the
+    resized side exceeds the crop by 4k + 3."""
+    from vitkit.data.splits import eval_resize
+
+    th, tw = eval_resize((32, 32), pre.crop_pct)
+    h, w = size
+    rh, rw = (th, tw) if pre.resize == "squash" else (th, max(tw, int(w * th / h))) if h <= w else (int(h * tw / w), tw)
+    return all((r - 32) // 2 == int(round((r - 32) / 2.0)) for r in (rh, rw))
+
+
+@pytest.mark.parametrize("pre", [dict(crop_pct=0.875, interpolation="bicubic"),
+                                 dict(crop_pct=1.0, interpolation="bilinear"),
+                                 dict(crop_pct=0.875, interpolation="bilinear", resize="squash")])
+def test_hf_image_pipeline_sees_what_vitkit_predict_sees_on_non_square_images(tmp_path, pre):
+    """`vitkit convert --to hf` writes the processor that resizes and crops as the checkpoint does (the short
+    side and the centre crop, or the squash): transformers' image-classification pipeline on photos that are
+    not square gets vitkit's input, up to PIL's rounding to whole pixel values (where the two centre crops start
+    on the same pixel, ``crop_offsets_agree``), and the same top-1."""
+    from helpers import noise_image
+    from PIL import Image
+    from transformers import AutoImageProcessor, pipeline
+
+    from vitkit import Preprocess
+    from vitkit.tools.predict import predict
+
+    model = randomize(VisionTransformer(ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                                                  num_classes=5)), seed=3)
+    model.preprocess = Preprocess(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), **pre)
+    to_hf(model.eval(), tmp_path / "hf")
+    processor = AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    paths, sizes = [], [(40, 90), (75, 47), (33, 64), (100, 61), (52, 100)]
+    for i, (h, w) in enumerate(sizes):
+        img = noise_image(h, w, seed=i).resize((w // 4, h // 4)).resize((w, h))  # smooth: resampling matters less
+        paths.append(tmp_path / f"{i}.png")
+        img.save(paths[-1])
+    from vitkit.data import decode_image, to_model_input
+
+    for p, size in zip(paths, sizes):
+        ours = to_model_input(decode_image(p, 3), (32, 32), model.preprocess)
+        theirs = processor(images=Image.open(p).convert("RGB"), return_tensors="pt")["pixel_values"][0]
+        assert theirs.shape == ours.shape
+        if crop_offsets_agree(size, model.preprocess):
+            assert (theirs - ours).abs().mean() < 0.02, p  # PIL's whole pixel values against vitkit's floats
+    hf_top1 = [max(r, key=lambda d: d["score"])["label"] for r in
+               pipeline("image-classification", model=str(tmp_path / "hf"), image_processor=processor)([str(p) for p in paths])]
+    ours = [str(r["top"][0]["index"]) for r in predict(model, [str(p) for p in paths], top_k=1)["predictions"]]
+    assert [label.replace("LABEL_", "") for label in hf_top1] == ours

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 import vitkit
 from vitkit.cli.main import main
-from vitkit.core.errors import ConfigError
+from vitkit.core.errors import ConfigError, DataError
 from vitkit.data import eval_batch
 from vitkit.model.variants import get_config
 from vitkit.tools.loading import load_model
@@ -256,3 +256,10 @@ def test_a_probe_runs_in_one_process(tmp_path, weights, capsys):
         probe_trainer(probe_cfg(weights), tiny_model(), tiny_splits(), tmp_path / "r", dist=DistInfo(1, 4),
                       device=CPU)
 
+
+
+def test_a_set_smaller_than_a_batch_is_refused_before_its_features(tmp_path, weights, computed):
+    with pytest.raises(DataError, match="^training set: 32 images is fewer than one batch of 64; lower --batch-size"):
+        probe_trainer(probe_cfg(weights, batch_size=64), tiny_model(num_classes=3), tiny_splits(), tmp_path / "r",
+                      dist=DistInfo(), device=CPU)
+    assert computed == []  # no pass over the data was spent on it

@@ -96,6 +96,25 @@ def test_a_small_model_fine_tuned_within_a_budget_on_the_cpu_trains_as_two_proce
     assert large.cfg.processes == 1
 
 
+def test_threads_cut_by_other_work_say_so_and_are_what_the_run_records(tmp_path, monkeypatch):
+    from vitkit.train import resolve
+
+    monkeypatch.setattr(resolve, "usable_cpus", lambda: 2)
+    data = str(image_folder(tmp_path / "data"))
+    flags = {"device": "cpu", "epochs": 1, "processes": 1, "model": TINY_MODEL}
+    monkeypatch.setattr(resolve.os, "getloadavg", lambda: (1.3, 1.0, 0.5))  # another process busy on a core
+    busy = resolve_run(RunRequest(data=data, flags=flags))
+    assert busy.cfg.threads == 1
+    assert ("threads: 1 per process, not 2: the 1-minute load average was 1.3 on 2 CPUs as the run started "
+            "(other work; threads that share a core wait for each other); config.json records the 1 it trains "
+            "with; --threads 2 takes them all") in busy.notes
+    monkeypatch.setattr(resolve.os, "getloadavg", lambda: (0.2, 0.1, 0.1))
+    idle = resolve_run(RunRequest(data=data, flags=flags))
+    assert idle.cfg.threads == 2 and not any(line.startswith("threads:") for line in idle.notes)
+    told = resolve_run(RunRequest(data=data, flags={**flags, "threads": 1}))
+    assert not any(line.startswith("threads:") for line in told.notes)
+
+
 def test_the_cli_and_fit_record_the_same_run(tmp_path, capsys):
     data = image_folder(tmp_path / "data")
     args = ["--data", str(data), "--epochs", "1", "--nproc", "1"]
@@ -109,6 +128,8 @@ def test_the_cli_and_fit_record_the_same_run(tmp_path, capsys):
     assert cli == py  # the same request, resolved the same way
     cli_sum = json.loads((tmp_path / "cli" / "summary.json").read_text())
     assert res.summary["test_acc"] == cli_sum["test_acc"] and res.run_dir == tmp_path / "py"
+    # the decoded-image cache on in both, in the same folder: the command line decoded, fit read it back
+    assert (cli_sum["data_cache"], res.summary["data_cache"]) == ("miss", "hit")
 
 
 def test_fit_feeds_logger_objects(tmp_path):

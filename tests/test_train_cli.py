@@ -297,3 +297,31 @@ def test_grad_checkpointing_flag_reaches_the_run_and_keeps_its_losses(tmp_path, 
     assert saved == {"plain": False, "ckpt": True}
     plain, ckpt = step_losses(runs["plain"]), step_losses(runs["ckpt"])
     assert len(plain) == len(ckpt) > 1 and plain == pytest.approx(ckpt, abs=1e-6)
+
+
+def test_the_last_line_says_which_weights_each_accuracy_is_of():
+    from vitkit.cli.commands.train import accuracy_parts
+
+    ended_best = {"val_acc": 0.65, "best_val_acc": 0.65, "test_acc": 0.7}
+    assert accuracy_parts(ended_best) == ["test accuracy 70.00%", "val accuracy 65.00%"]
+    earlier = {"val_acc": 0.6, "best_val_acc": 0.65, "test_acc": 0.7, "test_acc_final": 0.68}
+    assert accuracy_parts(earlier) == ["test accuracy 70.00% (best/; the final weights 68.00%)",
+                                       "val accuracy 60.00% (the final weights; best/ 65.00%)"]
+    assert accuracy_parts({"val_acc": 0.6, "best_val_acc": 0.65}) == [
+        "val accuracy 60.00% (the final weights; best/ 65.00%)"]
+
+
+def test_a_run_records_the_validation_share_it_held_out(tmp_path, capsys):
+    """A class folder with neither a validation nor a test part: 10% held out, and config.json says so (a
+    replay of its config carves the same images)."""
+    from vitkit.tools.evaluate import evaluate
+
+    data = make_folder(tmp_path / "data", n=10) / "train"  # cat/ and dog/ alone
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--epochs", "1", "--out", str(run), "--json", *FAST]) == 0
+    s, _ = last_json(capsys)
+    assert json.loads((run / "config.json").read_text())["data"]["val_fraction"] == 0.1
+    assert main(["train", "--config", str(run), "--out", str(tmp_path / "again"), "--json", *FAST]) == 0
+    again, _ = last_json(capsys)
+    assert again["val_acc"] == s["val_acc"] and again["val_loss"] == s["val_loss"]
+    assert evaluate(run)["scored"] == "the run's validation carve (seed 0, 10% of the training images): all 2 images"

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import random_model, run_weights, step_losses, tiny_run_config, tiny_splits  # noqa: E402
+from helpers import free_port, random_model, run_weights, step_losses, tiny_run_config, tiny_splits  # noqa: E402
 
 from vitkit.train import DistInfo  # noqa: E402
 
@@ -333,3 +333,45 @@ def test_a_torn_down_group_leaves_no_backend_threads_behind():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "0", done.stdout + done.stderr
+
+
+def _clocked_worker(rank, world, overrides: dict, out: str, ahead: float) -> None:
+    """One process of a run bounded by the clock, its own clock ``ahead`` seconds ahead on rank 1 (as a
+    process that started training earlier reads it); the learning rates it stepped with, to out/lr<rank>.json."""
+    torch.set_num_threads(1)
+    from vitkit.train import train, trainer
+    from vitkit.train.schedule import Schedule
+
+    if rank == 1:
+        plain = trainer.Trainer.elapsed
+        trainer.Trainer.elapsed = lambda self: plain(self) + ahead
+    rates, apply = [], Schedule.apply
+    Schedule.apply = lambda self, *a, **k: rates.append(apply(self, *a, **k)) or rates[-1]
+    info = DistInfo(rank, world, rank) if world > 1 else DistInfo()
+    train(tiny_run_config(**{**PLAIN, **overrides}), out, dist=info, log=lambda m: None)
+    with open(os.path.join(out, f"lr{rank}.json"), "w") as f:
+        json.dump(rates, f)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_test_figure_a_run_prints_is_what_eval_scores(tmp_path, monkeypatch, processes):
+    """A run bounded by the clock, 27 test images (divisible by neither 2 processes nor the batch): the
+    test accuracy and loss the run reports are those `vitkit eval` gives for the run, even where the
+    processes' clocks disagree; every process steps with the same learning rates (the time they agree on)."""
+    from helpers import image_folder
+
+    from vitkit.tools.evaluate import evaluate
+
+    data = image_folder(tmp_path / "data", classes=("a", "b", "c"), n=8, test=9)
+    run = tmp_path / "run"
+    overrides = dict(max_minutes=1.0, epochs=3, data=dict(path=str(data)))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    mp.spawn(_clocked_worker, args=(processes, overrides, str(run), 30.0), nprocs=processes, join=True)
+    summary = json.loads((run / "summary.json").read_text())
+    scored = evaluate(run)
+    assert scored["num_images"] == 27 and scored["scored"] == "test part: all 27 images"
+    assert summary["test_acc"] == round(scored["top1"], 5)
+    assert summary["test_loss"] == round(scored["loss"], 5)
+    rates = [json.loads((run / f"lr{r}.json").read_text()) for r in range(processes)]
+    assert len(rates[0]) == 9 and all(r == rates[0] for r in rates)

@@ -187,6 +187,23 @@ def test_stop_request_saves_and_resumes_exactly(tmp_path):
 
 
 
+def test_a_resumed_runs_total_time_holds_every_segment_as_its_train_time_does(tmp_path):
+    """A second before the first segment's training (outside its train time): the resumed run's total
+    counts it, as its train time counts the first segment's training; the total is never below it."""
+    import time
+
+    def slow(message):  # the line a run says before it trains
+        if message.startswith("training "):
+            time.sleep(1.0)
+
+    out = tmp_path / "run"
+    first = train(cfg(), out, splits=tiny_splits(), log=slow)
+    assert first["total_seconds"] >= first["train_seconds"] + 1.0
+    second = train(cfg(epochs=3), out, resume=True, splits=tiny_splits(), log=lambda m: None)
+    assert second["total_seconds"] >= second["train_seconds"] + 1.0
+    assert second["train_seconds"] > first["train_seconds"]
+
+
 def test_a_run_whose_checkpoints_predate_vitkit_json_resumes_exactly(tmp_path):
     """last/ as written before vitkit.json (config.json + model.safetensors): --resume reads it, the run ends
     as an uninterrupted one, and its next save writes the new names."""

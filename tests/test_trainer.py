@@ -65,14 +65,17 @@ def test_ema_averages_in_float32_and_swaps_in_the_model_dtype():
 
 # ------------------------------------------------------------------------------------------- the state
 def test_trainer_state_keys_round_trip():
-    st = TrainerState(step=5, epoch=1, pos=1, seconds=2.5, skipped=1, best_acc=0.75, best_step=4,
+    st = TrainerState(step=5, epoch=1, pos=1, seconds=2.5, wall_seconds=3.5, skipped=1, best_acc=0.75, best_step=4,
                       history=[{"type": "eval", "step": 4, "acc": 0.75}])
     d = st.to_dict()
-    assert set(d) == {"version", "step", "epoch", "pos", "seconds", "skipped", "best_acc", "best_step", "history"}
+    assert set(d) == {"version", "step", "epoch", "pos", "seconds", "wall_seconds", "skipped", "best_acc",
+                      "best_step", "history"}
     assert d["version"] == 1 and isinstance(d["history"], str)
     assert TrainerState.load(d) == st
     del d["history"]  # a trainer.pt without a history resumes with an empty one
     assert TrainerState.load(d).history == []
+    del d["wall_seconds"]  # nor one written before the run's whole wall-clock was kept: its train time
+    assert TrainerState.load(d).wall_seconds == 2.5
 
 
 def test_trainer_state_dict_restores_where_the_run_stood(tmp_path):

@@ -39,6 +39,19 @@ def test_the_budget_chooses_the_mode(minutes, images, want):
         assert f"({MIN_EPOCHS} needed)" in why
 
 
+def test_a_probe_chosen_by_the_budget_says_layer_decay_does_not_apply():
+    from vitkit.train.tune import settle_tune
+
+    given = dict(tune="auto", max_minutes=5, threads=1, processes=2, device="cpu")
+    cfg = RunConfig.from_dict({**given, "optim": {"layer_decay": 0.75}})
+    line = settle_tune(cfg, S16, 3_000)
+    assert cfg.tune == "probe" and line.endswith(
+        "(--tune forces one); --layer-decay does not apply: the probe trains the head alone, at the full lr")
+    assert "layer-decay" not in settle_tune(RunConfig.from_dict(given), S16, 3_000)  # not given: not named
+    assert "layer-decay" not in settle_tune(RunConfig.from_dict({**given, "max_minutes": 60,
+                                                                  "optim": {"layer_decay": 0.75}}), S16, 3_000)
+
+
 def test_a_gpu_trains_the_whole_model():
     assert choose_tune(B16, 3_000, 5, 2, 2, on_cpu=False)[0] == "full"
 

@@ -82,7 +82,7 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
         out: str | os.PathLike | None = None, max_minutes: float | None = None, epochs: int | None = None,
         model: str | None = None, config: str | os.PathLike | None = None, resume: str | os.PathLike | None = None,
         settings: dict[str, Any] | None = None, overrides: list[str] | None = None, loggers: list | None = None,
-        cache_dir: str | os.PathLike | None = None, log: Callable[[str], None] | None = print,
+        cache_dir: str | os.PathLike | None = "default", log: Callable[[str], None] | None = print,
         progress=None) -> FitResult:
     """Train on ``data`` as ``vitkit train --data DATA`` does (or, with ``weights``, fine-tune them as
     ``vitkit finetune WEIGHTS --data DATA`` does): the same request resolved the same way
@@ -99,12 +99,15 @@ def fit(data: str | os.PathLike | None = None, *, weights: str | os.PathLike | N
     not show. ``loggers``: objects with ``log_metrics(metrics: dict, step: int)`` (and optionally
     ``log_hparams(config: dict)`` and ``close()``), fed as the run logs; a run of several processes runs in
     processes of its own (started as `vitkit train --nproc N` starts them), whose records reach the
-    loggers, from its metrics.jsonl, when it ends. ``log``: where the run's lines go (None: nowhere);
-    ``progress``: a ``core.progress.Progress``.
+    loggers, from its metrics.jsonl, when it ends. ``cache_dir``: where decoded image folders are cached
+    (docs/data.md), by default where `vitkit train` caches them (``data.cache.user_cache``: ~/.cache/vitkit; the
+    command line follows $XDG_CACHE_HOME, which a library call does not read: pass its folder here); None: no
+    cache. ``log``: where the run's lines go (None: nowhere); ``progress``: a ``core.progress.Progress``.
     """
     from .train.resolve import RunRequest, resolve_run
 
     flags = _settings(settings)
+    cache_dir = _cache_folder(cache_dir)
     flags.update({"max_minutes": max_minutes, "epochs": epochs})
     flags["init_model" if weights is not None else "model"] = model
     req = RunRequest(data=None if data is None else str(data), weights=None if weights is None else str(weights),
@@ -137,6 +140,13 @@ def _settings(settings) -> dict[str, Any]:
         if not isinstance(key, str) or not all(key.split(".")):
             raise ConfigError(f"fit: settings key {key!r}: expected a dotted config key such as 'optim.lr'")
     return dict(settings)
+
+
+def _cache_folder(cache_dir):
+    """``fit``'s cache_dir: 'default' is the folder `vitkit train` caches in by default."""
+    from .data.cache import user_cache
+
+    return user_cache() if cache_dir == "default" else cache_dir
 
 
 def _fit_here(run, cache_dir, loggers, say, progress) -> dict:

@@ -34,6 +34,13 @@ from ..core.strict import parse_json
 from ..io.atomic import atomic_path
 
 VERSION = 1  # of the entry format and of what decoding gives; a change makes every old entry a miss
+USER_CACHE = "~/.cache/vitkit"  # the cache folder of `vitkit train` and `vitkit.fit` by default (the command
+#   line takes $XDG_CACHE_HOME/vitkit where that variable is set)
+
+
+def user_cache() -> str:
+    """``USER_CACHE`` with the user's home folder in place of ~."""
+    return os.path.expanduser(USER_CACHE)
 
 
 class DecodeCache:
@@ -174,4 +181,4 @@ def check_outside(cache_dir: str | os.PathLike, data_root: str | os.PathLike) ->
                         "(the data folder may be read-only)")
 
 
-__all__ = ["DecodeCache", "check_outside", "VERSION"]
+__all__ = ["DecodeCache", "check_outside", "VERSION", "USER_CACHE", "user_cache"]

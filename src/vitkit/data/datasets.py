@@ -114,10 +114,11 @@ def open_dataset(
     opts.root = root
     train, val, test, skipped = loader(root, fmt, opts)
 
-    if val is None and val_fraction > 0:
+    held_out = val_fraction if val is None and val_fraction > 0 else 0.0
+    if held_out:
         train, val = split_stratified(train, val_fraction, seed, where=show_path(root))
     return DataSplits(train=train, val=val, test=test, classes=list(train.classes), format=fmt,
-                      skipped=skipped, cache=opts.cache_summary(), cache_notes=opts.cache_notes)
+                      skipped=skipped, cache=opts.cache_summary(), cache_notes=opts.cache_notes, held_out=held_out)
 
 
 def _check_sizes(img_size, short_side) -> tuple[int, int] | None:

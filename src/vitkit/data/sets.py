@@ -128,6 +128,7 @@ class DataSplits:
     #   (decoded, and stored), 'miss, not cached' (decoded; storing failed: ``cache_notes`` says why), 'off' (no
     #   cache, or nothing to decode: arrays, streamed folders)
     cache_notes: list[str] = field(default_factory=list)  # why the cache could not be written, if so
+    held_out: float = 0.0  # the share of the training images carved off as ``val`` (the data had no val part)
 
     @property
     def num_classes(self) -> int:

@@ -41,6 +41,7 @@ def carve_validation(splits, fraction: float, seed: int, where: str, required: b
     if not required and lone_class(splits.train) is not None:
         return False
     splits.train, splits.val = split_stratified(splits.train, fraction, seed, where=where)
+    splits.held_out = fraction
     return True
 
 

@@ -40,7 +40,7 @@ from .hf import read_hf, write_hf
 from .hub import hub_hint, resolve_weights
 from .jax import read_jax
 from .preprocess import apply_preprocess, split_overrides
-from .timm import TIMM_SUFFIXES, is_timm_config, read_timm, save_timm, to_timm
+from .timm import TIMM_SUFFIXES, is_timm_config, read_timm, save_timm, check_timm_config, to_timm, write_timm_config
 
 # (src, *, model_name, overrides) -> (model, info: {"source", "assumed", ...})
 Reader = Callable[..., tuple[Any, dict]]
@@ -63,7 +63,9 @@ def _write_vitkit(model, dest: Path) -> list[str]:
 
 
 def _write_timm(model, dest: Path) -> list[str]:
-    return [str(save_timm(model, dest))]
+    """The weights and, beside them, their preprocessing as timm states it (``write_timm_config``)."""
+    check_timm_config(dest)  # a file of the user's in its place: refused before the weights are written
+    return [str(save_timm(model, dest)), str(write_timm_config(model, dest))]
 
 
 def _write_hf(model, dest: Path) -> list[str]:

@@ -14,6 +14,7 @@ into ViTConfig.norm_eps.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import reprlib
@@ -307,6 +308,32 @@ def to_hf_state(model) -> dict[str, torch.Tensor]:
     return out
 
 
+def image_processor(pre: Preprocess, img_size: tuple[int, int], in_chans: int, where) -> dict:
+    """The preprocessor_config.json of a model that preprocesses as ``pre`` at ``img_size``: a squash
+    (``pre.resize``) is ViTImageProcessor's resize to the size (DeiTImageProcessor's, then a centre crop, at
+    crop_pct < 1); the short side resized and the centre cropped is BitImageProcessor's (shortest_edge,
+    crop_size), with vitkit's sizes: the short side to floor(size / crop_pct) and the long side truncated.
+    HF's processors resize the short side to one length, so a non-square input (whose resize covers both
+    sides) is given the longer of the two, which covers the crop without padding and frames square images
+    as vitkit does, with a warning naming ``where``."""
+    h, w = img_size
+    side = [max(s, math.floor(s / pre.crop_pct + 1e-9)) for s in img_size]  # data.splits.eval_resize's
+    out = {"do_resize": True, "resample": RESAMPLE_TO_HF[pre.interpolation], "do_rescale": True,
+           "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(pre.mean), "image_std": list(pre.std),
+           "do_convert_rgb": in_chans == 3}
+    crop = {"do_center_crop": True, "crop_size": {"height": h, "width": w}}
+    if pre.resize == "squash":
+        if side == [h, w]:
+            return {"image_processor_type": "ViTImageProcessor", **out, "size": {"height": h, "width": w}}
+        return {"image_processor_type": "DeiTImageProcessor", **out, "size": {"height": side[0], "width": side[1]},
+                **crop}
+    if side[0] != side[1]:
+        warnings.warn(f"{where}: preprocessor_config.json resizes the short side to {max(side)} and crops {h}x{w}; "
+                      f"vitkit resizes an image to cover {side[0]}x{side[1]}, which HF's processors cannot: only "
+                      "square images get vitkit's input", VitkitWarning, stacklevel=3)
+    return {"image_processor_type": "BitImageProcessor", **out, "size": {"shortest_edge": max(side)}, **crop}
+
+
 def write_hf(model, path: str | os.PathLike, return_files: bool = False):
     """Write config.json, model.safetensors and preprocessor_config.json into directory ``path``."""
     from safetensors.torch import save as st_save
@@ -316,19 +343,7 @@ def write_hf(model, path: str | os.PathLike, return_files: bool = False):
         raise CheckpointError(f"{path}: exists and is not a directory (an HF model is a directory)")
     config = hf_config(model)
     state = to_hf_state(model)
-    pre = model.preprocess
-    h, w = model.cfg.img_size
-    processor = {
-        "image_processor_type": "ViTImageProcessor",
-        "do_resize": True,
-        "size": {"height": h, "width": w},
-        "resample": RESAMPLE_TO_HF[pre.interpolation],
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": list(pre.mean),
-        "image_std": list(pre.std),
-    }
+    processor = image_processor(model.preprocess, model.cfg.img_size, model.cfg.in_chans, path)
     files = [path / "model.safetensors", path / "config.json", path / "preprocessor_config.json"]
     atomic_write_bytes(files[0], st_save(state, metadata={"format": "pt"}))
     atomic_write_text(files[1], json.dumps(config, indent=2) + "\n")

@@ -5,8 +5,11 @@ assumed and reported, and ``--set preprocess.KEY=VALUE`` over either.
   interpolation), with timm's own defaults for what it leaves out (``from_pretrained_cfg``);
 - a Hugging Face model: its preprocessor_config.json (``from_image_processor``): ViTImageProcessor
   squashes the image to its size, DeiT's and DINOv2's processors resize and centre crop;
-- a bare file (a timm state dict, a JAX .npz): nothing, so the defaults are assumed and reported
-  (``assumed_preprocess``), as are the architecture's fields the weights do not show.
+- a bare timm file: the JSON file beside it that `vitkit convert --to timm` writes (a pretrained_cfg), else
+  timm's own defaults for what a pretrained_cfg leaves out (``TIMM_DEFAULTS``: ImageNet's mean and std,
+  crop_pct 0.875), the same as for a Hub repository that leaves them out, assumed and reported;
+- a JAX .npz: nothing, so vitkit's defaults are assumed and reported (``assumed_preprocess``), as are the
+  architecture's fields the weights do not show.
 
 Every assumed value is listed under the key that changes it (``preprocess.crop_pct``), so that
 `vitkit convert` and `vitkit finetune` print it with the other assumptions.
@@ -58,7 +61,8 @@ def from_pretrained_cfg(pcfg: Mapping[str, Any], in_chans: int, source: str) -> 
         values[name] = pcfg.get(name)
         if values[name] is None:
             values[name] = default
-            assumed[_key("resize" if name == "crop_mode" else name)] = CROP_MODES.get(default, default)
+            shown = list(default) if isinstance(default, tuple) else CROP_MODES.get(default, default)
+            assumed[_key("resize" if name == "crop_mode" else name)] = shown
     where = f"{source}: pretrained_cfg."
     interpolation, mode = _text(values["interpolation"], where + "interpolation"), _text(values["crop_mode"],
                                                                                            where + "crop_mode")

@@ -17,6 +17,7 @@ named, rather than reported as a list of keys that do not fit.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from pathlib import Path
@@ -29,10 +30,10 @@ from ..core.strict import read_json_object
 from ..model.config import ViTConfig
 from ..model.variants import REGISTRY
 from .arch import arch_config, heads_from_width, mlp_ratio_for
-from .atomic import atomic_path
+from .atomic import atomic_path, atomic_write_text
 from .checkpoint import load_state_dict_file
 from .keys import assemble, build, expected_state, learned_pos_table, refuse, same
-from .preprocess import assumed_preprocess, from_pretrained_cfg, timm_test_crop
+from .preprocess import from_pretrained_cfg, timm_test_crop
 
 TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")  # the files a timm state dict is read from and written to
 
@@ -127,7 +128,10 @@ def _heads_from_qk_norm(weight: torch.Tensor | None, dim: int) -> int | None:
 def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None, overrides=None):
     """(VisionTransformer, info) from a timm state dict or file, or a timm Hub repository's folder (see
     ``read_timm_folder``); see ``arch.arch_config``. A bare state dict does not say how images are
-    prepared: the model's default Preprocess is reported as assumed (info["preprocess_assumed"])."""
+    prepared: a file's preprocessing is the ``pretrained_cfg`` of the JSON file beside it that `vitkit
+    convert --to timm` writes (``timm_config_file``), else timm's defaults (``from_pretrained_cfg`` of
+    nothing: ImageNet's mean and std, crop_pct 0.875, bicubic, the centre crop), reported as assumed
+    (info["preprocess_assumed"])."""
     if isinstance(src, (str, os.PathLike)) and (Path(src).is_dir() or Path(src).name == "config.json"):
         return read_timm_folder(src, model_name=model_name, overrides=overrides)
     if isinstance(src, (str, os.PathLike)):
@@ -148,10 +152,72 @@ def read_timm(src, cfg: ViTConfig | None = None, model=None, *, model_name=None,
     table = {k: ((k,), same) for k in expected}  # identity: vitkit's names are timm's
     state = assemble(expected, table, sd, source)
     info = {"source": source, "assumed": assumed}
-    if model is None:  # a state dict does not say how images are prepared: the defaults, reported
+    if model is None:  # a state dict does not say how images are prepared: the file beside it, else timm's
         model = build(cfg, state, source)
-        return model, {**info, "preprocess_assumed": assumed_preprocess(model.preprocess)}
+        return model, {**info, **_preprocess_beside(model, src)}
     return build(cfg, state, source, model), info
+
+
+def _preprocess_beside(model, src) -> dict:
+    """Set ``model``'s preprocessing (and labels) from the JSON file beside the weights file ``src`` that
+    `vitkit convert --to timm` writes, else to timm's defaults; the info that says which and what is assumed."""
+    beside = timm_config_file(src) if isinstance(src, (str, os.PathLike)) else None
+    hub = _json_beside(beside)
+    pcfg = hub.get("pretrained_cfg") if isinstance(hub.get("pretrained_cfg"), dict) else None
+    model.preprocess, assumed = from_pretrained_cfg(pcfg or {}, model.cfg.in_chans, str(beside or src))
+    labels = hub.get("label_names")
+    if isinstance(labels, list) and len(labels) == model.cfg.num_classes and all(isinstance(x, str) for x in labels):
+        model.labels = labels
+    where = f"{beside} (pretrained_cfg)" if pcfg is not None else "timm's defaults"
+    return {"preprocess_assumed": assumed, "preprocess_from": where}
+
+
+def _json_beside(file: Path | None) -> dict:
+    """The JSON object in ``file``; {} where there is none (or another file of that name: not ours to judge)."""
+    if file is None or not file.is_file():
+        return {}
+    try:
+        return read_json_object(file, CheckpointError)
+    except CheckpointError:
+        return {}
+
+
+def timm_config_file(weights) -> Path:
+    """The JSON file beside a timm weights file (vit.safetensors: vit.json) that holds its pretrained_cfg."""
+    return Path(weights).with_suffix(".json")
+
+
+def pretrained_cfg(model) -> dict:
+    """``model``'s preprocessing as timm's pretrained_cfg states it (``data.resolve_data_config`` reads it)."""
+    pre, cfg = model.preprocess, model.cfg
+    return {"input_size": [cfg.in_chans, *cfg.img_size], "mean": list(pre.mean), "std": list(pre.std),
+            "crop_pct": pre.crop_pct, "crop_mode": "squash" if pre.resize == "squash" else "center",
+            "interpolation": pre.interpolation, "num_classes": cfg.num_classes}
+
+
+def check_timm_config(weights) -> Path:
+    """The JSON file beside ``weights``; a CheckpointError naming it where a file there is not such a one."""
+    file = timm_config_file(weights)
+    if file.exists():
+        try:
+            ours = "pretrained_cfg" in read_json_object(file, CheckpointError)
+        except CheckpointError:
+            ours = False
+        if not ours:
+            raise CheckpointError(f"{file}: exists and is not a timm config (no pretrained_cfg); the weights' "
+                                  "preprocessing is written there: move it, or name the weights otherwise")
+    return file
+
+
+def write_timm_config(model, weights) -> Path:
+    """Write the JSON file beside ``weights`` (``timm_config_file``) in the style of a timm Hub repository's
+    config.json: the pretrained_cfg, the classes and their names. A file of that name that is not one is
+    refused, before anything is written."""
+    file = check_timm_config(weights)
+    data = {"num_classes": model.cfg.num_classes, "global_pool": model.cfg.global_pool,
+            "label_names": list(model.labels) if model.labels else None, "pretrained_cfg": pretrained_cfg(model)}
+    atomic_write_text(file, json.dumps(data, indent=2) + "\n")
+    return file
 
 
 def read_timm_folder(path, *, model_name=None, overrides=None):

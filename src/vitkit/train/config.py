@@ -187,7 +187,7 @@ class RunConfig:
     wandb_mode: str | None = None  # wandb's mode ('online', 'offline', 'disabled'); None = offline. `vitkit
     #   train` sets it from WANDB_MODE, else 'online' where wandb has credentials (WANDB_API_KEY, ~/.netrc)
     wandb_project: str | None = None  # the wandb project; None = 'vitkit'. `vitkit train`: WANDB_PROJECT
-    mlflow_tracking_uri: str | None = None  # where MLflow records; None = a file store in the run's mlruns/.
+    mlflow_tracking_uri: str | None = None  # where MLflow records; None = a SQLite store, the run's mlflow.db.
     #   `vitkit train`: MLFLOW_TRACKING_URI
     mlflow_experiment: str | None = None  # the MLflow experiment; None = 'vitkit'. `vitkit train`:
     #   MLFLOW_EXPERIMENT_NAME

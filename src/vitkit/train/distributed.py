@@ -199,6 +199,17 @@ def broadcast_buffers(module: torch.nn.Module, info: DistInfo) -> None:
             dist.broadcast(b, src=0)
 
 
+def broadcast_weights(module: torch.nn.Module, info: DistInfo) -> None:
+    """Give every rank rank 0's parameters and buffers, the weights rank 0 saves: scoring a model sharded
+    over the processes then scores one model, whatever set the ranks' copies apart."""
+    if info.enabled:
+        import torch.distributed as dist
+
+        for t in module.state_dict().values():
+            check_served(t, "broadcast")
+            dist.broadcast(t, src=0)
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         import torch.distributed as dist
@@ -207,4 +218,5 @@ def barrier(info: DistInfo) -> None:
 
 
 __all__ = ["DistInfo", "Collectives", "collectives_for", "init_process_group", "process_group", "destroy_process_group",
-           "served_device_types", "check_served", "all_reduce_sum", "broadcast_buffers", "barrier"]
+           "served_device_types", "check_served", "all_reduce_sum", "broadcast_buffers", "broadcast_weights",
+           "barrier"]

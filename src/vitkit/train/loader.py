@@ -33,6 +33,17 @@ def loader_workers(workers: int | None, processes: int = 1) -> int:
     return max(1, min(MAX_WORKERS, usable_cpus() // max(processes, 1)))
 
 
+def check_batches(images: int, batch_size: int, processes: int = 1, accum_steps: int = 1) -> None:
+    """A ConfigError or DataError where ``images`` training images cannot make one batch of ``batch_size``
+    cut into ``processes`` x ``accum_steps`` equal parts: checked before any pass over the data."""
+    per = processes * accum_steps
+    if batch_size % per:
+        raise ConfigError(f"batch_size: {batch_size} is not divisible by processes x accum_steps = "
+                          f"{processes} x {accum_steps}")
+    if images < batch_size:
+        raise DataError(f"training set: {images} images is fewer than one batch of {batch_size}; lower --batch-size")
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7919 + 17) % (2**63 - 1)
 
@@ -46,19 +57,9 @@ class BatchLoader:
         self.dist = dist
         self.accum_steps = accum_steps
         self.workers = workers
-        per = dist.world_size * accum_steps
-        if batch_size % per:
-            raise ConfigError(
-                f"batch_size: {batch_size} is not divisible by processes x accum_steps = "
-                f"{dist.world_size} x {accum_steps}"
-            )
-        self.micro = batch_size // per  # images per process per micro-batch
-        n = len(images)
-        if n < batch_size:
-            raise DataError(
-                f"training set: {n} images is fewer than one batch of {batch_size}; lower --batch-size"
-            )
-        self.steps_per_epoch = n // batch_size
+        check_batches(len(images), batch_size, dist.world_size, accum_steps)
+        self.micro = batch_size // (dist.world_size * accum_steps)  # images per process per micro-batch
+        self.steps_per_epoch = len(images) // batch_size
         self._perm: tuple[int, torch.Tensor] | None = None  # (epoch, permutation): the last one drawn
 
     def __len__(self) -> int:
@@ -133,4 +134,4 @@ def micro_batches(x: torch.Tensor, y: torch.Tensor, accum_steps: int):
     return list(zip(x.chunk(accum_steps), y.chunk(accum_steps)))
 
 
-__all__ = ["BatchLoader", "loader_workers", "micro_batches", "epoch_seed", "MAX_WORKERS"]
+__all__ = ["BatchLoader", "check_batches", "loader_workers", "micro_batches", "epoch_seed", "MAX_WORKERS"]

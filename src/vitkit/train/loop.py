@@ -99,6 +99,7 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
     loaded = None
     if splits is None:
         splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir)
+        cfg = held_out_recorded(cfg, splits)
     classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
     model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
     if loaded is not None and (loaded["data_cache"] != "off" or loaded["data_seconds"] >= 1):
@@ -113,6 +114,7 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
         trainer = probe_trainer(cfg, model, splits, run_dir, cache_dir, **parts)
     else:
         trainer = Trainer(cfg, model, splits.train, run_dir, **parts)
+    trainer.session_start = t_start  # the segment's wall-clock counts from its start, data loading included
     with contextlib.closing(trainer):
         if saved is not None:
             trainer.restore(saved)
@@ -123,7 +125,7 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
             summary = {**trainer.interrupt(), **noted}
         else:
             summary = {**trainer.complete(splits.test), **noted}
-            summary["total_seconds"] = round(time.perf_counter() - t_start, 2)
+            summary["total_seconds"] = round(trainer.wall_seconds(), 2)  # every segment, as train_seconds
             summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
             trainer.write_summary(summary)
     return summary
@@ -144,6 +146,15 @@ def load_data(cfg: RunConfig, mcfg, say: Callable[[str], None], progress: Progre
     for note in splits.cache_notes:
         say(f"warning: {note}")
     return splits, {"data_seconds": round(time.perf_counter() - t0, 2), "data_cache": splits.cache}
+
+
+def held_out_recorded(cfg: RunConfig, splits) -> RunConfig:
+    """``cfg`` with data.val_fraction the share of the training images the run held out for validation (the
+    carve a run makes of data with neither a validation nor a test part), so that config.json says so and
+    replays the same carve."""
+    if not splits.held_out or splits.held_out == cfg.data.val_fraction:
+        return cfg
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, val_fraction=splits.held_out))
 
 
 def loaded_line(splits, loaded: dict, cache_dir) -> str:

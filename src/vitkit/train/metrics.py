@@ -12,16 +12,20 @@ Records, by ``type``:
 ``MetricsLog`` writes every record to metrics.jsonl and hands it to each logger the run asked for
 (``RunConfig.loggers``), from one place:
 
-- ``csv``: metrics.csv, one row per step record (split 'train') and per evaluation (split 'val'),
-  under fixed columns (``CSV_COLUMNS``);
+- ``csv``: metrics.csv, one row per step record (split 'train'), per evaluation (split 'val') and, at
+  the end of a run with a test split, its test loss and accuracy (type 'final', split 'test'), under fixed
+  columns (``CSV_COLUMNS``);
 - ``tensorboard``: an event file in the run directory (``tensorboard --logdir runs/`` shows each run
   by its directory's name) with the scalars of ``scalars``, the run's config as hyper-parameters (the
   HPARAMS tab) and, at the end, the confusion matrix as an image; needs the tensorboard package;
 - ``wandb``: a Weights & Biases run under run_dir/wandb, in the mode and project the config names
   (``wandb_mode``, ``wandb_project``; by default offline, under project 'vitkit': ``wandb sync``
   uploads it); needs wandb;
-- ``mlflow``: an MLflow run (``mlflow_tracking_uri``, by default a file store in run_dir/mlruns;
+- ``mlflow``: an MLflow run (``mlflow_tracking_uri``, by default a SQLite store in run_dir/mlflow.db;
   ``mlflow_experiment``, by default 'vitkit') with the config as parameters; needs mlflow.
+
+A logger that cannot start (a store its library refuses, say) stops the run with one line naming it,
+before any logger has started a run: each is made ready first (``Logger.prepare``), then opened.
 
 Besides the named loggers, ``train(..., loggers=[obj])`` takes objects from Python (``ObjectLog``):
 anything with ``log_metrics(metrics: dict[str, float], step: int)``, and optionally
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..core.errors import ConfigError, TrainingError
+from ..core.errors import ConfigError, TrainingError, VitkitError
 from ..io.atomic import atomic_path, atomic_write_text
 
 
@@ -56,8 +60,14 @@ def _write_error(file: Path, e: OSError) -> TrainingError:
 
 
 class Logger:
-    """A copy of the training log in another format. ``open(step)`` starts it (a resumed run at
-    ``step`` first drops what was logged after it), ``write`` takes each record, ``close`` ends it."""
+    """A copy of the training log in another format. ``prepare`` checks what can fail before anything is
+    started (a store to open), ``open(step)`` starts it (a resumed run at ``step`` first drops what was
+    logged after it), ``write`` takes each record, ``close`` ends it."""
+
+    name = "logger"
+
+    def prepare(self) -> None:
+        pass
 
     def open(self, step: int) -> None:
         pass
@@ -73,6 +83,17 @@ class Logger:
         pass
 
 
+def _started(logger: Logger, start) -> None:
+    """Run ``start`` (a logger's prepare or open); its library's failure is one line naming the logger."""
+    try:
+        start()
+    except (VitkitError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the logger's library raises
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:300]
+        raise TrainingError(f"loggers: {logger.name} could not start ({type(e).__name__}: {why})") from None
+
+
 class MetricsLog:
     """Appends records to ``file`` and hands them to ``loggers``; does nothing where ``enabled`` is False
     (the other processes)."""
@@ -83,10 +104,18 @@ class MetricsLog:
         self.loggers = list(loggers) if enabled else []
 
     def open(self, step: int) -> None:
-        """Start the log of a run at ``step``: trim metrics.jsonl to it and open the loggers."""
+        """Start the log of a run at ``step``: trim metrics.jsonl to it, make every logger ready, then open
+        them; a logger that fails to is a TrainingError naming it (those opened before it are closed)."""
         self.trim(step)
         for logger in self.loggers:
-            logger.open(step)
+            _started(logger, logger.prepare)
+        for i, logger in enumerate(self.loggers):
+            try:
+                _started(logger, lambda: logger.open(step))
+            except TrainingError:
+                for opened in self.loggers[:i]:
+                    opened.close()
+                raise
 
     def append(self, rec: dict) -> None:
         if not self.enabled:
@@ -128,16 +157,22 @@ CSV_COLUMNS = ("type", "step", "epoch", "seconds", "split", "loss", "acc", "lr",
 
 def csv_row(rec: dict) -> dict | None:
     """The metrics.csv row of a record: step records as split 'train' (their train accuracy as acc),
-    evaluations as their split; None for the other records."""
+    evaluations as their split, the final record of a run with a test split as split 'test' (its test loss
+    and accuracy, its train seconds); None for the other records."""
     if rec.get("type") == "step":
         return {**{k: rec.get(k, "") for k in CSV_COLUMNS}, "split": "train", "acc": rec["train_acc"]}
     if rec.get("type") == "eval":
         return {k: rec.get(k, "") for k in CSV_COLUMNS}
+    if rec.get("type") == "final" and "test_acc" in rec:
+        return {**{k: "" for k in CSV_COLUMNS}, "type": "final", "step": rec["step"],
+                "seconds": rec.get("train_seconds", ""), "split": "test", "loss": rec["test_loss"], "acc": rec["test_acc"]}
     return None
 
 
 class CsvLog(Logger):
     """metrics.csv in the run directory, under ``CSV_COLUMNS``."""
+
+    name = "csv"
 
     def __init__(self, run_dir: Path):
         self.file = Path(run_dir) / "metrics.csv"
@@ -146,7 +181,8 @@ class CsvLog(Logger):
         rows = []
         if self.file.exists():  # a resumed run: keep the rows up to its step
             with open(self.file, newline="", encoding="utf-8") as f:
-                rows = [r for r in csv.DictReader(f) if r.get("step", "").isdigit() and int(r["step"]) <= step]
+                rows = [r for r in csv.DictReader(f) if r.get("step", "").isdigit() and int(r["step"]) <= step
+                        and r.get("type") != "final"]  # a longer run's test row is written at its end
         with atomic_path(self.file) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
             out = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
             out.writeheader()
@@ -197,6 +233,8 @@ class TensorBoardLog(Logger):
     """An event file in the run directory, written with torch.utils.tensorboard (needs tensorboard): the
     scalars, the config as hyper-parameters (when a run starts) and the final confusion matrix."""
 
+    name = "tensorboard"
+
     # the scalars TensorBoard's HPARAMS tab sets beside the hyper-parameters
     HPARAM_METRICS = ("val/acc", "val/loss", "test/acc", "test/loss")
 
@@ -245,6 +283,8 @@ class WandbLog(Logger):
     ``wandb_mode`` and ``wandb_project`` say, by default offline (``wandb sync run_dir/wandb/offline-run-*``)
     under project 'vitkit'."""
 
+    name = "wandb"
+
     def __init__(self, run_dir: Path, config: dict):
         self.dir = Path(run_dir)
         self.config = config
@@ -275,26 +315,42 @@ class WandbLog(Logger):
 class MlflowLog(Logger):
     """An MLflow run, one per run directory: its id is kept in run_dir/mlflow-id.txt, so a resumed run
     continues it. Tracking URI and experiment as the config's ``mlflow_tracking_uri`` and
-    ``mlflow_experiment`` say, by default a file store in run_dir/mlruns (``mlflow ui --backend-store-uri
-    run_dir/mlruns``) and experiment 'vitkit'. A new run records the config as parameters."""
+    ``mlflow_experiment`` say, by default a SQLite store in the run directory (``default_uri``: ``mlflow ui
+    --backend-store-uri sqlite:///RUN/mlflow.db``; MLflow 3 refuses a file store), with no artifact folder
+    outside it, and experiment 'vitkit'. A new run records the config as parameters."""
+
+    name = "mlflow"
 
     def __init__(self, run_dir: Path, config: dict):
         self.dir = Path(run_dir)
         self.config = config
-        self.uri = config.get("mlflow_tracking_uri") or (self.dir / "mlruns").resolve().as_uri()
+        self.uri = config.get("mlflow_tracking_uri") or self.default_uri(self.dir)
         self.experiment = config.get("mlflow_experiment") or "vitkit"
-        self.client = self.run_id = None
+        self.client = self.run_id = self.experiment_id = None
 
-    def open(self, step: int) -> None:
+    @staticmethod
+    def default_uri(run_dir: Path) -> str:
+        """sqlite:///RUN/mlflow.db, the run directory's absolute path."""
+        return f"sqlite:///{(Path(run_dir) / 'mlflow.db').resolve().as_posix()}"
+
+    def prepare(self) -> None:
+        """Open the store and find (or create) the experiment: what fails where the store is refused."""
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=self.uri)
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            self.experiment_id = found.experiment_id
+            return
+        own = self.uri == self.default_uri(self.dir)  # artifacts beside the store, not in the working folder
+        where = {"artifact_location": (self.dir / "mlartifacts").resolve().as_uri()} if own else {}
+        self.experiment_id = self.client.create_experiment(self.experiment, **where)
+
+    def open(self, step: int) -> None:
         id_file = self.dir / "mlflow-id.txt"
         self.run_id = _run_id(id_file)
         if self.run_id is None:
-            found = self.client.get_experiment_by_name(self.experiment)
-            experiment = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
-            self.run_id = self.client.create_run(experiment, run_name=self.dir.name).info.run_id
+            self.run_id = self.client.create_run(self.experiment_id, run_name=self.dir.name).info.run_id
             atomic_write_text(id_file, self.run_id + "\n")
             params = flat_hparams(self.config)
             for name, value in params.items():  # MLflow keeps a parameter's first value: set once, here
@@ -313,6 +369,10 @@ class MlflowLog(Logger):
 class ObjectLog(Logger):
     """A logger object from Python (see the module's docstring): ``log_metrics(metrics, step)``, and
     ``log_hparams(hparams)`` and ``close()`` where it has them."""
+
+    @property
+    def name(self) -> str:
+        return f"a {type(self.obj).__name__} object"
 
     def __init__(self, obj, config: dict):
         if not callable(getattr(obj, "log_metrics", None)):

@@ -43,6 +43,7 @@ from ..infer.scoring import Tally
 from ..io import checkpoint as ckpt_io
 from .checkpoint import save_checkpoint
 from .features import FeatureSet, split_features
+from .loader import check_batches
 from .trainer import Trainer, main_log
 from .tune import probe_processes_error
 
@@ -160,6 +161,7 @@ def probe_trainer(cfg, model: nn.Module, splits, run_dir: str | Path, cache_dir=
     dist, device = kwargs["dist"], kwargs["device"]
     if dist.enabled:
         raise probe_processes_error(dist.world_size)
+    check_batches(len(splits.train), cfg.batch_size, 1, cfg.accum_steps)  # before the pass over the data
     say = main_log(kwargs.get("log"), dist)
     parts = {"train": splits.train, "val": val_set, "test": splits.test}
     where = str(Path(cfg.data.path).expanduser().resolve()) if cfg.data.path else "built-in"

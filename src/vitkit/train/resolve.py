@@ -115,6 +115,8 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         notes.append(line)
         if not threads_given:  # the same CPUs, shared among the processes
             cfg.threads = default_threads(local_processes or cfg.processes)
+    if not threads_given and (line := busy_note(cfg.threads, local_processes or cfg.processes)):
+        notes.append(line)
     return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes, model=mcfg, init=init)
 
 
@@ -425,11 +427,27 @@ def default_threads(local_processes: int) -> int:
     machine's processes. Threads competing with other work for a core spin and wait, which on small
     models is several times slower than using fewer threads."""
     cpus = usable_cpus()
-    try:
-        free = cpus - int(round(os.getloadavg()[0]))
-    except OSError:  # pragma: no cover - no load average on this platform
-        free = cpus
+    free = cpus - int(round(_load()))
     return max(1, min(cpus, free) // max(local_processes, 1))
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # pragma: no cover - no load average on this platform
+        return 0.0
+
+
+def busy_note(threads: int, local_processes: int) -> str | None:
+    """The line that says why each process got ``threads``, fewer than its share of the CPUs: the load
+    other work put on them as the run was resolved (``default_threads``); None when it got its share."""
+    cpus = usable_cpus()
+    share = max(1, cpus // max(local_processes, 1))
+    if threads >= share:
+        return None
+    return (f"threads: {threads} per process, not {share}: the 1-minute load average was {_load():.1f} on {cpus} "
+            f"CPUs as the run started (other work; threads that share a core wait for each other); config.json "
+            f"records the {threads} it trains with; --threads {share} takes them all")
 
 
 # ------------------------------------------------------------------------------------ the record

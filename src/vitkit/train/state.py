@@ -20,6 +20,8 @@ class TrainerState:
     epoch: int = 0  # current epoch
     pos: int = 0  # next batch of the current epoch
     seconds: float = 0.0  # training wall-clock spent (all segments of a resumed run)
+    wall_seconds: float = 0.0  # the run's whole wall-clock up to this checkpoint (data, validation and
+    #   checkpoints too; all segments); absent from trainer.pt files written before it was kept
     skipped: int = 0  # non-finite steps skipped
     best_acc: float = -1.0  # best validation accuracy so far
     best_step: int = -1  # the step it was reached at
@@ -36,7 +38,8 @@ class TrainerState:
     @classmethod
     def load(cls, saved: dict) -> "TrainerState":
         """The state a trainer.pt dict holds (the history may be absent)."""
-        values = {f.name: saved[f.name] for f in fields(cls) if f.name != "history"}
+        values = {f.name: saved[f.name] for f in fields(cls) if f.name not in ("history", "wall_seconds")}
+        values["wall_seconds"] = saved.get("wall_seconds", saved["seconds"])  # older files: their train time
         return cls(**values, history=json.loads(saved.get("history", "[]")))
 
 

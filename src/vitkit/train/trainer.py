@@ -42,7 +42,7 @@ from ..io import checkpoint as ckpt_io
 from ..model.vit import count_params
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
-from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_buffers
+from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_weights
 from .ema import EMA
 from .fsdp import full_optimizer_state, full_tensor, full_weights, load_optimizer_state, plain_copy, shard_model
 from .loader import BatchLoader, loader_workers, micro_batches
@@ -84,7 +84,7 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
     base = ckpt_io.unwrap(model)
     was_training = base.training
     base.eval()
-    broadcast_buffers(base, dist)  # every shard is scored with the buffers rank 0's checkpoint holds
+    broadcast_weights(base, dist)  # every shard is scored with the weights rank 0's checkpoint holds
     shard = torch.arange(dist.rank, len(images), dist.world_size)
     tally = Tally(base.cfg.num_classes, confusion=confusion)
     for x, y in eval_batches(images, base.cfg.img_size, base.preprocess, device, batch_size, shard):
@@ -178,6 +178,8 @@ class Trainer:
         self.lr = 0.0  # the learning rate of the last step
         self.task = Progress().task("train")  # the steps' progress, while fit runs
         self.clock_start = time.perf_counter()  # when training began, less the time spent before a resume
+        self.session_start = time.perf_counter()  # when this segment of the run began (train.loop: its start)
+        self.wall_before = 0.0  # the earlier segments' wall-clock, up to the checkpoint resumed
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         """The module that runs the steps: sharded in place (FSDP: cfg.strategy), compiled (cfg.compile),
@@ -199,6 +201,7 @@ class Trainer:
         """trainer.pt: the state, the optimizer, scaler and EMA states and every process's RNG states
         (gathered: a collective, so every process takes part). Under FSDP the optimizer and EMA states
         are gathered from their shards into the same layout (complete on rank 0, which writes them)."""
+        self.state.wall_seconds = self.wall_seconds()
         rngs = all_gather_object(rng_state(), self.dist)
         optimizer = full_optimizer_state(self.model, self.optimizer) if self.sharded else self.optimizer.state_dict()
         return {
@@ -224,6 +227,7 @@ class Trainer:
         if self.ema is not None and saved.get("ema") is not None:
             self.ema.load_state_dict(saved["ema"])
         self.state = TrainerState.load(saved)
+        self.wall_before = self.state.wall_seconds
         rngs = saved["rng"]
         set_rng_state(rngs[min(self.dist.rank, len(rngs) - 1)])
 
@@ -270,11 +274,13 @@ class Trainer:
         """The rest of the current epoch, step by step, until it ends, the run is spent or a stop is requested."""
         st = self.state
         for pos, images, labels in self.loader.epoch(st.epoch, st.pos):
-            st.seconds = self.elapsed()
-            # one process alone may stop before a step (resuming a run whose budget is spent); processes
-            # together decide on the time they agree on, after the step's collective
-            if self.schedule.done(st.step, st.seconds) and not self.dist.enabled:
-                return EpochEnd.SPENT
+            # one process alone reads its clock before a step (and may stop: resuming a run whose budget is
+            # spent); processes together step and stop on the time they agreed on at the last step's
+            # collective, so that a budget gives every one the same learning rate
+            if not self.dist.enabled:
+                st.seconds = self.elapsed()
+                if self.schedule.done(st.step, st.seconds):
+                    return EpochEnd.SPENT
             result = self.train_step((images, labels))
             self.apply(result, pos)
             if result.stop:
@@ -297,6 +303,11 @@ class Trainer:
                 self.plot()
         if self.epoch_files:
             self.save("last")
+
+    def wall_seconds(self) -> float:
+        """The run's wall-clock so far: this segment's since it began and the earlier segments' up to the
+        checkpoint it resumed (as ``state.seconds`` counts the training time)."""
+        return self.wall_before + time.perf_counter() - self.session_start
 
     def elapsed(self) -> float:
         """Training seconds so far, on this process's clock (the earlier segments of a resumed run included)."""

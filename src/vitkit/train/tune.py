@@ -68,7 +68,9 @@ def settle_tune(cfg, mcfg, images: int | None) -> str:
                                     cfg.tune_blocks, on_cpu)
     what = {"full": "the whole model", "last": f"the last {cfg.tune_blocks} blocks and the head",
             "probe": "the head on the frozen backbone (a linear probe)"}[cfg.tune]
-    return f"fine-tuning {cfg.tune}: {what}; {why} (--tune forces one)"
+    unused = ("; --layer-decay does not apply: the probe trains the head alone, at the full lr"
+              if cfg.tune == "probe" and cfg.optim.layer_decay is not None else "")
+    return f"fine-tuning {cfg.tune}: {what}; {why} (--tune forces one){unused}"
 
 
 def probe_processes_error(processes: int) -> ConfigError:

@@ -179,7 +179,7 @@ def add_progress_and_loggers(p: argparse.ArgumentParser) -> None:
                            "progress_every"))
     g.add_argument("--log", type=logger_list, metavar="LOGGERS", help="also log the metrics to: csv (metrics.csv), "
                    "tensorboard, wandb (WANDB_MODE and WANDB_PROJECT honoured; offline without credentials), mlflow "
-                   "(MLFLOW_TRACKING_URI, else the run's mlruns/); a comma list, e.g. --log tensorboard,csv "
+                   "(MLFLOW_TRACKING_URI, else the run's mlflow.db); a comma list, e.g. --log tensorboard,csv "
                    "(metrics.jsonl is always written)")
 
 
@@ -411,16 +411,17 @@ def stop_on_signals():
 
 
 def cache_dir(args, env) -> str | None:
-    """The decoded-image cache folder: --cache-dir, else $XDG_CACHE_HOME/vitkit, else ~/.cache/vitkit;
-    None with --no-cache or --cache-dir none."""
+    """The decoded-image cache folder: --cache-dir, else $XDG_CACHE_HOME/vitkit, else ~/.cache/vitkit (as
+    ``vitkit.fit`` caches by default: ``data.cache.user_cache``); None with --no-cache or --cache-dir none."""
     import os
+
+    from ...data.cache import user_cache
 
     if getattr(args, "no_cache", False) or (args.cache_dir or "").lower() == "none":
         return None
     if args.cache_dir:
         return args.cache_dir
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "vitkit")
+    return os.path.join(env["XDG_CACHE_HOME"], "vitkit") if env.get("XDG_CACHE_HOME") else user_cache()
 
 
 def train_here(args, run, dist) -> int:
@@ -459,16 +460,28 @@ def report(args, summary: dict, run_dir) -> int:
         if args.json:
             print(json_line(summary))
         return 130
-    parts = []
-    if "test_acc" in summary:
-        parts.append(f"test accuracy {summary['test_acc'] * 100:.2f}%")
-    if "val_acc" in summary:
-        parts.append(f"val accuracy {summary['val_acc'] * 100:.2f}%")
+    parts = accuracy_parts(summary)
     parts.append(f"train time {summary['train_seconds']:.1f} s (total {summary['total_seconds']:.1f} s)")
     print(", ".join(parts) + f"; saved {run_dir}")
     if args.json:
         print(json_line(summary))
     return 0
+
+
+def accuracy_parts(summary: dict) -> list[str]:
+    """The accuracies of the last line, each saying which weights it is of where best/ holds other weights
+    than the run ended with: the test split scores best/ (what ``vitkit.load(run)`` gives), the final
+    validation the weights the run ended with."""
+    parts = []
+    if "test_acc" in summary:
+        final = summary.get("test_acc_final")
+        parts.append(f"test accuracy {summary['test_acc'] * 100:.2f}%"
+                     + (f" (best/; the final weights {final * 100:.2f}%)" if final is not None else ""))
+    if "val_acc" in summary:
+        best = summary.get("best_val_acc", summary["val_acc"])
+        parts.append(f"val accuracy {summary['val_acc'] * 100:.2f}%"
+                     + (f" (the final weights; best/ {best * 100:.2f}%)" if best != summary["val_acc"] else ""))
+    return parts
 
 
 def run(args) -> int:
