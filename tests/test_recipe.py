@@ -301,20 +301,33 @@ def test_the_budget_in_epochs_chooses_the_candidate_with_the_best_measured_accur
 
 
 def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
+    from vitkit.train.config import merge
+
     speed, seen = rates(d2=500.0)
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed, where="this CPU (AVX2)")
-    assert [cfg["processes"] for cfg in seen] == [2, 2]  # measured as the run trains: 2 processes
-    # the same speed for both: 3.0 epochs, where only the short model was measured
-    assert r.base["model_args"] == {**SMALL_DATA["model_args"], **SHORT_RUN["model_args"]} and r.base["ema"] is None
-    assert "measured on this CPU (AVX2): short 500 img/s -> 3.0 epochs (table: " in r.line and "chose short" in r.line
+    assert [cfg["processes"] for cfg in seen] == [2] * len(SMALL_DATA_CANDIDATES)  # measured as the run trains
+    # the same speed for all: 3.0 epochs each; the table's best there is trained, its values over the recipe's
+    best = max((c for c in SMALL_DATA_CANDIDATES if c.predict(3.0) is not None), key=lambda c: c.predict(3.0))
+    assert best.name.startswith("short")  # the long model was not measured at so few epochs
+    assert r.base == merge(dict(copy.deepcopy(SMALL_DATA), max_minutes=5, epochs=CLOCK_EPOCHS, processes=2),
+                           copy.deepcopy(best.overrides))
+    assert f"measured on this CPU (AVX2): {SMALL_DATA_CANDIDATES[0].name} 500 img/s -> 3.0 epochs (table: " in r.line
+    assert f"; chose {best.name}: {best.what}; 2 processes on the CPU" in r.line
     speed, _ = rates(d2=5_000.0)  # a fast machine: 30 epochs in 5 minutes
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed)
     assert r.base["model_args"] == SMALL_DATA["model_args"] and r.base["ema"] == SMALL_DATA["ema"]
-    assert "chose long" in r.line
+    assert r.base["optim"] == SMALL_DATA["optim"] and "chose long" in r.line
     for given in ({"epochs": 3}, {"model": "vit_test"}, {"max_minutes": 0}):  # nothing to choose: nothing measured
         speed, seen = rates(d2=500.0)
         choose_recipe(CIFAR, **{"max_minutes": 5, **given}, cpus=2, speed=speed)
         assert seen == []
+
+
+def test_at_two_epochs_the_table_takes_the_higher_learning_rate_it_measured_better():
+    by_name = {c.name: c for c in SMALL_DATA_CANDIDATES}
+    assert by_name["short-lr-3x"].predict(2.0) > by_name["short-lr-2x"].predict(2.0) > by_name["short"].predict(2.0)
+    assert by_name["short-lr-3x"].overrides["optim"] == {"lr": 0.006} and SMALL_DATA["optim"]["lr"] == 0.002
+    assert by_name["long"].predict(3.0) is None
 
 
 def test_photos_choose_their_resolution_by_work():
