@@ -5,7 +5,7 @@ that the clock bounds, so that a budget in minutes becomes a budget in epochs (`
 optimizer, on random images of the run's size) as one of the run's processes would: its share of the batch,
 its threads, its precision and memory layout, on its device. The run's processes share the machine's cores,
 each on its own, so together they train ``processes`` times one process's images per second. A measurement
-is kept in the cache folder (``speed.json``), keyed by the machine (CPU model and instruction set, or GPU,
+is kept in the cache folder (``speed.json``) when the CPU was quiet while it ran, keyed by the machine (CPU model and instruction set, or GPU,
 and the torch build) and by everything in the run that sets a step's cost, so that the next run of the same
 model on the same machine starts without measuring again.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import VitkitError
-from ..core.hardware import cpu_bf16_kind
+from ..core.hardware import cpu_bf16_kind, usable_cpus
 from ..data import ImageSet
 from ..io.atomic import atomic_write_text
 from .config import RunConfig
@@ -87,12 +87,22 @@ def measure_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, cach
     known = read_speeds(cache).get(key) if cache is not None else None
     if known is not None:
         return Speed(float(known["images_per_s"]), 0.0, True)
+    quiet = machine_quiet()
     start = time.perf_counter()
     one = process_speed(cfg, mcfg, device, threads, num_classes)
     speed = Speed(one * max(cfg.processes, 1), time.perf_counter() - start, False)
-    if cache is not None:
-        store_speed(cache, key, speed.images_per_s)
+    if cache is not None and (quiet or device.type != "cpu"):
+        store_speed(cache, key, speed.images_per_s)  # a busy CPU's figure serves this run only
     return speed
+
+
+def machine_quiet() -> bool:
+    """Whether the CPU is quiet enough for its speed to be kept for later runs: a 1-minute load average
+    under half its usable cores (other work steals the cores a run's processes would have)."""
+    try:
+        return os.getloadavg()[0] < 0.5 * usable_cpus()
+    except OSError:  # pragma: no cover - no load average on this platform
+        return True
 
 
 def process_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, num_classes: int) -> float:
