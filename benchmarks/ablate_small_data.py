@@ -29,9 +29,7 @@ from pathlib import Path
 
 from time_to_accuracy import clock_run  # one way to run vitkit on a carve (benchmarks/ is on sys.path)
 
-import torch
-
-from vitkit.core.hardware import cpu_bf16_kind
+from vitkit.core.hardware import cpu_bf16_kind, cpu_capability
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "ablate_small_data.jsonl"
@@ -176,7 +174,7 @@ def run_variant(name: str, data: str, args, work: Path) -> dict:
             "steps": s["step"], "train_seconds": s["train_seconds"], "wall_s": round(time.perf_counter() - t, 1),
             "minutes": 0 if args.epochs else args.minutes, "fixed_epochs": args.epochs, "seed": args.seed, "per_class": args.per_class, "data": args.data,
             "precision": precision, "cpu_bf16": cpu_bf16_kind(),
-            "cpu_isa": torch.backends.cpu.get_cpu_capability(), "command": shlex.join(cmd[1:])}
+            "cpu_isa": cpu_capability(), "command": shlex.join(cmd[1:])}
 
 
 def main(argv=None) -> None:

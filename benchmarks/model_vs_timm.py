@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.core.hardware import cpu_bf16_kind
+from vitkit.core.hardware import cpu_bf16_kind, cpu_capability
 from vitkit.infer.fastpath import vit_flops
 from vitkit.infer.paths import apply_path, autocast, inference_path, pick_precision
 
@@ -321,7 +321,7 @@ def write(args, rows: list[dict]) -> None:
     device = torch.device(args.device)
     out.write_text(json.dumps(dict(torch=torch.__version__, timm=timm.__version__, threads=args.threads,
                                    device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                                   cpu_isa=torch.backends.cpu.get_cpu_capability(), cpu_bf16=cpu_bf16_kind(),
+                                   cpu_isa=cpu_capability(), cpu_bf16=cpu_bf16_kind(),
                                    command=" ".join(sys.argv), repeats=args.repeats, rows=rows), indent=2) + "\n")
 
 

@@ -3,6 +3,7 @@ the same way, every 'auto' is settled in the run's config.json, processes that a
 that file, a resumed run keeps its model; and the shape of the package that the layers promise."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -102,13 +103,13 @@ def test_threads_cut_by_other_work_say_so_and_are_what_the_run_records(tmp_path,
     monkeypatch.setattr(resolve, "usable_cpus", lambda: 2)
     data = str(image_folder(tmp_path / "data"))
     flags = {"device": "cpu", "epochs": 1, "processes": 1, "model": TINY_MODEL}
-    monkeypatch.setattr(resolve.os, "getloadavg", lambda: (1.3, 1.0, 0.5))  # another process busy on a core
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.3, 1.0, 0.5))  # another process busy on a core
     busy = resolve_run(RunRequest(data=data, flags=flags))
     assert busy.cfg.threads == 1
     assert ("threads: 1 per process, not 2: the 1-minute load average was 1.3 on 2 CPUs as the run started "
             "(other work; threads that share a core wait for each other); config.json records the 1 it trains "
             "with; --threads 2 takes them all") in busy.notes
-    monkeypatch.setattr(resolve.os, "getloadavg", lambda: (0.2, 0.1, 0.1))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.1, 0.1))
     idle = resolve_run(RunRequest(data=data, flags=flags))
     assert idle.cfg.threads == 2 and not any(line.startswith("threads:") for line in idle.notes)
     told = resolve_run(RunRequest(data=data, flags={**flags, "threads": 1}))

@@ -48,6 +48,15 @@ def cpu_capability() -> str:
         return "unknown"
 
 
+def load_average() -> float:
+    """The CPUs' 1-minute load average (0 where the platform has none): how much other work competes for
+    them."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # pragma: no cover - no load average on this platform
+        return 0.0
+
+
 def _mps_available() -> bool:
     mps = getattr(torch.backends, "mps", None)
     return bool(mps is not None and mps.is_available())
@@ -110,4 +119,4 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
 
 
-__all__ = ["cpu_bf16_kind", "cpu_capability", "cpu_has_fast_bf16", "resolve_device", "usable_cpus", "keep_freed_memory"]
+__all__ = ["cpu_bf16_kind", "cpu_capability", "load_average", "cpu_has_fast_bf16", "resolve_device", "usable_cpus", "keep_freed_memory"]

@@ -16,14 +16,13 @@ directory, takes rank 0's config once the processes meet (``train.loop.main_conf
 from __future__ import annotations
 
 import copy
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
-from ..core.hardware import cpu_bf16_kind, resolve_device, usable_cpus
+from ..core.hardware import cpu_bf16_kind, cpu_capability, load_average, resolve_device, usable_cpus
 from ..core.strict import parse_override
 from ..infer.fastpath import FastPath
 from ..infer.paths import training_path
@@ -32,7 +31,6 @@ from .checkpoint import RunLock, find_checkpoint, write_json
 from .config import DEMO_BUDGET, FINETUNE_DEFAULTS, RunConfig, checked_run_config, read_run_config, resolve_config
 
 RUN_CONFIG = "config.json"  # the resolved run, in its run directory
-MEASURED = "measured on"  # how a run's line of its measured speed begins (after the recipe's, if any)
 # A fine-tuning run of a model of at most this many forward FLOPs an image, bounded by the clock on a CPU,
 # trains as 2 processes of one thread (``finetune_processes``), as the recipes train their models: the
 # largest of them, the photos model at 96 px with 4 blocks, is 0.20 GFLOPs; larger models were not measured
@@ -92,7 +90,7 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         flags["init_from"] = req.weights
     base, notes, saved, measuring = _base(req, flags, elsewhere)
     cfg = resolve_config(req.config, flags, req.overrides, base=base)
-    if measuring and cfg.max_minutes:
+    if measuring and cfg.max_minutes:  # seconds spent measuring (0: the cache had the speeds)
         notes.append(take_from_budget(cfg, measuring))
     if saved:
         check_same_model(saved, cfg, Path(req.resume))
@@ -105,7 +103,7 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         cfg.threads = default_threads(local_processes or cfg.processes)
     path = settle_path(cfg, mcfg)
     check_one_step_fits(cfg, mcfg)
-    if speed_wanted(req, cfg, mcfg, notes):
+    if measuring is None and speed_wanted(req, cfg, mcfg):
         say_speed(cfg, mcfg, notes, req.cache_dir)
     if cfg.tune == "auto":
         from .tune import settle_tune
@@ -120,19 +118,19 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes, model=mcfg, init=init)
 
 
-def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, list[str], dict | None, float]:
+def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, list[str], dict | None, float | None]:
     """The values a run starts from, the lines that say why, (resuming) the run's saved config, and the
-    seconds spent measuring this machine's speed for the recipe (0: none)."""
+    seconds spent measuring this machine's speed for the recipe's candidates (None: nothing measured)."""
     if req.resume:
         saved = saved_run_config(Path(req.resume), req.out, elsewhere)
-        return saved, [], saved or None, 0.0
+        return saved, [], saved or None, None
     if req.weights is not None:
         base, line = finetune_base(flags, req.overrides)
-        return base, [line] if line else [], None, 0.0
+        return base, [line] if line else [], None, None
     if req.config is not None:
-        return None, [], None, 0.0
+        return None, [], None, None
     if req.data is None:
-        return demo_base(), [], None, 0.0
+        return demo_base(), [], None, None
     recipe, seconds = data_recipe(req.data, req.data_format, flags, req.overrides, req.cache_dir)
     return recipe.base, [recipe.line], None, seconds
 
@@ -162,14 +160,13 @@ def check_one_step_fits(cfg: RunConfig, mcfg: ViTConfig) -> None:
                           f"{advice} --max-minutes")
 
 
-def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig, notes: list[str]) -> bool:
-    """Whether a run should measure its own speed to say what its budget is in epochs: a new run from scratch
-    bounded by the clock, whose recipe measured nothing, of a model small enough (SMALL_MODEL_FLOPS) that a
+def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig) -> bool:
+    """Whether a run whose recipe measured nothing should measure its own speed to say what its budget is in
+    epochs: a new run from scratch bounded by the clock, of a model small enough (SMALL_MODEL_FLOPS) that a
     few of its steps take a second or two on a CPU."""
     from ..infer.fastpath import vit_flops
 
-    measured = bool(notes) and MEASURED in notes[0]
-    return bool(cfg.max_minutes) and not (req.resume or req.weights or measured) and vit_flops(mcfg) <= SMALL_MODEL_FLOPS
+    return bool(cfg.max_minutes) and not (req.resume or req.weights) and vit_flops(mcfg) <= SMALL_MODEL_FLOPS
 
 
 def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str | None) -> None:
@@ -180,7 +177,7 @@ def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str 
     speed = measure_speed(cfg, mcfg, resolve_device(cfg.device), cfg.threads, cache_dir)
     images = _training_images(cfg) or 1
     epochs = speed.images_per_s * cfg.max_minutes * 60 / images
-    line = (f"{MEASURED} {device_words(cfg.device)}: {speed.images_per_s:,.0f} img/s -> {epochs:.1f} epochs in "
+    line = (f"measured on {device_words(cfg.device)}: {speed.images_per_s:,.0f} img/s -> {epochs:.1f} epochs in "
             f"{cfg.max_minutes:g} min" + (f" (the run's {cfg.epochs} epochs end it sooner)" if epochs > cfg.epochs else ""))
     if notes and notes[0].startswith("recipe "):
         notes[0] += f"; {line}"
@@ -316,7 +313,7 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
                 cache_dir: str | None = None):
     """The recipe for ``data`` (train/recipe.py), told the budget, processes and model the flags or overrides
     give, and the speed of this machine for each of its candidates (measured, or from ``cache_dir``); and
-    the seconds measuring took."""
+    the seconds measuring took (None: the recipe measured nothing)."""
     from .recipe import recipe_for
 
     given = _given(flags, overrides)
@@ -329,7 +326,7 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
                         model=model if isinstance(model, str) else None,
                         cpu_bf16=cpu_bf16_kind() if cpus is not None else None, speed=speed,
                         where=device_words(given.get("device")))
-    return recipe, sum(spent)
+    return recipe, sum(spent) if spent else None
 
 
 def recipe_speed(flags: dict, overrides: list[str], cache_dir: str | None, spent: list[float]):
@@ -363,10 +360,8 @@ def device_words(device) -> str:
         return torch.cuda.get_device_name(dev)
     if dev.type != "cpu":
         return dev.type
-    import torch
-
     amx = ", AMX" if cpu_bf16_kind() == "amx" else ""
-    return f"this CPU ({torch.backends.cpu.get_cpu_capability()}{amx})"
+    return f"this CPU ({cpu_capability()}{amx})"
 
 
 def cpu_run_cpus(device) -> int | None:
@@ -427,15 +422,8 @@ def default_threads(local_processes: int) -> int:
     machine's processes. Threads competing with other work for a core spin and wait, which on small
     models is several times slower than using fewer threads."""
     cpus = usable_cpus()
-    free = cpus - int(round(_load()))
+    free = cpus - int(round(load_average()))
     return max(1, min(cpus, free) // max(local_processes, 1))
-
-
-def _load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:  # pragma: no cover - no load average on this platform
-        return 0.0
 
 
 def busy_note(threads: int, local_processes: int) -> str | None:
@@ -445,7 +433,7 @@ def busy_note(threads: int, local_processes: int) -> str | None:
     share = max(1, cpus // max(local_processes, 1))
     if threads >= share:
         return None
-    return (f"threads: {threads} per process, not {share}: the 1-minute load average was {_load():.1f} on {cpus} "
+    return (f"threads: {threads} per process, not {share}: the 1-minute load average was {load_average():.1f} on {cpus} "
             f"CPUs as the run started (other work; threads that share a core wait for each other); config.json "
             f"records the {threads} it trains with; --threads {share} takes them all")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import VitkitError
-from ..core.hardware import cpu_bf16_kind, usable_cpus
+from ..core.hardware import cpu_bf16_kind, cpu_capability, load_average, usable_cpus
 from ..data import ImageSet
 from ..io.atomic import atomic_write_text
 from .config import RunConfig
@@ -52,7 +52,7 @@ def machine_key(device: torch.device) -> str:
     if device.type == "cuda":
         where = torch.cuda.get_device_name(device)
     else:
-        where = f"{cpu_model()} {torch.backends.cpu.get_cpu_capability()} {cpu_bf16_kind()}"
+        where = f"{cpu_model()} {cpu_capability()} {cpu_bf16_kind()}"
     return f"{device.type}: {where}; torch {torch.__version__}"
 
 
@@ -99,10 +99,7 @@ def measure_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, cach
 def machine_quiet() -> bool:
     """Whether the CPU is quiet enough for its speed to be kept for later runs: a 1-minute load average
     under half its usable cores (other work steals the cores a run's processes would have)."""
-    try:
-        return os.getloadavg()[0] < 0.5 * usable_cpus()
-    except OSError:  # pragma: no cover - no load average on this platform
-        return True
+    return load_average() < 0.5 * usable_cpus()
 
 
 def process_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, num_classes: int) -> float:
