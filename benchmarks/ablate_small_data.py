@@ -108,6 +108,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "short-smoothing-0.1": ("the short budget's model with label smoothing 0.1 (not 0.2)",
                             ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null",
                              "augment.label_smoothing=0.1"]),
+    # photos (the 'photos' recipe, e.g. catsdogs): the training resolution and the encoder's depth (PHOTO_CANDIDATES)
+    "photos-64px-2-blocks": ("photos at 64 px with 2 encoder blocks", ["img_size=64", "model_args.depth=2"]),
+    "photos-96px-4-blocks": ("photos at 96 px with 4 encoder blocks", ["img_size=96", "model_args.depth=4"]),
+    "photos-128px-4-blocks": ("photos at 128 px with 4 encoder blocks", ["img_size=128", "model_args.depth=4"]),
+    "photos-96px-6-blocks": ("photos at 96 px with 6 encoder blocks", ["img_size=96", "model_args.depth=6"]),
     "grid-4": ("a 4x4 grid: a third stride-2 conv, to 256 channels, and the grid's convs there (patch 8, not 4)",
                ["model_args.patch_size=8"]),
 }
