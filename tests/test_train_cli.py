@@ -6,6 +6,7 @@ import pytest
 from helpers import FAST_TRAIN_ARGS as FAST
 from helpers import image_folder as make_folder
 from helpers import step_losses
+from helpers import timeless_records as records
 
 from vitkit.cli.main import main
 
@@ -220,16 +221,6 @@ def test_finetune_names_an_unknown_container(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------- replayable runs
-TIMING = {"seconds", "img_per_s", "train_seconds", "total_seconds", "cpu_seconds", "run_dir",
-          "data_seconds", "data_cache"}  # loading the data: its time, and whether the decoded-image cache served it
-
-
-def records(run) -> list[dict]:
-    """metrics.jsonl without the fields that time the run or name its directory."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
-
-
 def test_a_run_replayed_from_its_config_gives_the_same_metrics(tmp_path, capsys):
     from helpers import assert_same_weights
 
