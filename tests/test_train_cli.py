@@ -247,6 +247,35 @@ def test_a_run_replayed_from_its_config_gives_the_same_metrics(tmp_path, capsys)
     assert "is a checkpoint's config, not a run's" in capsys.readouterr().err
 
 
+def test_a_run_bounded_by_the_clock_replayed_from_its_directory_takes_its_steps(tmp_path, capsys, monkeypatch):
+    """`--config RUN` of a run the clock ended (here a clock that reads 7 s a step: 9 steps in its 60 s) takes
+    RUN's 9 steps on the schedule RUN followed, whatever the time now, and says so first."""
+    from helpers import same_files, tiny_run_config
+
+    from vitkit.train import Trainer, train
+
+    data = make_folder(tmp_path / "data")
+    first, again = tmp_path / "first", tmp_path / "again"
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "elapsed", lambda self: 7.0 * self.state.step)
+        run = tiny_run_config(max_minutes=1.0, epochs=20, threads=1, eval_every=1, channels_last=False,
+                              data=dict(path=str(data), val_fraction=0.2))
+        assert train(run, first)["step"] == 9
+    capsys.readouterr()
+    assert main(["train", "--config", str(first), "--out", str(again)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("training vit_test ") and out[1].endswith(f"; replays the 9 steps of {first}")
+    saved = json.loads((first / "config.json").read_text())
+    assert json.loads((again / "config.json").read_text()) == dict(saved, replay=str(first))
+    assert records(again) == records(first)
+    assert same_files(first, again, "last") and same_files(first, again, "best")
+    # named by its config.json, the same
+    by_file = tmp_path / "by-file"
+    assert main(["train", "--config", str(first / "config.json"), "--out", str(by_file), "--quiet"]) == 0
+    assert json.loads((by_file / "config.json").read_text())["replay"] == str(first)
+    assert same_files(first, by_file, "last")
+
+
 # ------------------------------------------------------------------------------------------- familiar flags
 def test_timm_style_flags_set_their_config_keys(tmp_path, capsys):
     from vitkit.cli.commands.train import flags_from_args, overrides_from_args
