@@ -261,6 +261,22 @@ def test_a_clock_bounded_run_stopped_or_resumed_replays_what_it_did(tmp_path, mo
     assert timeless_records(halted) == timeless_records(run)
 
 
+def test_a_replay_of_steps_that_are_not_there_or_do_not_fit_is_one_line(tmp_path):
+    from vitkit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^replay: {tmp_path / 'nowhere'} records no steps to replay "
+                                          r"\(no last/ checkpoint with its schedule\)$"):
+        train(cfg(**CLOCKED, replay=str(tmp_path / "nowhere")), tmp_path / "a", splits=tiny_splits(), log=None)
+    assert not (tmp_path / "a").exists()
+    run = tmp_path / "run"
+    polls = itertools.count(1)
+    train(cfg(**CLOCKED), run, splits=tiny_splits(), stop=lambda: next(polls) == 5, log=None)  # epochs of 4 steps
+    with pytest.raises(ConfigError, match=f"^replay: the 5 steps of {run} ended at step 1 of epoch 2, which epochs "
+                                          "of 2 steps do not give; replay it on its data and batch size, or give "
+                                          "--max-minutes to train bounded by the clock$"):
+        train(cfg(**CLOCKED, batch_size=16, replay=str(run)), tmp_path / "b", splits=tiny_splits(), log=None)
+
+
 def test_a_resumed_runs_total_time_holds_every_segment_as_its_train_time_does(tmp_path):
     """A second before the first segment's training (outside its train time): the resumed run's total
     counts it, as its train time counts the first segment's training; the total is never below it."""

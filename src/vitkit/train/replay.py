@@ -46,8 +46,8 @@ class Plan:
 
     def check(self, steps_per_epoch: int) -> None:
         """The replay's epochs must be of the run's steps (the same data and batch size)."""
-        if self.epoch * steps_per_epoch + self.pos != self.step:
-            raise ConfigError(f"--config {self.run}: its {self.step} steps ended at step {self.pos} of epoch "
+        if self.epoch * steps_per_epoch + self.pos != self.step or self.pos > steps_per_epoch:
+            raise ConfigError(f"replay: the {self.step} steps of {self.run} ended at step {self.pos} of epoch "
                               f"{self.epoch + 1}, which epochs of {steps_per_epoch} steps do not give; replay it "
                               f"on its data and batch size, or give --max-minutes to train bounded by the clock")
 
@@ -80,12 +80,12 @@ def settle_replay(cfg: RunConfig, config: str, given: dict) -> str | None:
     run was bounded by the clock and the request (``given``: the values its flags and overrides give) leaves
     its bound (``max_minutes``, ``epochs``) as it was: the replay takes the steps the run recorded rather
     than the clock's. The line that says why it cannot, where it cannot."""
-    if "replay" in given:
-        return None
-    cfg.replay = None
     path = Path(config)
-    if not (path.is_dir() or path.suffix.lower() == ".json") or not cfg.max_minutes:
-        return None  # a TOML config, or a run without a clock: replayed exactly as it is
+    if "replay" in given or not (path.is_dir() or path.suffix.lower() == ".json"):
+        return None  # as the request or a TOML config says
+    cfg.replay = None
+    if not cfg.max_minutes:
+        return None  # a run without a clock: its steps follow from its config
     if "max_minutes" in given or "epochs" in given:
         return None  # a new run bounded by the clock
     run = path if path.is_dir() else path.parent
