@@ -14,6 +14,8 @@ periodic checkpoint. ``fit`` runs the epochs; ``run_epoch`` says how an epoch en
 Exact resume: the data order depends on (seed, epoch), the augmentation of step s on (seed, s, rank),
 and the dropout RNG, optimizer and EMA states are saved with every checkpoint, so a run stopped at
 any checkpoint and resumed reaches the same weights as an uninterrupted run (no wall-clock budget).
+Each step's share of the time budget is saved too, so that a replay (``follow``) takes a run's steps
+as the clock gave them (train/replay.py).
 """
 
 from __future__ import annotations
