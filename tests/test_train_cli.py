@@ -274,6 +274,11 @@ def test_a_run_bounded_by_the_clock_replayed_from_its_directory_takes_its_steps(
     assert main(["train", "--config", str(first / "config.json"), "--out", str(by_file), "--quiet"]) == 0
     assert json.loads((by_file / "config.json").read_text())["replay"] == str(first)
     assert same_files(first, by_file, "last")
+    # a replay replayed: the same steps again, and its config names the replay it follows
+    third = tmp_path / "third"
+    assert main(["train", "--config", str(again), "--out", str(third), "--quiet"]) == 0
+    assert json.loads((third / "config.json").read_text())["replay"] == str(again)
+    assert records(third) == records(first) and same_files(first, third, "last")
 
 
 # ------------------------------------------------------------------------------------------- familiar flags
