@@ -150,6 +150,23 @@ def step_losses(run: str | os.PathLike) -> list[float]:
     return [r["loss"] for r in rows if r["type"] == "step"]
 
 
+# the fields of metrics.jsonl records that time the run (or name its directory, or say whether the
+# decoded-image cache served its data): all that may differ between a run and its replay
+TIMING_FIELDS = frozenset({"seconds", "img_per_s", "train_seconds", "total_seconds", "cpu_seconds", "run_dir",
+                           "data_seconds", "data_cache"})
+
+
+def timeless_records(run: str | os.PathLike) -> list[dict]:
+    """A run's metrics.jsonl records without their ``TIMING_FIELDS``."""
+    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
+
+
+def same_files(a: str | os.PathLike, b: str | os.PathLike, name: str) -> bool:
+    """Whether two run directories' checkpoint ``name`` hold byte-equal vitkit.safetensors files."""
+    return (Path(a) / name / "vitkit.safetensors").read_bytes() == (Path(b) / name / "vitkit.safetensors").read_bytes()
+
+
 # ============================================================================================ training
 # A run of vit_test on tiny_splits(): 32 training images, batch 8, two epochs (8 steps) on one CPU thread.
 TINY_RUN = dict(model=TINY_MODEL, epochs=2, plots=False, batch_size=8, log_every=1, precision="fp32", device="cpu",

@@ -218,3 +218,35 @@ def test_a_bad_model_arg_in_a_config_file_names_the_file(tmp_path, capsys):
     assert main(["train", "--config", str(f), "--threads", "1", "--out", str(tmp_path / "run"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"vitkit: error: {f}: vit_hybrid_mini_patch4_28: unknown field(s) ''") and err.count("\n") == 1
+
+
+def test_config_of_a_run_bounded_by_the_clock_replays_its_steps_unless_the_request_bounds_it_anew(tmp_path):
+    """`--config RUN` of a run bounded by the clock replays RUN's recorded steps (cfg.replay); a request that
+    gives max_minutes or epochs is a new run bounded by the clock; a TOML config, or a run with no clock,
+    is not a replay of steps; a run whose steps are not recorded says so and trains on the clock again."""
+    from helpers import tiny_run_config, tiny_splits
+
+    from vitkit.train import train
+    from vitkit.train.replay import settle_replay
+
+    run = tmp_path / "run"
+    train(tiny_run_config(max_minutes=5.0, epochs=1), run, splits=tiny_splits(), log=None)
+    clocked = lambda: tiny_run_config(max_minutes=5.0, epochs=1)  # noqa: E731 - as --config RUN resolves it
+    for config in (run, run / "config.json"):
+        cfg = clocked()
+        assert settle_replay(cfg, str(config), {}) is None and cfg.replay == str(run)
+    for given in ({"max_minutes": 2}, {"epochs": 3}):
+        cfg = clocked()
+        assert settle_replay(cfg, str(run), given) is None and cfg.replay is None
+    toml = tmp_path / "run.toml"
+    toml.write_text("max_minutes = 5.0\n")
+    cfg = clocked()
+    assert settle_replay(cfg, str(toml), {}) is None and cfg.replay is None
+    cfg = tiny_run_config(epochs=1, replay=str(run))  # a run with no clock: nothing to follow
+    assert settle_replay(cfg, str(run), {}) is None and cfg.replay is None
+    (run / "last" / "trainer.pt").unlink()
+    cfg = clocked()
+    assert settle_replay(cfg, str(run), {}) == (f"--config {run}: no record of the run's steps there (no last/ "
+                                                "checkpoint that holds one): bounded by the clock again (5 min), not "
+                                                "replayed step by step")
+    assert cfg.replay is None

@@ -6,6 +6,7 @@ import pytest
 from helpers import FAST_TRAIN_ARGS as FAST
 from helpers import image_folder as make_folder
 from helpers import step_losses
+from helpers import timeless_records as records
 
 from vitkit.cli.main import main
 
@@ -220,16 +221,6 @@ def test_finetune_names_an_unknown_container(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------- replayable runs
-TIMING = {"seconds", "img_per_s", "train_seconds", "total_seconds", "cpu_seconds", "run_dir",
-          "data_seconds", "data_cache"}  # loading the data: its time, and whether the decoded-image cache served it
-
-
-def records(run) -> list[dict]:
-    """metrics.jsonl without the fields that time the run or name its directory."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
-
-
 def test_a_run_replayed_from_its_config_gives_the_same_metrics(tmp_path, capsys):
     from helpers import assert_same_weights
 
@@ -254,6 +245,40 @@ def test_a_run_replayed_from_its_config_gives_the_same_metrics(tmp_path, capsys)
     # a checkpoint's vitkit.json is not a run's
     assert main(["train", "--config", str(first / "best" / "vitkit.json"), "--out", str(tmp_path / "x")]) == 1
     assert "is a checkpoint's config, not a run's" in capsys.readouterr().err
+
+
+def test_a_run_bounded_by_the_clock_replayed_from_its_directory_takes_its_steps(tmp_path, capsys, monkeypatch):
+    """`--config RUN` of a run the clock ended (here a clock that reads 7 s a step: 9 steps in its 60 s) takes
+    RUN's 9 steps on the schedule RUN followed, whatever the time now, and says so first."""
+    from helpers import same_files, tiny_run_config
+
+    from vitkit.train import Trainer, train
+
+    data = make_folder(tmp_path / "data")
+    first, again = tmp_path / "first", tmp_path / "again"
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "elapsed", lambda self: 7.0 * self.state.step)
+        run = tiny_run_config(max_minutes=1.0, epochs=20, threads=1, eval_every=1, channels_last=False,
+                              data=dict(path=str(data), val_fraction=0.2))
+        assert train(run, first)["step"] == 9
+    capsys.readouterr()
+    assert main(["train", "--config", str(first), "--out", str(again)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("training vit_test ") and out[1].endswith(f"; replays the 9 steps of {first}")
+    saved = json.loads((first / "config.json").read_text())
+    assert json.loads((again / "config.json").read_text()) == dict(saved, replay=str(first))
+    assert records(again) == records(first)
+    assert same_files(first, again, "last") and same_files(first, again, "best")
+    # named by its config.json, the same
+    by_file = tmp_path / "by-file"
+    assert main(["train", "--config", str(first / "config.json"), "--out", str(by_file), "--quiet"]) == 0
+    assert json.loads((by_file / "config.json").read_text())["replay"] == str(first)
+    assert same_files(first, by_file, "last")
+    # a replay replayed: the same steps again, and its config names the replay it follows
+    third = tmp_path / "third"
+    assert main(["train", "--config", str(again), "--out", str(third), "--quiet"]) == 0
+    assert json.loads((third / "config.json").read_text())["replay"] == str(again)
+    assert records(third) == records(first) and same_files(first, third, "last")
 
 
 # ------------------------------------------------------------------------------------------- familiar flags

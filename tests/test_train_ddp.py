@@ -74,18 +74,34 @@ def backend_threads() -> int | None:
 
 def _train(info, overrides: dict, out: str, how: dict | None = None) -> None:
     """One run of a process; ``how``: {"stop_at": n} asks it to stop at its n-th step, {"resume": True}
-    continues it."""
+    continues it, {"seconds_a_step": s} gives it a clock of s seconds a step (``stepped_clock``)."""
     from vitkit.train import train
 
     how = how or {}
     polls = itertools.count(1)
     stop = (lambda: next(polls) == how["stop_at"]) if "stop_at" in how else None
-    with warnings.catch_warnings(record=True) as caught:  # DDP's gradient buckets take the weights' layout
+    with (warnings.catch_warnings(record=True) as caught,  # DDP's gradient buckets take the weights' layout
+          stepped_clock(how.get("seconds_a_step"), info.rank)):
         warnings.simplefilter("always")
         train(tiny_run_config(**PLAIN, **overrides), out, dist=info, splits=tiny_splits(), log=lambda m: None,
               stop=stop, resume=how.get("resume", False))
     strides = [str(w.message) for w in caught if "strides" in str(w.message)]
     assert not strides, strides
+
+
+@contextlib.contextmanager
+def stepped_clock(seconds: float | None, rank: int):
+    """While a run lasts, the trainer's clock reads ``seconds`` a step rather than the wall clock, rank 1's
+    10 s ahead (the processes agree on the mean); None: the wall clock."""
+    from vitkit.train import Trainer
+
+    wall = Trainer.elapsed
+    if seconds is not None:
+        Trainer.elapsed = lambda self: seconds * self.state.step + 10.0 * rank
+    try:
+        yield
+    finally:
+        Trainer.elapsed = wall
 
 
 def train_two(monkeypatch, *runs: tuple) -> None:
@@ -132,6 +148,20 @@ def test_two_processes_match_one(tmp_path, monkeypatch):
     assert len(load_trainer_state(tmp_path / "ddp" / "last")["rng"]) == 2  # every process's RNG state
     diffs = weight_gap(tmp_path / "one", tmp_path / "ddp")
     assert max(diffs.values()) < 1e-4, diffs
+
+
+def test_two_processes_bounded_by_the_clock_replay_bit_for_bit(tmp_path, monkeypatch):
+    """Two processes whose clocks disagree, ended by the clock half way through an epoch, replayed by two
+    processes on the wall clock: the same records (timings aside) and the same weights."""
+    from helpers import same_files, timeless_records
+
+    clocked = dict(max_minutes=1.0, eval_every=1, ema=0.9)
+    run, again = tmp_path / "run", tmp_path / "again"
+    train_two(monkeypatch, (clocked, str(run), {"seconds_a_step": 12.0}), (dict(clocked, replay=str(run)), str(again)))
+    steps = json.loads((run / "summary.json").read_text())["step"]
+    assert steps == 6 and json.loads((again / "summary.json").read_text())["step"] == steps  # of 8
+    assert timeless_records(again) == timeless_records(run)
+    assert same_files(run, again, "last") and same_files(run, again, "best")
 
 
 def test_shared_batchnorm_statistics_make_two_processes_match_one(tmp_path, monkeypatch):

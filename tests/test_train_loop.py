@@ -187,6 +187,96 @@ def test_stop_request_saves_and_resumes_exactly(tmp_path):
 
 
 
+# ------------------------------------------------------------------------- runs bounded by the clock, replayed
+CLOCKED = dict(max_minutes=1.0, epochs=10, eval_every=1, ema=0.9, ckpt_every=0)  # 60 s; 4 steps an epoch
+
+
+def clock_by_steps(monkeypatch, seconds):
+    """Trainer.elapsed reads ``seconds(step)`` rather than the wall clock: a run whose clock ends it at a known
+    step, and whose learning rates depend on that clock."""
+    monkeypatch.setattr(Trainer, "elapsed", lambda self: seconds(self.state.step))
+
+
+def lrs(run) -> list[float]:
+    return [json.loads(line)["lr"] for line in (run / "metrics.jsonl").read_text().splitlines()
+            if json.loads(line)["type"] == "step"]
+
+
+@pytest.mark.parametrize("seconds, end", [(lambda s: 4.5 * s + s % 3, (14, 3, 2)),  # half way through epoch 4
+                                          (lambda s: 5.0 * s, (12, 3, 0))])  # after epoch 3's validation
+def test_a_run_bounded_by_the_clock_replays_bit_for_bit(tmp_path, monkeypatch, seconds, end):
+    """The replay follows the steps the clock gave the run, whatever its own clock says: the same learning
+    rates, data, EMA and validations, the same end, the same weights."""
+    from helpers import same_files, timeless_records
+
+    from vitkit.train.checkpoint import load_trainer_state
+    from vitkit.train.schedule import Schedule
+
+    first, again = tmp_path / "first", tmp_path / "again"
+    with monkeypatch.context() as m:
+        clock_by_steps(m, seconds)
+        s = train(cfg(**CLOCKED), first, splits=tiny_splits(), log=lambda m: None)
+    saved = load_trainer_state(first / "last")
+    assert (s["step"], saved["epoch"], saved["pos"]) == end  # the clock ended it, before its 40 steps
+    said = []
+    r = train(cfg(**CLOCKED, replay=str(first)), again, splits=tiny_splits(), log=said.append)
+    assert f"replays the {end[0]} steps of {first}" in next(m for m in said if m.startswith("training "))
+    assert r["step"] == end[0] and r["epochs"] == s["epochs"]
+    assert timeless_records(again) == timeless_records(first)
+    assert same_files(first, again, "last") and same_files(first, again, "best")
+    # the learning rates are the clock's, not the steps' alone
+    sched = Schedule(cfg().schedule, 3e-3, 40, 60.0)
+    assert lrs(again) == lrs(first) == [sched.lr(k, seconds(k)) for k in range(end[0])]
+    assert lrs(first) != [Schedule(cfg().schedule, 3e-3, 40).lr(k) for k in range(end[0])]
+    assert load_trainer_state(again / "last")["clock"].tolist() == [seconds(k) / 60.0 for k in range(end[0])]
+
+
+def test_a_clock_bounded_run_stopped_or_resumed_replays_what_it_did(tmp_path, monkeypatch):
+    """Stopped (Ctrl-C) at step 5: the replay takes those 5 steps and ends there as a finished run. Resumed
+    on its clock to step 14: the replay takes the 14 steps of both segments. A replay stopped and resumed
+    ends as an uninterrupted one."""
+    from helpers import same_files, timeless_records
+
+    run, stopped = tmp_path / "run", tmp_path / "stopped"
+    polls = itertools.count(1)
+    with monkeypatch.context() as m:
+        clock_by_steps(m, lambda s: 4.5 * s + s % 3)
+        s = train(cfg(**CLOCKED), run, splits=tiny_splits(), stop=lambda: next(polls) == 5, log=lambda m: None)
+        assert s["status"] == "interrupted" and s["step"] == 5
+        r = train(cfg(**CLOCKED, replay=str(run)), stopped, splits=tiny_splits(), log=lambda m: None)
+        assert r["status"] == "completed" and r["step"] == 5
+        assert same_files(run, stopped, "last")  # the weights the stop saved
+        steps = timeless_records(run)
+        assert timeless_records(stopped)[:len(steps)] == steps  # then the final validation and record
+        assert train(cfg(**CLOCKED), run, resume=True, splits=tiny_splits(), log=lambda m: None)["step"] == 14
+    again, halted = tmp_path / "again", tmp_path / "halted"
+    train(cfg(**CLOCKED, replay=str(run)), again, splits=tiny_splits(), log=lambda m: None)
+    assert timeless_records(again) == timeless_records(run) and same_files(run, again, "last")
+    polls = itertools.count(1)
+    s = train(cfg(**CLOCKED, replay=str(run)), halted, splits=tiny_splits(), stop=lambda: next(polls) == 9,
+              log=lambda m: None)
+    assert s["status"] == "interrupted" and s["step"] == 9
+    s = train(cfg(**CLOCKED, replay=str(run)), halted, resume=True, splits=tiny_splits(), log=lambda m: None)
+    assert s["step"] == 14 and same_files(run, halted, "last") and same_files(run, halted, "best")
+    assert timeless_records(halted) == timeless_records(run)
+
+
+def test_a_replay_of_steps_that_are_not_there_or_do_not_fit_is_one_line(tmp_path):
+    from vitkit.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^replay: {tmp_path / 'nowhere'} records no steps to replay "
+                                          r"\(no last/ checkpoint with its schedule\)$"):
+        train(cfg(**CLOCKED, replay=str(tmp_path / "nowhere")), tmp_path / "a", splits=tiny_splits(), log=None)
+    assert not (tmp_path / "a").exists()
+    run = tmp_path / "run"
+    polls = itertools.count(1)
+    train(cfg(**CLOCKED), run, splits=tiny_splits(), stop=lambda: next(polls) == 5, log=None)  # epochs of 4 steps
+    with pytest.raises(ConfigError, match=f"^replay: the 5 steps of {run} ended at step 1 of epoch 2, which epochs "
+                                          "of 2 steps do not give; replay it on its data and batch size, or give "
+                                          "--max-minutes to train bounded by the clock$"):
+        train(cfg(**CLOCKED, batch_size=16, replay=str(run)), tmp_path / "b", splits=tiny_splits(), log=None)
+
+
 def test_a_resumed_runs_total_time_holds_every_segment_as_its_train_time_does(tmp_path):
     """A second before the first segment's training (outside its train time): the resumed run's total
     counts it, as its train time counts the first segment's training; the total is never below it."""

@@ -180,6 +180,23 @@ def test_schedule_fitted_to_budget():
     assert s.done(30, 100.0) and not s.done(30, 99.0)
 
 
+def test_schedule_at_a_recorded_share_of_the_budget_is_the_schedule_at_that_time():
+    """A replay gives the schedule each step's share of the budget (seconds / budget, as recorded) in place
+    of the seconds: the same learning rate, bit for bit; NaN, a step not bounded by the clock, takes the
+    schedule of the steps alone."""
+    import math
+
+    for warmup in (dict(warmup_fraction=0.1), dict(warmup_steps=8, warmup_fraction=0.05)):
+        s = Schedule(ScheduleConfig(decay="cosine", **warmup), 1.0, 1000, budget_seconds=60.0)
+        for step, seconds in ((0, 0.0), (3, 1.7), (7, 4.1), (20, 13.3), (90, 59.99), (91, 61.0)):
+            assert s.share(seconds) == seconds / 60.0
+            assert s.lr(step, share=s.share(seconds)) == s.lr(step, seconds)  # equal floats, not approx
+    plain = Schedule(ScheduleConfig(decay="cosine", warmup_steps=10, warmup_fraction=0.0), 1.0, 110)
+    clocked = Schedule(plain.cfg, 1.0, 110, budget_seconds=60.0)
+    assert math.isnan(plain.share(30.0))
+    assert [clocked.lr(k, share=math.nan) for k in range(0, 120, 7)] == [plain.lr(k) for k in range(0, 120, 7)]
+
+
 # ----------------------------------------------------------------------------------------- loader
 def test_loader_order_sharding_and_resume():
     ds = _Set(40)

@@ -171,6 +171,9 @@ class RunConfig:
     #   training images prepared as they are evaluated (train/precise_bn.py); None = auto: where training
     #   cropped at random scales (augment.crop 'rrc'), as measured; a model without BatchNorm is unchanged
     seed: int = 0  # seeds initialisation, data order, augmentation and dropout
+    replay: str | None = None  # a run directory whose recorded steps this run takes: its number of steps and
+    #   each step's place in the schedule, in place of the clock (train/replay.py); `--config RUN` sets it
+    #   where RUN was bounded by the clock and the request leaves its bound as it was
     # --- bookkeeping ---------------------------------------------------------------------------------
     eval_every: int = 0  # evaluate on the validation split every N epochs (0 = only at the end)
     ckpt_every: int = 0  # also save last/ every N optimizer steps (0 = at the end of each epoch only)

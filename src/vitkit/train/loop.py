@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..core.errors import TrainingError
+from ..core.errors import ConfigError, TrainingError
 from ..core.hardware import resolve_device
 from ..core.progress import Progress
 from ..infer.fastpath import FastPath
@@ -32,6 +32,7 @@ from .checkpoint import RunLock, checkpoint_step, cleanup_temp, find_checkpoint,
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, barrier, broadcast_object, process_group
 from .metrics import check_loggers
+from .replay import Plan, read_plan
 from .trainer import Trainer, main_log
 
 
@@ -116,6 +117,8 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
         trainer = Trainer(cfg, model, splits.train, run_dir, **parts)
     trainer.session_start = t_start  # the segment's wall-clock counts from its start, data loading included
     with contextlib.closing(trainer):
+        if cfg.replay and saved is None:
+            trainer.follow(replay_plan(cfg.replay, dist))
         if saved is not None:
             trainer.restore(saved)
         trainer.open_run(resumed=saved is not None)
@@ -129,6 +132,14 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
             summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
             trainer.write_summary(summary)
     return summary
+
+
+def replay_plan(run: str, dist: DistInfo) -> Plan:
+    """The steps run directory ``run`` recorded (``replay.read_plan``), as rank 0 reads them, on every rank."""
+    plan = broadcast_object(read_plan(run) if dist.is_main else None, dist)  # an error on rank 0 stops the others
+    if plan is None:
+        raise ConfigError(f"replay: {run} records no steps to replay (no last/ checkpoint with its schedule)")
+    return plan
 
 
 def run_path(cfg: RunConfig, mcfg, device: torch.device, images: int) -> FastPath:
@@ -236,4 +247,4 @@ def _hold(run_dir: Path, resume: bool, dist: DistInfo):
             lock.release()
 
 
-__all__ = ["train", "run_path", "main_config", "start_point", "ran_with"]
+__all__ = ["train", "replay_plan", "run_path", "main_config", "start_point", "ran_with"]

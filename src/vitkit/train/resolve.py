@@ -29,6 +29,7 @@ from ..infer.paths import training_path
 from ..model.config import ViTConfig
 from .checkpoint import RunLock, find_checkpoint, write_json
 from .config import DEMO_BUDGET, FINETUNE_DEFAULTS, RunConfig, checked_run_config, read_run_config, resolve_config
+from .replay import settle_replay
 
 RUN_CONFIG = "config.json"  # the resolved run, in its run directory
 # A fine-tuning run of a model of at most this many forward FLOPs an image, bounded by the clock on a CPU,
@@ -90,6 +91,8 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         flags["init_from"] = req.weights
     base, notes, saved, measuring = _base(req, flags, elsewhere)
     cfg = resolve_config(req.config, flags, req.overrides, base=base)
+    if req.config and not req.resume and (line := settle_replay(cfg, req.config, _given(flags, req.overrides))):
+        notes.append(line)  # a run bounded by the clock, replayed step by step (train/replay.py)
     if measuring and cfg.max_minutes:  # seconds spent measuring (0: the cache had the speeds)
         notes.append(take_from_budget(cfg, measuring))
     if saved:
@@ -145,7 +148,7 @@ def check_one_step_fits(cfg: RunConfig, mcfg: ViTConfig) -> None:
     times the budget (the margin for the estimate: a CPU with AMX in bf16 runs several times faster)."""
     from ..infer.fastpath import CPU_EAGER_RATE, vit_flops
 
-    if not cfg.max_minutes or resolve_device(cfg.device).type != "cpu":
+    if not cfg.max_minutes or cfg.replay or resolve_device(cfg.device).type != "cpu":
         return
     threads = max(cfg.threads or 1, 1) * max(cfg.processes, 1)
     work = 3 * vit_flops(mcfg)  # an image's forward and backward
@@ -166,7 +169,8 @@ def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig) -> bool:
     few of its steps take a second or two on a CPU."""
     from ..infer.fastpath import vit_flops
 
-    return bool(cfg.max_minutes) and not (req.resume or req.weights) and vit_flops(mcfg) <= SMALL_MODEL_FLOPS
+    return (bool(cfg.max_minutes) and not (req.resume or req.weights or cfg.replay)
+            and vit_flops(mcfg) <= SMALL_MODEL_FLOPS)
 
 
 def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str | None) -> None:

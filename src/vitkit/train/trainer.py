@@ -14,6 +14,8 @@ periodic checkpoint. ``fit`` runs the epochs; ``run_epoch`` says how an epoch en
 Exact resume: the data order depends on (seed, epoch), the augmentation of step s on (seed, s, rank),
 and the dropout RNG, optimizer and EMA states are saved with every checkpoint, so a run stopped at
 any checkpoint and resumed reaches the same weights as an uninterrupted run (no wall-clock budget).
+Each step's share of the time budget is saved too, so that a replay (``follow``) takes a run's steps
+as the clock gave them (train/replay.py).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from .loader import BatchLoader, loader_workers, micro_batches
 from .metrics import CONFUSION_LOGGERS, MetricsLog, StepWindow, open_loggers, write_plots
 from .optim import build_optimizer, follow_param_layout
 from .precise_bn import CALIBRATION_IMAGES, batchnorms, recalibrate_bn
+from .replay import CLOCK_KEY, PLAN_KEY, Plan
 from .schedule import Schedule
 from .state import TrainerState
 from .sync_bn import sync_batchnorm, wants_sync_bn
@@ -176,6 +179,9 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=dist.is_main, loggers=loggers)
         self.window = StepWindow()
         self.lr = 0.0  # the learning rate of the last step
+        self.share = math.nan  # the share of the budget spent that the last step's learning rate was given
+        self.clock: list[float] = []  # that share at each step of the run (saved with last/: train/replay.py)
+        self.plan: Plan | None = None  # a replay: the steps and clock it follows instead of the clock (``follow``)
         self.task = Progress().task("train")  # the steps' progress, while fit runs
         self.clock_start = time.perf_counter()  # when training began, less the time spent before a resume
         self.session_start = time.perf_counter()  # when this segment of the run began (train.loop: its start)
@@ -212,6 +218,8 @@ class Trainer:
             "rng": rngs,
             "classes": list(self.model.labels),
             "total_steps": self.total_steps,
+            CLOCK_KEY: torch.tensor(self.clock, dtype=torch.float64),
+            **({PLAN_KEY: self.plan.to_dict()} if self.plan is not None else {}),
         }
 
     def restore(self, saved: dict) -> None:
@@ -227,9 +235,18 @@ class Trainer:
         if self.ema is not None and saved.get("ema") is not None:
             self.ema.load_state_dict(saved["ema"])
         self.state = TrainerState.load(saved)
+        self.clock = saved[CLOCK_KEY].tolist() if CLOCK_KEY in saved else []  # absent: a run of an earlier vitkit
+        if PLAN_KEY in saved:  # a replay continued: the plan it started with
+            self.follow(Plan.from_dict(saved[PLAN_KEY]))
         self.wall_before = self.state.wall_seconds
         rngs = saved["rng"]
         set_rng_state(rngs[min(self.dist.rank, len(rngs) - 1)])
+
+    def follow(self, plan: Plan) -> None:
+        """Replay ``plan``'s steps: each step's learning rate at the share of the budget the run it replays
+        recorded, and the end where that run ended, instead of the clock (train/replay.py)."""
+        plan.check(len(self.loader))
+        self.plan = plan
 
     def open_run(self, resumed: bool = False) -> None:
         """Write the run's config.json and classes.json, drop the log records past the state's step (a
@@ -246,7 +263,8 @@ class Trainer:
             f"{len(self.train_set)} images, {mcfg.num_classes} classes; {self.device.type} {self.precision}, "
             f"{self.dist.world_size} process(es){' (fsdp)' if self.sharded else ''}, batch {cfg.batch_size}, "
             f"{cfg.epochs} epochs x {len(self.loader)} steps"
-            + (f", budget {cfg.max_minutes:g} min" if self.schedule.budget else "")
+            + (f", budget {cfg.max_minutes:g} min" if self.schedule.budget and self.plan is None else "")
+            + (f"; replays the {self.plan.step} steps of {self.plan.run}" if self.plan is not None else "")
             + (f"; from step {self.state.step}" if resumed else "")
         )
 
@@ -279,15 +297,23 @@ class Trainer:
             # collective, so that a budget gives every one the same learning rate
             if not self.dist.enabled:
                 st.seconds = self.elapsed()
-                if self.schedule.done(st.step, st.seconds):
-                    return EpochEnd.SPENT
+            if (not self.dist.enabled or self.plan is not None) and self.spent():  # a replay ends alike everywhere
+                return EpochEnd.SPENT
             result = self.train_step((images, labels))
             self.apply(result, pos)
             if result.stop:
                 return EpochEnd.STOPPED
-            if self.schedule.done(st.step, st.seconds):
+            if self.spent():
                 return EpochEnd.SPENT
         return EpochEnd.FINISHED
+
+    def spent(self) -> bool:
+        """Whether the run's steps or its time are spent; a replay's: whether it stands where the run it
+        replays ended."""
+        st = self.state
+        if self.plan is not None:
+            return self.plan.ended(st.step, st.epoch, st.pos)
+        return self.schedule.done(st.step, st.seconds)
 
     def end_epoch(self) -> None:
         """An epoch record, a validation when one is due (not after the last epoch: the final one
@@ -317,8 +343,9 @@ class Trainer:
         """The progress of the steps: towards the last step, or the end of the time budget if it comes first.
         It shows the speed of the step records (images/s, all processes) and has no closing line (the run
         says how it ended)."""
-        budget = self.schedule.budget - self.state.seconds if self.schedule.budget else None
-        return self.progress.task("train", self.total_steps, unit="steps", done=self.state.step, budget=budget,
+        budget = self.schedule.budget - self.state.seconds if self.schedule.budget and self.plan is None else None
+        total = self.plan.step if self.plan is not None else self.total_steps
+        return self.progress.task("train", total, unit="steps", done=self.state.step, budget=budget,
                                   rate=False, closing=False)
 
     # ------------------------------------------------------------------------------------ one step
@@ -326,7 +353,8 @@ class Trainer:
         """Forward and backward of this process's share of one global batch (uint8 images, int64 labels)
         in accum_steps micro-batches, gradient clipping, and the step's collective; nothing is applied."""
         cfg, st = self.cfg, self.state
-        self.lr = self.schedule.apply(self.optimizer, st.step, st.seconds)
+        self.share = self.plan.clock[st.step] if self.plan is not None else self.schedule.share(st.seconds)
+        self.lr = self.schedule.apply(self.optimizer, st.step, share=self.share)
         self.generator.manual_seed(aug_seed(cfg.seed, st.step, self.dist.rank))
         images, labels = move_batch(batch[0], self.device), batch[1].to(self.device, non_blocking=True)
         x, targets = self.augment(images, labels, self.generator, self.batch_flips())
@@ -403,6 +431,7 @@ class Trainer:
         else:
             self.optimizer_step()
             self.window.add(result.loss, result.correct, result.seen)
+        self.clock.append(self.share)
         st.step += 1
         st.pos = pos + 1
         if st.step % cfg.log_every == 0 and self.window.steps:
