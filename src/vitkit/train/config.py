@@ -101,7 +101,7 @@ class ScheduleConfig:
     decay: Literal["cosine", "linear", "constant", "step"] = "cosine"  # shape after warmup; 'step': the lr is
     #   multiplied by step_rate after every step_every of the run (warmup included), as timm's step schedule
     warmup_steps: int = 0  # linear warmup from 0 over this many optimizer steps ...
-    warmup_fraction: float = 0.05  # ... or this share of the run (the larger of the two is used)
+    warmup_fraction: float = 0.05  # ... or this share of the run (the larger of the two is used; 1: the whole run)
     min_lr_ratio: float = 0.0  # the lr decays to lr * min_lr_ratio
     step_every: float = 0.3  # decay 'step': a decay after every this share of the run (--decay-epochs N sets
     #   N / epochs)
@@ -110,8 +110,8 @@ class ScheduleConfig:
     def validate(self):
         if self.warmup_steps < 0:
             raise ConfigError(f"schedule.warmup_steps: must be >= 0, got {self.warmup_steps!r}")
-        if not 0 <= self.warmup_fraction < 1:
-            raise ConfigError(f"schedule.warmup_fraction: must be in [0, 1), got {self.warmup_fraction!r}")
+        if not 0 <= self.warmup_fraction <= 1:
+            raise ConfigError(f"schedule.warmup_fraction: must be in [0, 1], got {self.warmup_fraction!r}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"schedule.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio!r}")
         if not 0 < self.step_every <= 1:
