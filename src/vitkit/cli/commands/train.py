@@ -60,6 +60,20 @@ def max_minutes_default(finetune: bool) -> str:
             "demo on the built-in digits, none with --epochs, --recipe none or for other data")
 
 
+def add_model_flags(g, h, finetune: bool) -> None:
+    """The model, its resolution and (train) the recipe, in the group ``g`` (``h``: the help with the default)."""
+    if not finetune:
+        g.add_argument("--model", metavar="NAME", help=h("a named model (`vitkit list`)", "model"))
+        g.add_argument("--img-size", type=int, metavar="PX", help="train at this resolution, the model's position "
+                       "embeddings resampled (img_size; default: the model's)")
+        g.add_argument("--recipe", choices=["auto", "none"], default="auto", help="auto: the recipe chosen for the "
+                       "data, laid under the flags (its first line says what it sets); none: RunConfig's defaults "
+                       "(default: auto)")
+    else:
+        g.add_argument("--img-size", type=int, metavar="PX", help="fine-tune at this resolution (img_size; default: "
+                       "the checkpoint's); position embeddings are resampled")
+
+
 def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     def h(text: str, key: str) -> str:  # the defaults this command's run takes
         return _h(text, key, finetune)
@@ -75,16 +89,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                    "same files starts without decoding them (default: $XDG_CACHE_HOME/vitkit or ~/.cache/vitkit; "
                    "'none': no cache)")
     g.add_argument("--no-cache", action="store_true", help="neither read nor write the decoded-image cache")
-    if not finetune:
-        g.add_argument("--model", metavar="NAME", help=h("a named model (`vitkit list`)", "model"))
-        g.add_argument("--img-size", type=int, metavar="PX", help="train at this resolution, the model's position "
-                       "embeddings resampled (img_size; default: the model's)")
-        g.add_argument("--recipe", choices=["auto", "none"], default="auto", help="auto: the recipe chosen for the "
-                       "data, laid under the flags (its first line says what it sets); none: RunConfig's defaults "
-                       "(default: auto)")
-    else:
-        g.add_argument("--img-size", type=int, metavar="PX", help="fine-tune at this resolution (img_size; default: "
-                       "the checkpoint's); position embeddings are resampled")
+    add_model_flags(g, h, finetune)
     g.add_argument("--drop-path", type=float, metavar="P", help="stochastic depth rate (model_args.drop_path_rate; "
                    "default: the model's)")
     g.add_argument("--config", metavar="FILE", help="a TOML run config (see configs/), or a run's config.json or run "
