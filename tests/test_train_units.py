@@ -43,7 +43,7 @@ def test_config_layers_and_strictness(tmp_path):
     f.write_text("epochs = [\n")
     with pytest.raises(ConfigError, match="r.toml: not valid TOML"):
         resolve_config(f)
-    with pytest.raises(ConfigError, match=r"config.optim.name: expected one of 'adamw', 'sgd', 'lion', 'muon', got 'lamb'"):
+    with pytest.raises(ConfigError, match=r"config.optim.name: expected one of 'adamw', 'adam', 'sgd', 'lion', 'muon', got 'lamb'"):
         resolve_config(None, None, ["optim.name=lamb"])
     with pytest.raises(ConfigError, match="batch_size: 10 is not divisible by accum_steps 3"):
         resolve_config(None, {"batch_size": 10, "accum_steps": 3})
