@@ -211,6 +211,9 @@ def test_recipe_none_trains_runconfigs_defaults_on_the_datas_channels(tmp_path):
     told = resolve_run(RunRequest(data=str(data), flags=flags, out=str(tmp_path / "r2")))  # the recipe, and its line
     assert told.cfg.optim.name == "muon" and "over --model vit_test it sets " in told.notes[0]
     assert "optim.name=muon" in told.notes[0] and "optim.lr" not in told.notes[0]
+    adam = resolve_run(RunRequest(data=str(data), flags={**flags, "optim.name": "adam"}, out=str(tmp_path / "r3")))
+    assert (adam.cfg.optim.name, adam.cfg.optim.muon_convs) == ("adam", False)  # not the recipe's Muon setting
+    assert "muon" not in adam.notes[0]
 
 
 def test_help_states_the_budget_a_run_takes_when_given_none(capsys):
@@ -218,7 +221,7 @@ def test_help_states_the_budget_a_run_takes_when_given_none(capsys):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert (f"(default: {SMALL_DATA_MINUTES:g} for the small-data and photos recipes and 4 for the demo on the "
-            "built-in digits, none with --epochs, --recipe none or for other data; 0 = none)") in out
+            "built-in digits, none with --epochs, --recipe none, weights to start from or for other data; 0 = none)") in out
     with pytest.raises(SystemExit):
         main(["finetune", "--help"])
     assert "spent (default: none; 0 = none)" in " ".join(capsys.readouterr().out.split())

@@ -378,6 +378,9 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
                         model=model if isinstance(model, str) else None,
                         cpu_bf16=cpu_bf16_kind() if cpus is not None else None, speed=speed,
                         where=device_words(given.get("device")))
+    name = given.get("optim.name")
+    if name is not None and name != "muon" and "optim.muon_convs" not in given:  # another optimizer than the
+        recipe.base.get("optim", {}).pop("muon_convs", None)  # recipe's Muon: none of Muon's own settings
     return laid_over_model(recipe, model, set(given)), sum(spent) if spent else None
 
 

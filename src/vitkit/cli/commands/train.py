@@ -57,7 +57,7 @@ def max_minutes_default(finetune: bool) -> str:
     from ...train.recipe import SMALL_DATA_MINUTES
 
     return (f"{SMALL_DATA_MINUTES:g} for the small-data and photos recipes and {DEMO_BUDGET['max_minutes']:g} for the "
-            "demo on the built-in digits, none with --epochs, --recipe none or for other data")
+            "demo on the built-in digits, none with --epochs, --recipe none, weights to start from or for other data")
 
 
 def add_model_flags(g, h, finetune: bool) -> None:
