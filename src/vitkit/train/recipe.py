@@ -429,7 +429,7 @@ def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: flo
 
 
 __all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",
-           "SMALL_SIDE", "SMALL_IMAGES",
+           "SMALL_SIDE", "SMALL_IMAGES", "laid_over_model", "SAID_KEYS",
            "SMALL_DATA_MINUTES", "CLOCK_EPOCHS", "SHORT_MINUTES", "SHORT_RUN", "CPU_PROCESSES",
-           "AMX_PRECISION", "laid_over_model", "Candidate", "WorkChoice", "choose_by_work", "SMALL_DATA_CANDIDATES", "PHOTO_CANDIDATES",
+           "AMX_PRECISION", "Candidate", "WorkChoice", "choose_by_work", "SMALL_DATA_CANDIDATES", "PHOTO_CANDIDATES",
            "REACH"]

@@ -136,8 +136,8 @@ def _base(req: RunRequest, flags: dict, elsewhere: bool,
         lines = [line] if line else []
         if req.weights is None:  # `vitkit train` given weights (--pretrained, --initial-checkpoint)
             lines.insert(0, "fine-tuning: the run starts from weights, so it takes vitkit finetune's defaults (optim "
-                         f"{base['optim']['name']}, lr {base['optim']['lr']:g}, {base['epochs']} epochs unless the clock "
-                         "ends it), not a recipe for the data; the weights' own resolution and preprocessing")
+                         f"{base['optim']['name']}, lr {base['optim']['lr']:g}, {base['epochs']} epochs unless the "
+                         "clock ends it), not a recipe for the data; the weights' own resolution and preprocessing")
         return base, lines, None, None
     if req.config is not None:
         return None, [], None, None
@@ -274,7 +274,8 @@ def step_in_epochs(cfg: RunConfig, epochs: float | None) -> str:
     if not 0 < epochs <= cfg.epochs:
         raise ConfigError(f"--decay-epochs: must be in (0, {cfg.epochs}] (the run's epochs), got {epochs:g}")
     s.step_every = epochs / cfg.epochs
-    return f"step schedule: lr x {s.step_rate:g} every {epochs:g} of {cfg.epochs} epochs (schedule.step_every={s.step_every:g})"
+    return (f"step schedule: lr x {s.step_rate:g} every {epochs:g} of {cfg.epochs} epochs "
+            f"(schedule.step_every={s.step_every:g})")
 
 
 def check_same_model(saved: dict, cfg: RunConfig, run_dir: Path) -> None:
