@@ -154,6 +154,33 @@ def test_auto_augment_modes_grey_and_rgb():
     assert len(A.OP_NAMES) == 14
 
 
+def test_randaugment_levels_as_timm_sets_them():
+    f, plus = torch.tensor([27 / 30]), torch.tensor([1.0])  # timm's m9 of its 10 is 27 of vitkit's 30
+    assert float(A.op_level("color", f, -plus)) == pytest.approx(-0.81)  # increasing: factor 1 -+ 0.9 f
+    assert float(A.op_level("color", f, -plus, increasing=False)) == pytest.approx(0.72)  # factor 0.1 + 1.8 f
+    assert float(A.op_level("posterize", f, plus, increasing=False)) == 3  # timm: int(9 / 10 * 4) bits kept
+    assert float(A.op_level("solarize", f, plus, increasing=False)) == 230  # timm: int(9 / 10 * 256)
+    assert float(A.op_level("rotate", f, -plus, increasing=False)) == pytest.approx(-27.0)  # the same either way
+    assert A.op_level("equalize", f, plus) is None
+
+
+def test_randaugment_magnitude_noise_and_op_probability():
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(A.ra_fractions(g, 5, 15, 0.0, "cpu"), torch.full((5,), 0.5))
+    noisy = A.ra_fractions(g, 20000, 15, 3.0, "cpu")  # N(15, 3) on the 0..30 scale
+    assert float(noisy.mean()) == pytest.approx(0.5, abs=0.005) and float(noisy.std()) == pytest.approx(0.1, abs=0.005)
+    assert float(A.ra_fractions(g, 1000, 30, 6.0, "cpu").max()) == 1.0  # clipped to 30
+    x, _ = _batch(b=400, c=3)
+    x = x.float()
+
+    def changed(**kw):
+        out = A.apply_auto(x, torch.Generator().manual_seed(0), "randaugment", 1, 30, **kw)
+        return float((out != x).flatten(1).any(1).float().mean())
+
+    assert changed(prob=0.0) == 0.0  # no op applied
+    assert changed() > 0.85 and 0.35 < changed(prob=0.5) < 0.6  # about half of them
+
+
 # ------------------------------------------------------------------------------------------------
 # erasing, mixing, targets
 def test_random_erasing():

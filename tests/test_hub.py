@@ -117,6 +117,31 @@ def test_finetune_a_timm_tag_by_name_offline(hub, tmp_path):
     assert json.loads((out / "config.json").read_text())["init_from"] == "hf-hub:org/tiny-timm"
 
 
+def test_train_from_published_weights_is_a_fine_tune_at_their_resolution(tmp_path):
+    """`vitkit train --data photos/ --model NAME --pretrained` takes vitkit finetune's defaults, not the photos
+    recipe's from-scratch settings and resolution."""
+    from vitkit.io.hub import PRETRAINED
+    from vitkit.train.config import FINETUNE_DEFAULTS
+
+    cache = tmp_path / "hub"
+    timm_folder(cached_repo(cache, PRETRAINED["vit_tiny_patch16_224"]), random_model(seed=1))  # vit_test, 32 px
+    data = image_folder(tmp_path / "photos", size=80)  # larger than 64 px: the photos recipe's data
+    out = tmp_path / "run"
+    r = offline(cache, "train", "--data", str(data), "--model", "vit_tiny_patch16_224", "--pretrained", "--out",
+                str(out), *FT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("fine-tuning: the run starts from weights, so it takes vitkit finetune's defaults")
+    assert "recipe photos" not in r.stdout
+    saved = json.loads((out / "config.json").read_text())
+    assert {k: saved["optim"][k] for k in FINETUNE_DEFAULTS["optim"]} == FINETUNE_DEFAULTS["optim"]
+    assert saved["img_size"] is None and saved["ema"] is None and saved["tta"] is False
+    model = json.loads((out / "best" / "vitkit.json").read_text())
+    assert model["model"]["img_size"] == [32, 32]  # the weights' own, not the recipe's 64 or 96 px
+    pre = saved_preprocess(out)  # the weights' own normalisation and resize (the eval crop of whole photos is
+    assert {k: pre[k] for k in ("mean", "std", "interpolation", "resize")} == \
+        dict(IMAGENET, interpolation="bilinear", resize="squash")  # data.crop_pct's, as vitkit finetune's)
+
+
 def test_finetune_an_hf_model_by_name_with_a_preprocess_override(hub, tmp_path):
     cache, _, _ = hub
     data = image_folder(tmp_path / "data")

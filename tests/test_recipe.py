@@ -173,6 +173,60 @@ def test_a_run_that_names_another_model_trains_it_at_its_own_sizes():
     assert f"trained at {size} px, {depth} blocks" in choose_recipe(photo, max_minutes=5).reason
 
 
+def test_a_named_model_is_told_every_setting_the_recipe_lays_over_it():
+    from vitkit.train.recipe import SAID_KEYS, laid_over_model
+
+    given = {"model": "vit_test", "epochs": 5, "optim.lr": 0.01}
+    recipe = laid_over_model(choose_recipe(CIFAR, epochs=5, model="vit_test"), "vit_test", set(given))
+    head, told = recipe.reason.split("; over --model vit_test it sets ")
+    told, tail = told.rsplit(" (", 1)
+    assert tail == "--recipe none: RunConfig's defaults)"
+    pairs = told.split(", ")
+    for want in ("optim.name=muon", "optim.muon_convs=true", "ema=0.999", "tta=true", "tta_shift=1",
+                 "augment.label_smoothing=0.2", "schedule.decay=linear", "batch_size=128"):
+        assert want in pairs
+    assert not any(p.startswith(("optim.lr=", "optim.clip_grad=", "model")) for p in pairs)  # given; the default
+    # what it lists, laid over RunConfig's defaults, is the run the recipe makes, but for what the line says already
+    listed = resolve_config(None, given, pairs)
+    made = resolve_config(None, given, [], base=recipe.base)
+    skip = set(SAID_KEYS)
+    assert {k: v for k, v in listed.to_dict().items() if k not in skip} == \
+        {k: v for k, v in made.to_dict().items() if k not in skip}
+    own = choose_recipe(CIFAR, epochs=5)  # the recipe's own model: the line is the recipe's
+    assert laid_over_model(own, None, set()) is own and laid_over_model(own, SMALL_DATA["model"], set()) is own
+
+
+def test_recipe_none_trains_runconfigs_defaults_on_the_datas_channels(tmp_path):
+    from vitkit.train.config import RunConfig
+    from vitkit.train.resolve import RunRequest, resolve_run
+
+    data = image_folder(tmp_path / "data", n=4, test=1)
+    flags = {"model": "vit_test", "epochs": 1, "optim.lr": 0.01, "threads": 1, "device": "cpu"}
+    run = resolve_run(RunRequest(data=str(data), recipe="none", flags=flags, out=str(tmp_path / "r")))
+    plain = RunConfig()
+    assert run.notes[0] == "recipe none (--recipe none): RunConfig's defaults"
+    assert run.cfg.optim == type(plain.optim)(lr=0.01) and run.cfg.schedule == plain.schedule
+    assert (run.cfg.ema, run.cfg.tta, run.cfg.batch_size, run.cfg.max_minutes) == (None, False, 64, None)
+    assert run.cfg.augment == plain.augment and run.cfg.model_args == {"in_chans": 3}
+    told = resolve_run(RunRequest(data=str(data), flags=flags, out=str(tmp_path / "r2")))  # the recipe, and its line
+    assert told.cfg.optim.name == "muon" and "over --model vit_test it sets " in told.notes[0]
+    assert "optim.name=muon" in told.notes[0] and "optim.lr" not in told.notes[0]
+    adam = resolve_run(RunRequest(data=str(data), flags={**flags, "optim.name": "adam"}, out=str(tmp_path / "r3")))
+    assert (adam.cfg.optim.name, adam.cfg.optim.muon_convs) == ("adam", False)  # not the recipe's Muon setting
+    assert "muon" not in adam.notes[0]
+
+
+def test_help_states_the_budget_a_run_takes_when_given_none(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"(default: {SMALL_DATA_MINUTES:g} for the small-data and photos recipes and 4 for the demo on the "
+            "built-in digits, none with --epochs, --recipe none, weights to start from or for other data; 0 = none)") in out
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    assert "spent (default: none; 0 = none)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_data_that_cannot_be_inspected_gets_the_defaults(tmp_path):
     r = recipe_for(tmp_path / "missing")
     assert r.name == "default" and r.base == {} and "no such folder" in r.reason

@@ -19,8 +19,15 @@ def _cfg(*argv):
     (["--opt", "sgd"], "optim", {"name": "sgd", "nesterov": True}),  # timm's sgd is Nesterov
     (["--opt", "momentum"], "optim", {"name": "sgd", "nesterov": False}),
     (["--opt", "adamw"], "optim", {"name": "adamw"}),
+    (["--opt", "adam"], "optim", {"name": "adam"}),
     (["--sched", "linear"], "schedule", {"decay": "linear"}),
-    (["--aa", "rand-m7-n3"], "augment", {"auto": "randaugment", "ra_magnitude": 7, "ra_ops": 3}),
+    (["--sched", "step", "--decay-rate", "0.5"], "schedule", {"decay": "step", "step_rate": 0.5}),
+    # timm's magnitudes are of 10 (vitkit's of 30), each op applied with probability 0.5, its default ops
+    (["--aa", "rand-m7-n3"], "augment", {"auto": "randaugment", "ra_magnitude": 21, "ra_ops": 3, "ra_prob": 0.5,
+                                         "ra_magnitude_std": 0.0, "ra_increasing": False}),
+    (["--aa", "rand-inc1-mstd0.5-m9"], "augment", {"ra_magnitude": 27, "ra_ops": 2, "ra_magnitude_std": 1.5,
+                                                   "ra_increasing": True}),  # parts in any order
+    (["--aa", "rand-n1-p0.25"], "augment", {"ra_magnitude": 30, "ra_ops": 1, "ra_prob": 0.25}),
     (["--reprob", "0.25"], "augment", {"erase_prob": 0.25}),
     (["--clip-grad", "2.5"], "optim", {"clip_grad": 2.5}),
     (["-b", "32", "-j", "3"], None, {"batch_size": 32}),
@@ -42,11 +49,30 @@ def test_ema_amp_and_initial_checkpoint():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--opt", "rmsprop"], "--opt: 'rmsprop' is not one vitkit has; use one of sgd, nesterov, momentum, adamw, lion, muon"),
-    (["--sched", "step"], "--sched: 'step' is not one vitkit has; use one of cosine, linear, constant"),
-    (["--aa", "rand-m9-mstd0.5-inc1"], "--aa: 'rand-m9-mstd0.5-inc1': vitkit's RandAugment takes m (magnitude) and n "
-                                       "(ops) only, not 'mstd0.5'; e.g. rand-m9-n2"),
-    (["--aa", "augmix-m5"], "--aa: 'augmix-m5': vitkit has RandAugment only, written rand-mM-nN (e.g. rand-m9-n2)"),
+    (["--opt", "rmsprop"], "--opt: vitkit has no 'rmsprop'; the nearest it has: --opt adam"),
+    (["--opt", "lamb"], "--opt: vitkit has no 'lamb'; the nearest it has: --opt adamw"),
+    (["--opt", "bogus"], "--opt: 'bogus' is not one vitkit has; use one of sgd, nesterov, momentum, adam, adamw, lion, "
+                         "muon"),
+    (["--sched", "poly"], "--sched: vitkit has no 'poly'; the nearest it has: --sched linear (poly of power 1)"),
+    (["--sched", "bogus"], "--sched: 'bogus' is not one vitkit has; use one of cosine, linear, constant, step"),
+    (["--decay-epochs", "2"], "--decay-epochs: spaces and sizes the decays of --sched step; this run's schedule is "
+                              "'cosine' (add --sched step)"),
+    (["--decay-rate", "0.5", "--sched", "linear"], "--decay-rate: spaces and sizes the decays of --sched step; this "
+                                                   "run's schedule is 'linear' (add --sched step)"),
+    (["--sched", "step", "--decay-epochs", "2", "--max-minutes", "1"], "--decay-epochs: this run is bounded by the "
+     "clock (1 min), so its epochs are not known ahead; give the decay's spacing as a share of the run: --set "
+     "schedule.step_every=F"),
+    (["--aa", "rand-m9-mmax12"], "--aa: 'rand-m9-mmax12': 'mmax12': vitkit's RandAugment takes m, n, mstd, inc and p "
+                                 "(its ops and their magnitudes' cap are its own: no t, mmax or w)"),
+    (["--aa", "rand-m12"], "--aa: 'rand-m12': 'm12': the magnitude is a whole number in 0..10 (timm's scale; timm "
+                           "caps larger ones)"),
+    (["--aa", "rand-m9-inc0"], "--aa: 'rand-m9-inc0': 'inc0': timm reads any inc part as inc1 (the increasing ops); "
+                               "write inc1, or leave it out for timm's default ops"),
+    (["--aa", "rand-m9-mstd101"], "--aa: 'rand-m9-mstd101': 'mstd101': timm's uniform magnitudes (mstd above 100) are "
+                                  "not in vitkit; the nearest: --set augment.auto=trivialaugment (one op an image, at "
+                                  "a uniform magnitude)"),
+    (["--aa", "augmix-m5"], "--aa: 'augmix-m5': vitkit has RandAugment (rand-mM-nN-mstdS-inc1), not timm's 'augmix' "
+                            "policy; the nearest: --aa rand-m9-mstd0.5-inc1, or --set augment.auto=trivialaugment"),
     (["--num-classes", "10"], "--num-classes: the classes come from the data (its class folders or labels); drop it"),
     (["--warmup-epochs", "2", "--max-minutes", "1"], "--warmup-epochs: this run is bounded by the clock (1 min), so "
      "its epochs are not known ahead; give the warmup as a share of the run: --set schedule.warmup_fraction=F"),
@@ -63,6 +89,32 @@ def test_warmup_epochs_become_a_share_of_the_run(tmp_path):
                                         "max_minutes": 0}, warmup_epochs=2, out=str(tmp_path / "r")))
     assert run.cfg.schedule.warmup_fraction == 0.25
     assert "warmup: 2 of 8 epochs (schedule.warmup_fraction=0.25)" in run.notes
+
+
+def test_decay_epochs_become_a_share_of_the_run(tmp_path):
+    from vitkit.train.resolve import RunRequest, resolve_run
+
+    flags = {"model": "vit_test", "epochs": 8, "threads": 1, "device": "cpu", "max_minutes": 0,
+             "schedule.decay": "step", "schedule.step_rate": 0.5}
+    run = resolve_run(RunRequest(flags=flags, decay_epochs=2, out=str(tmp_path / "r")))
+    assert run.cfg.schedule.step_every == 0.25 and run.cfg.schedule.step_rate == 0.5
+    assert "step schedule: lr x 0.5 every 2 of 8 epochs (schedule.step_every=0.25)" in run.notes
+
+
+def test_a_demo_given_epochs_is_bounded_by_them_not_the_clock(tmp_path):
+    """`vitkit train --opt sgd --warmup-epochs 1 --epochs 1`: the demo's 4 minutes are for a run given no epochs."""
+    from vitkit.train.config import DEMO_BUDGET
+    from vitkit.train.resolve import RunRequest, demo_base, resolve_run
+
+    args = parse_args(["train", "--opt", "sgd", "--warmup-epochs", "1", "--epochs", "1", "--threads", "1"])
+    flags = flags_from_args(args)
+    run = resolve_run(RunRequest(flags=flags, warmup_epochs=args.warmup_epochs, out=str(tmp_path / "r")))
+    assert run.cfg.max_minutes is None and run.cfg.epochs == 1 and run.cfg.optim.name == "sgd"
+    assert run.cfg.schedule.warmup_fraction == 1.0  # as timm, the warmup may span the run
+    assert demo_base({})["max_minutes"] == DEMO_BUDGET["max_minutes"]  # no epochs: the demo's budget
+    assert demo_base({"epochs": 1, "max_minutes": 2})["max_minutes"] == DEMO_BUDGET["max_minutes"]  # both kept:
+    both = resolve_config(None, {"epochs": 1, "max_minutes": 2}, [], base=demo_base({"epochs": 1, "max_minutes": 2}))
+    assert (both.epochs, both.max_minutes) == (1, 2)  # whichever ends the run first
 
 
 @pytest.mark.parametrize("flag, hint", [

@@ -43,7 +43,7 @@ def test_config_layers_and_strictness(tmp_path):
     f.write_text("epochs = [\n")
     with pytest.raises(ConfigError, match="r.toml: not valid TOML"):
         resolve_config(f)
-    with pytest.raises(ConfigError, match=r"config.optim.name: expected one of 'adamw', 'sgd', 'lion', 'muon', got 'lamb'"):
+    with pytest.raises(ConfigError, match=r"config.optim.name: expected one of 'adamw', 'adam', 'sgd', 'lion', 'muon', got 'lamb'"):
         resolve_config(None, None, ["optim.name=lamb"])
     with pytest.raises(ConfigError, match="batch_size: 10 is not divisible by accum_steps 3"):
         resolve_config(None, {"batch_size": 10, "accum_steps": 3})
@@ -168,6 +168,21 @@ def test_schedule_warmup_then_cosine_and_linear():
     lin = Schedule(ScheduleConfig(decay="linear", warmup_steps=0, warmup_fraction=0.0, min_lr_ratio=0.1), 2.0, 100)
     assert lin.lr(0) == pytest.approx(2.0) and lin.lr(50) == pytest.approx(1.1) and lin.lr(100) == pytest.approx(0.2)
     assert not s.done(109, 0.0) and s.done(110, 0.0)
+
+
+def test_step_schedule_decays_by_the_rate_every_share_of_the_run():
+    # 100 steps, a decay of 0.5 every 30 of them counted from the start (warmup included, as timm's step)
+    s = Schedule(ScheduleConfig(decay="step", warmup_steps=5, warmup_fraction=0.0, step_every=0.3, step_rate=0.5),
+                 2.0, 100)
+    assert s.lr(0) == pytest.approx(0.4) and s.lr(4) == pytest.approx(2.0)  # warmup
+    assert [s.lr(k) for k in (5, 29, 30, 59, 60, 89, 90, 99)] == pytest.approx([2.0, 2.0, 1.0, 1.0, 0.5, 0.5,
+                                                                                0.25, 0.25])
+    floor = Schedule(ScheduleConfig(decay="step", warmup_fraction=0.0, step_every=0.1, min_lr_ratio=0.01), 1.0, 100)
+    assert floor.lr(95) == pytest.approx(0.01)  # 0.1 ** 9, held at the floor
+    clock = Schedule(ScheduleConfig(decay="step", warmup_fraction=0.0, step_every=0.5), 1.0, 1000, budget_seconds=10.0)
+    assert clock.lr(3, 4.9) == pytest.approx(1.0) and clock.lr(4, 5.0) == pytest.approx(0.1)  # by the clock's share
+    with pytest.raises(ConfigError, match="schedule.step_every: must be in"):
+        ScheduleConfig(decay="step", step_every=0.0).validate()
 
 
 def test_schedule_fitted_to_budget():
@@ -316,6 +331,20 @@ def test_lion_moves_each_weight_by_lr_times_the_sign_of_its_interpolated_momentu
     opt.step()  # sign(0.9 m + 0.1 g): the momentum outweighs a small opposite gradient
     sign = torch.sign(0.9 * torch.tensor([0.02, -0.03, 0.0]) + 0.1 * torch.tensor([-0.001, -0.001, 1.0]))
     torch.testing.assert_close(p.detach(), before * (1 - 0.05) - 0.1 * sign)
+
+
+def test_adam_adds_the_groups_weight_decay_to_the_gradient():
+    model = vitkit.create_model("vit_test", seed=0)
+    opt = build_optimizer(model, OptimConfig(name="adam", lr=0.1, weight_decay=0.5, betas=(0.8, 0.99), eps=1e-6))
+    assert type(opt) is torch.optim.Adam
+    assert sorted({g["weight_decay"] for g in opt.param_groups}) == [0.0, 0.5]
+    layer = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, -2.0]]))
+    opt = build_optimizer(layer, OptimConfig(name="adam", lr=0.1, weight_decay=0.5))
+    layer.weight.grad = torch.zeros(1, 2)
+    opt.step()  # the gradient becomes 0.5 * w: Adam's first step is -lr * sign(w) (AdamW's: w * (1 - lr * wd))
+    torch.testing.assert_close(layer.weight.detach(), torch.tensor([[0.9, -1.9]]))
 
 
 def test_build_optimizer_makes_lion_with_the_groups_weight_decay():

@@ -48,6 +48,12 @@ class AugmentConfig:
     #   'randaugment' applies ra_ops random ops at ra_magnitude; 'trivialaugment' one op, random magnitude
     ra_ops: int = 2  # RandAugment: ops applied to each image (drawn with replacement)
     ra_magnitude: int = 9  # RandAugment: strength on a 0..30 scale (9 as in the paper's ImageNet setting)
+    ra_magnitude_std: float = 0.0  # RandAugment: each op's magnitude drawn from N(ra_magnitude, this), clipped
+    #   to 0..30 (timm's mstd, which is on its 0..10 scale: x3 here); 0 = the fixed magnitude
+    ra_increasing: bool = True  # RandAugment: every op grows more severe with the magnitude (timm's 'inc1'); False:
+    #   timm's default ops, where colour, contrast, brightness and sharpness factors run 0.1..1.9 (no random
+    #   sign), posterize keeps 0..4 bits and solarize's threshold rises with it (ORIGINAL_LEVELS)
+    ra_prob: float = 1.0  # RandAugment: each drawn op is applied with this probability (timm's: 0.5)
     mixup_alpha: float = 0.0  # mixup: lambda ~ Beta(alpha, alpha); 0 = off (0.8 in DeiT)
     cutmix_alpha: float = 0.0  # cutmix: lambda ~ Beta(alpha, alpha); 0 = off (1.0 in DeiT). With both on,
     #   each batch uses one of them, chosen with equal odds
@@ -76,7 +82,7 @@ class AugmentConfig:
             bad("rrc_ratio", f"expected 0 < min <= max, got {tuple(self.rrc_ratio)}")
         if not isinstance(self.pad, int) or self.pad < 0:
             bad("pad", f"expected an integer >= 0, got {self.pad!r}")
-        for name in ("hflip", "mix_prob", "erase_prob"):
+        for name in ("hflip", "mix_prob", "erase_prob", "ra_prob"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 bad(name, f"is a probability, expected 0..1, got {v!r}")
@@ -84,6 +90,8 @@ class AugmentConfig:
             bad("ra_ops", f"expected an integer >= 1, got {self.ra_ops!r}")
         if not isinstance(self.ra_magnitude, int) or not 0 <= self.ra_magnitude <= 30:
             bad("ra_magnitude", f"expected an integer in 0..30, got {self.ra_magnitude!r}")
+        if not 0 <= self.ra_magnitude_std <= 300:
+            bad("ra_magnitude_std", f"expected 0..300 (0 = a fixed magnitude), got {self.ra_magnitude_std!r}")
         for name in ("mixup_alpha", "cutmix_alpha"):
             if getattr(self, name) < 0:
                 bad(name, f"expected >= 0 (0 = off), got {getattr(self, name)!r}")
@@ -328,22 +336,57 @@ OPS = {
 }
 SIGNED = {"rotate", "color", "contrast", "brightness", "sharpness", "shear_x", "shear_y", "translate_x", "translate_y"}
 OP_NAMES = list(OPS)
+# RandAugment with ra_increasing=False: timm's default levels of the ops whose severity does not grow with the
+# magnitude (timm's auto_augment.py: _enhance_level_to_arg, a factor 0.1 + 1.8 f; _posterize_level_to_arg,
+# int(4 f) bits kept; _solarize_level_to_arg, threshold int(256 f)), unsigned; the other ops are as in OPS
+ORIGINAL_LEVELS = {
+    "solarize": lambda f: torch.floor(256.0 * f),
+    "color": lambda f: 1.8 * f - 0.9,
+    "contrast": lambda f: 1.8 * f - 0.9,
+    "brightness": lambda f: 1.8 * f - 0.9,
+    "sharpness": lambda f: 1.8 * f - 0.9,
+    "posterize": lambda f: torch.floor(4.0 * f),
+}
 
 
-def apply_auto(x: torch.Tensor, g, mode: str, num_ops: int, magnitude: int) -> torch.Tensor:
-    """RandAugment (``num_ops`` ops per image at ``magnitude``/30) or TrivialAugment (one op per image at a
-    uniform random level in 0..30) on float 0..255 images; each image draws its own ops."""
+def op_level(name: str, frac: torch.Tensor, sign: torch.Tensor, increasing: bool = True) -> torch.Tensor | None:
+    """Op ``name``'s argument in its own units at level ``frac`` (a fraction of 30) with ``sign`` (+-1, used by
+    the signed ops); ``increasing`` False: ORIGINAL_LEVELS where it has one. None for ops without one."""
+    level, signed = OPS[name][1], name in SIGNED
+    if not increasing and name in ORIGINAL_LEVELS:
+        level, signed = ORIGINAL_LEVELS[name], False
+    if level is None:
+        return None
+    return level(frac) * sign if signed else level(frac)
+
+
+def ra_fractions(g, n: int, magnitude: float, std: float, device) -> torch.Tensor:
+    """RandAugment's level of each of ``n`` images' op, a fraction of 30: ``magnitude`` / 30, with N(0, ``std``)
+    noise on the 0..30 scale where ``std`` > 0 (clipped to 0..30), as timm's magnitude_std."""
+    frac = torch.full((n,), magnitude / 30.0, device=device)
+    if std > 0:
+        frac = (frac + torch.randn(n, generator=g, device=device) * (std / 30.0)).clamp_(0.0, 1.0)
+    return frac
+
+
+def apply_auto(x: torch.Tensor, g, mode: str, num_ops: int, magnitude: int, std: float = 0.0,
+               increasing: bool = True, prob: float = 1.0) -> torch.Tensor:
+    """RandAugment (``num_ops`` ops per image at ``magnitude``/30; ``std``, ``increasing``, ``prob``: see
+    AugmentConfig's ra_magnitude_std, ra_increasing, ra_prob) or TrivialAugment (one op per image at a uniform
+    random level in 0..30) on float 0..255 images; each image draws its own ops."""
     n, dev = x.shape[0], x.device
     rounds = num_ops if mode == "randaugment" else 1
     x = x.clone()
     for _ in range(rounds):
         op = (_rand(g, n, device=dev) * len(OPS)).long().clamp_(max=len(OPS) - 1)
         if mode == "randaugment":
-            frac = torch.full((n,), magnitude / 30.0, device=dev)
             _ = _rand(g, n, device=dev)  # keep the draw count equal in both modes
+            frac = ra_fractions(g, n, magnitude, std, dev)
         else:
             frac = (_rand(g, n, device=dev) * 31).floor().clamp_(max=30) / 30.0
         sign = torch.where(_rand(g, n, device=dev) < 0.5, -1.0, 1.0)
+        if mode == "randaugment" and prob < 1:  # an op not applied is the identity (OP_NAMES[0])
+            op = torch.where(_rand(g, n, device=dev) < prob, op, torch.zeros_like(op))
         # the geometric ops of this round: one affine warp for all the images that drew one
         lin = torch.eye(2, device=dev).repeat(n, 1, 1)
         shift = torch.zeros(n, 2, device=dev)
@@ -364,13 +407,7 @@ def apply_auto(x: torch.Tensor, g, mode: str, num_ops: int, magnitude: int) -> t
             sel = torch.nonzero(op == k).flatten()
             if sel.numel() == 0:
                 continue
-            fn, level = OPS[name]
-            m = None
-            if level is not None:
-                m = level(frac[sel])
-                if name in SIGNED:
-                    m = m * sign[sel]
-            x[sel] = fn(x[sel], m).clamp_(0, 255)
+            x[sel] = OPS[name][0](x[sel], op_level(name, frac[sel], sign[sel], increasing)).clamp_(0, 255)
     return x
 
 
@@ -483,7 +520,8 @@ class BatchAugment:
 
         # 2. per-image colour/geometry ops
         if cfg.auto != "none":
-            x = apply_auto(x, g, cfg.auto, cfg.ra_ops, cfg.ra_magnitude)
+            x = apply_auto(x, g, cfg.auto, cfg.ra_ops, cfg.ra_magnitude, cfg.ra_magnitude_std, cfg.ra_increasing,
+                           cfg.ra_prob)
 
         # 3. normalise
         key = (str(dev), c)
@@ -590,4 +628,4 @@ def eval_batches(images, img_size, pre, device: torch.device, batch_size: int, i
 
 __all__ = ["AugmentConfig", "BatchAugment", "eval_batch", "eval_batches", "check_batch", "fit_batch", "move_batch", "first_flips",
            "alternating_flips", "apply_auto", "rrc_boxes", "crop_resize", "pad_crop",
-           "random_erase", "one_hot", "mix_batch", "affine_grid", "OP_NAMES"]
+           "random_erase", "one_hot", "mix_batch", "affine_grid", "OP_NAMES", "op_level", "ra_fractions", "ORIGINAL_LEVELS"]

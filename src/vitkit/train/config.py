@@ -58,7 +58,8 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: Literal["adamw", "sgd", "lion", "muon"] = "adamw"  # AdamW (pre-training), SGD with momentum (fine-tuning),
+    name: Literal["adamw", "adam", "sgd", "lion", "muon"] = "adamw"  # AdamW (pre-training), Adam (its weight decay
+    #   an L2 term added to the gradient, as torch.optim.Adam and timm's 'adam'), SGD with momentum (fine-tuning),
     #   Lion (Chen et al. 2023: the sign of an interpolated momentum; use a 3-10x lower lr, higher weight decay)
     #   or Muon (Jordan et al. 2024) for the blocks' weight matrices with AdamW for the rest, at one lr
     #   (train/optim.py MuonAdamW)
@@ -97,18 +98,26 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    decay: Literal["cosine", "linear", "constant"] = "cosine"  # shape after warmup
+    decay: Literal["cosine", "linear", "constant", "step"] = "cosine"  # shape after warmup; 'step': the lr is
+    #   multiplied by step_rate after every step_every of the run (warmup included), as timm's step schedule
     warmup_steps: int = 0  # linear warmup from 0 over this many optimizer steps ...
-    warmup_fraction: float = 0.05  # ... or this share of the run (the larger of the two is used)
+    warmup_fraction: float = 0.05  # ... or this share of the run (the larger of the two is used; 1: the whole run)
     min_lr_ratio: float = 0.0  # the lr decays to lr * min_lr_ratio
+    step_every: float = 0.3  # decay 'step': a decay after every this share of the run (--decay-epochs N sets
+    #   N / epochs)
+    step_rate: float = 0.1  # decay 'step': the factor of each decay (timm's --decay-rate)
 
     def validate(self):
         if self.warmup_steps < 0:
             raise ConfigError(f"schedule.warmup_steps: must be >= 0, got {self.warmup_steps!r}")
-        if not 0 <= self.warmup_fraction < 1:
-            raise ConfigError(f"schedule.warmup_fraction: must be in [0, 1), got {self.warmup_fraction!r}")
+        if not 0 <= self.warmup_fraction <= 1:
+            raise ConfigError(f"schedule.warmup_fraction: must be in [0, 1], got {self.warmup_fraction!r}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"schedule.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio!r}")
+        if not 0 < self.step_every <= 1:
+            raise ConfigError(f"schedule.step_every: must be in (0, 1] (a share of the run), got {self.step_every!r}")
+        if not 0 < self.step_rate <= 1:
+            raise ConfigError(f"schedule.step_rate: must be in (0, 1], got {self.step_rate!r}")
 
 
 STRATEGIES = ("ddp", "fsdp")  # RunConfig.strategy

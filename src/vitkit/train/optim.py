@@ -1,4 +1,4 @@
-"""Optimizer (AdamW, SGD, Lion, or Muon for the blocks' matrices with AdamW for the rest) with parameter groups: no weight decay on biases, norms, position embeddings and the
+"""Optimizer (AdamW, Adam, SGD, Lion, or Muon for the blocks' matrices with AdamW for the rest) with parameter groups: no weight decay on biases, norms, position embeddings and the
 class token, and optional layer-wise learning-rate decay (BEiT / MAE fine-tuning).
 
 Each group carries ``lr_scale``; the schedule sets ``group["lr"] = lr(step) * group["lr_scale"]``.
@@ -172,6 +172,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
         g["lr"] = cfg.lr * g["lr_scale"]
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    if cfg.name == "adam":  # weight decay as an L2 term in the gradient, per group (none on biases and norms)
+        return torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=True)
     if cfg.name == "lion":
         return Lion(groups, lr=cfg.lr, betas=cfg.betas)
     if cfg.name == "muon":

@@ -365,6 +365,44 @@ def _named_model(base: dict, model: str | None) -> str:
     return f"; --model {model} at its own sizes"
 
 
+# what a recipe's line says already: how long (epochs, max_minutes), the processes, the model and its resolution
+SAID_KEYS = ("model", "model_args", "img_size", "epochs", "max_minutes", "processes")
+
+
+def laid_over_model(recipe: Recipe, model: str | None, given: set[str]) -> Recipe:
+    """``recipe`` for a run that names its own ``model`` (not the recipe's): its line lists every training setting
+    the recipe lays over that model, each as --set takes it, but for those the run gives itself (``given``:
+    dotted keys) and those its line says already (SAID_KEYS). Unchanged for a run of the recipe's own model."""
+    from .config import RunConfig
+
+    if model is None or model == recipe.base.get("model", model):
+        return recipe
+    defaults = _leaves(RunConfig().to_dict())
+    laid = [f"{k}={_shown(v)}" for k, v in _leaves(recipe.base).items()
+            if k.split(".")[0] not in SAID_KEYS and k not in given and defaults.get(k) != v]
+    if not laid:
+        return recipe
+    return Recipe(recipe.name, f"{recipe.reason}; over --model {model} it sets {', '.join(laid)} (--recipe none: "
+                  "RunConfig's defaults)", recipe.base)
+
+
+def _leaves(node: dict, prefix: str = "") -> dict:
+    """A nested dict's values by dotted key."""
+    out: dict = {}
+    for k, v in node.items():
+        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def _shown(value) -> str:
+    """A value as --set takes it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_minutes: float) -> str:
     """Bound ``base``'s run by the clock unless ``epochs`` is given; says how the run's length is set."""
     if epochs is not None:
@@ -391,7 +429,7 @@ def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: flo
 
 
 __all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",
-           "SMALL_SIDE", "SMALL_IMAGES",
+           "SMALL_SIDE", "SMALL_IMAGES", "laid_over_model", "SAID_KEYS",
            "SMALL_DATA_MINUTES", "CLOCK_EPOCHS", "SHORT_MINUTES", "SHORT_RUN", "CPU_PROCESSES",
            "AMX_PRECISION", "Candidate", "WorkChoice", "choose_by_work", "SMALL_DATA_CANDIDATES", "PHOTO_CANDIDATES",
            "REACH"]

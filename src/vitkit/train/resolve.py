@@ -57,6 +57,8 @@ class RunRequest:
     out: str | None = None  # the run directory; None: runs/<model>-<date-time>
     resume: str | None = None  # continue the run in this directory from its last checkpoint
     warmup_epochs: float | None = None  # warmup over this many epochs (a share of a run of fixed epochs)
+    decay_epochs: float | None = None  # schedule 'step': a decay every this many epochs (a share of the run)
+    recipe: str = "auto"  # 'auto': the recipe chosen for the data; 'none': RunConfig's defaults, no recipe
     cache_dir: str | None = None  # where measured training speeds are kept (train/speed.py); None: not kept
 
 
@@ -89,7 +91,8 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         flags["data.format"] = req.data_format
     if req.weights is not None:
         flags["init_from"] = req.weights
-    base, notes, saved, measuring = _base(req, flags, elsewhere)
+    weights = _given(flags, req.overrides).get("init_from")  # --pretrained, --initial-checkpoint: a fine-tune too
+    base, notes, saved, measuring = _base(req, flags, elsewhere, weights)
     cfg = resolve_config(req.config, flags, req.overrides, base=base)
     if req.config and not req.resume and (line := settle_replay(cfg, req.config, _given(flags, req.overrides))):
         notes.append(line)  # a run bounded by the clock, replayed step by step (train/replay.py)
@@ -99,6 +102,8 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         check_same_model(saved, cfg, Path(req.resume))
     if req.warmup_epochs is not None:
         notes.append(warmup_in_epochs(cfg, req.warmup_epochs))
+    if req.decay_epochs is not None or flags.get("schedule.step_rate") is not None:
+        notes.append(step_in_epochs(cfg, req.decay_epochs))
     run_dir = Path(req.resume) if req.resume else new_run_dir(cfg, req.out)
     mcfg, init = _model(cfg, run_dir if req.resume else None)
     threads_given = cfg.threads is not None
@@ -112,7 +117,7 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         from .tune import settle_tune
 
         notes.append(settle_tune(cfg, mcfg, _training_images(cfg)))  # weighs the threads of all processes
-    if req.weights and not req.resume and (line := finetune_processes(cfg, mcfg, _given(flags, req.overrides))):
+    if weights and not req.resume and (line := finetune_processes(cfg, mcfg, _given(flags, req.overrides))):
         notes.append(line)
         if not threads_given:  # the same CPUs, shared among the processes
             cfg.threads = default_threads(local_processes or cfg.processes)
@@ -121,19 +126,28 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     return ResolvedRun(cfg, run_dir, resume=bool(req.resume), path=path, notes=notes, model=mcfg, init=init)
 
 
-def _base(req: RunRequest, flags: dict, elsewhere: bool) -> tuple[dict | None, list[str], dict | None, float | None]:
+def _base(req: RunRequest, flags: dict, elsewhere: bool,
+          weights: str | None) -> tuple[dict | None, list[str], dict | None, float | None]:
     """The values a run starts from, the lines that say why, (resuming) the run's saved config, and the
-    seconds spent measuring this machine's speed for the recipe's candidates (None: nothing measured)."""
+    seconds spent measuring this machine's speed for the recipe's candidates (None: nothing measured).
+    ``weights``: the weights the run starts from, if any (a fine-tune, whichever flag named them)."""
     if req.resume:
         saved = saved_run_config(Path(req.resume), req.out, elsewhere)
         return saved, [], saved or None, None
-    if req.weights is not None:
+    if weights is not None:
         base, line = finetune_base(flags, req.overrides)
-        return base, [line] if line else [], None, None
+        lines = [line] if line else []
+        if req.weights is None:  # `vitkit train` given weights (--pretrained, --initial-checkpoint)
+            lines.insert(0, "fine-tuning: the run starts from weights, so it takes vitkit finetune's defaults (optim "
+                         f"{base['optim']['name']}, lr {base['optim']['lr']:g}, {base['epochs']} epochs unless the "
+                         "clock ends it), not a recipe for the data; the weights' own resolution and preprocessing")
+        return base, lines, None, None
     if req.config is not None:
         return None, [], None, None
+    if req.recipe == "none":
+        return plain_base(req.data, req.data_format), ["recipe none (--recipe none): RunConfig's defaults"], None, None
     if req.data is None:
-        return demo_base(), [], None, None
+        return demo_base(_given(flags, req.overrides)), [], None, None
     recipe, seconds = data_recipe(req.data, req.data_format, flags, req.overrides, req.cache_dir)
     return recipe.base, [recipe.line], None, seconds
 
@@ -169,7 +183,7 @@ def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig) -> bool:
     few of its steps take a second or two on a CPU."""
     from ..infer.fastpath import vit_flops
 
-    return (bool(cfg.max_minutes) and not (req.resume or req.weights or cfg.replay)
+    return (bool(cfg.max_minutes) and not (req.resume or cfg.init_from or cfg.replay)
             and vit_flops(mcfg) <= SMALL_MODEL_FLOPS)
 
 
@@ -240,10 +254,32 @@ def warmup_in_epochs(cfg: RunConfig, epochs: float) -> str:
         raise ConfigError(f"--warmup-epochs: this run is bounded by the clock ({cfg.max_minutes:g} min), so its "
                           "epochs are not known ahead; give the warmup as a share of the run: --set "
                           "schedule.warmup_fraction=F")
-    if not 0 <= epochs < cfg.epochs:
-        raise ConfigError(f"--warmup-epochs: must be in [0, {cfg.epochs}) (the run's epochs), got {epochs:g}")
+    if not 0 <= epochs <= cfg.epochs:  # as timm, a warmup may span the whole run
+        raise ConfigError(f"--warmup-epochs: must be in [0, {cfg.epochs}] (the run's epochs), got {epochs:g}")
     cfg.schedule.warmup_fraction = epochs / cfg.epochs
     return f"warmup: {epochs:g} of {cfg.epochs} epochs (schedule.warmup_fraction={cfg.schedule.warmup_fraction:g})"
+
+
+def step_in_epochs(cfg: RunConfig, epochs: float | None) -> str:
+    """Set ``cfg``'s step schedule to a decay every ``epochs`` epochs (schedule.step_every, a share of the run;
+    None: its own share); the line that says so. Refused in one line where the run's schedule is not 'step'
+    (--decay-epochs and --decay-rate shape that one alone) or where the clock bounds the run."""
+    s = cfg.schedule
+    if s.decay != "step":
+        flag = "--decay-epochs" if epochs is not None else "--decay-rate"
+        raise ConfigError(f"{flag}: spaces and sizes the decays of --sched step; this run's schedule is {s.decay!r} "
+                          "(add --sched step)")
+    if epochs is None:
+        return f"step schedule: lr x {s.step_rate:g} after every {s.step_every:g} of the run"
+    if cfg.max_minutes:
+        raise ConfigError(f"--decay-epochs: this run is bounded by the clock ({cfg.max_minutes:g} min), so its "
+                          "epochs are not known ahead; give the decay's spacing as a share of the run: --set "
+                          "schedule.step_every=F")
+    if not 0 < epochs <= cfg.epochs:
+        raise ConfigError(f"--decay-epochs: must be in (0, {cfg.epochs}] (the run's epochs), got {epochs:g}")
+    s.step_every = epochs / cfg.epochs
+    return (f"step schedule: lr x {s.step_rate:g} every {epochs:g} of {cfg.epochs} epochs "
+            f"(schedule.step_every={s.step_every:g})")
 
 
 def check_same_model(saved: dict, cfg: RunConfig, run_dir: Path) -> None:
@@ -261,12 +297,29 @@ def _show(value) -> str:
 
 
 # ------------------------------------------------------------------------------------- the bases
-def demo_base() -> dict:
+def demo_base(given: dict | None = None) -> dict:
     """The demo's time budget, and its processes: 2 data-parallel processes of one thread on a CPU with 2
     or more cores (this small model keeps two processes busier than one process with two threads); 1
-    process where a GPU will be used."""
+    process where a GPU will be used. A run ``given`` epochs and no max_minutes is bounded by its epochs."""
     cpus = cpu_run_cpus(None)
-    return dict(DEMO_BUDGET, processes=1 if cpus is None else min(DEMO_BUDGET["processes"], cpus))
+    base = dict(DEMO_BUDGET, processes=1 if cpus is None else min(DEMO_BUDGET["processes"], cpus))
+    if given and given.get("epochs") is not None and given.get("max_minutes") is None:
+        del base["max_minutes"]
+    return base
+
+
+def plain_base(data: str | None, data_format: str | None) -> dict:
+    """RunConfig's defaults, no recipe laid on (--recipe none), but for the model's input channels, which
+    follow the data's (as every recipe's): nothing where the data cannot be inspected (the run says why)."""
+    from ..core.errors import DataError
+    from ..data.datasets import DEMO_DIR
+    from .recipe import probe_data
+
+    try:
+        facts = probe_data(DEMO_DIR, "demo") if data is None else probe_data(data, data_format)
+    except DataError:
+        return {}
+    return {"model_args": {"in_chans": facts.channels}}
 
 
 def finetune_base(flags: dict, overrides: list[str]) -> tuple[dict, str | None]:
@@ -318,7 +371,7 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
     """The recipe for ``data`` (train/recipe.py), told the budget, processes and model the flags or overrides
     give, and the speed of this machine for each of its candidates (measured, or from ``cache_dir``); and
     the seconds measuring took (None: the recipe measured nothing)."""
-    from .recipe import recipe_for
+    from .recipe import laid_over_model, recipe_for
 
     given = _given(flags, overrides)
     model = given.get("model")
@@ -330,7 +383,10 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
                         model=model if isinstance(model, str) else None,
                         cpu_bf16=cpu_bf16_kind() if cpus is not None else None, speed=speed,
                         where=device_words(given.get("device")))
-    return recipe, sum(spent) if spent else None
+    name = given.get("optim.name")
+    if name is not None and name != "muon" and "optim.muon_convs" not in given:  # another optimizer than the
+        recipe.base.get("optim", {}).pop("muon_convs", None)  # recipe's Muon: none of Muon's own settings
+    return laid_over_model(recipe, model, set(given)), sum(spent) if spent else None
 
 
 def recipe_speed(flags: dict, overrides: list[str], cache_dir: str | None, spent: list[float]):

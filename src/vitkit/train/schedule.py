@@ -1,4 +1,4 @@
-"""Learning-rate schedule: linear warmup, then cosine, linear or constant, over the run's progress.
+"""Learning-rate schedule: linear warmup, then cosine, linear, constant or step, over the run's progress.
 
 Progress is the larger of ``step / total_steps`` and ``seconds / budget_seconds``: with a wall-clock
 budget (``--max-minutes``) the schedule is fitted to the time actually available, so a run that is
@@ -52,6 +52,8 @@ class Schedule:
         elif step < warm:
             return self.base_lr * (step + 1) / warm
         p = self.progress(step, share=t)
+        if c.decay == "step":  # as timm's: decays counted over the whole run, warmup included
+            return self.base_lr * max(c.step_rate ** math.floor(p / c.step_every + 1e-9), c.min_lr_ratio)
         if not clocked:
             # decay over the steps after warmup
             p = (step - warm) / max(self.total_steps - warm, 1)

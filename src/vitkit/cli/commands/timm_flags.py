@@ -12,9 +12,23 @@ import argparse
 import re
 
 # timm --opt name -> (optim.name, optim.nesterov): timm's 'sgd' is Nesterov momentum, 'momentum' is plain
-OPTIMIZERS = {"sgd": ("sgd", True), "nesterov": ("sgd", True), "momentum": ("sgd", False), "adamw": ("adamw", None),
-              "lion": ("lion", None), "muon": ("muon", None)}
-SCHEDULES = ("cosine", "linear", "constant")  # schedule.decay; timm's step, multistep, plateau, poly, tanh: none
+OPTIMIZERS = {"sgd": ("sgd", True), "nesterov": ("sgd", True), "momentum": ("sgd", False), "adam": ("adam", None),
+              "adamw": ("adamw", None), "lion": ("lion", None), "muon": ("muon", None)}
+# timm --opt names vitkit has no optimizer for -> the nearest --opt it has
+NEAREST_OPTIMIZERS = {
+    **dict.fromkeys(("lamb", "lambc", "nadamw", "adamp", "adan", "adanw", "adopt", "laprop", "mars", "adafactor",
+                     "adafactorbv", "novograd", "nvnovograd", "madgradw", "kron"), "adamw"),
+    **dict.fromkeys(("nadam", "radam", "adamax", "adabelief", "radabelief", "rmsprop", "rmsproptf", "adagrad",
+                     "adadelta"), "adam"),
+    **dict.fromkeys(("sgdp", "sgdw", "lars", "larc", "nlars", "nlarc", "madgrad"), "sgd"),
+}
+SCHEDULES = ("cosine", "linear", "constant", "step")  # schedule.decay ('step': --decay-epochs, --decay-rate)
+# timm --sched names vitkit has no schedule for -> the nearest it has, and how it differs
+NEAREST_SCHEDULES = {"tanh": "cosine", "poly": "linear (poly of power 1)",
+                     "multistep": "step (a decay every --decay-epochs, not at milestones)",
+                     "plateau": "step (decays at fixed epochs, not when the metric stalls)"}
+RA_LEVELS = 10  # timm's RandAugment magnitudes run 0..10 (its _LEVEL_DENOM); vitkit's ra_magnitude 0..30
+RA_PROB = 0.5  # timm's RandAugment applies each op it draws with this probability (its 'p' part)
 EMA_DECAY = 0.9998  # --model-ema without --model-ema-decay: timm's default decay
 
 # timm flags vitkit has no alias for -> what to use instead (a flag, an override, or why there is none)
@@ -45,9 +59,7 @@ TIMM_FORMS = {
     "--torchcompile": "--compile",
     "--amp-dtype": "--precision bf16 or fp16",
     "--layer-decay": "--set optim.layer_decay=D (a flag of vitkit finetune)",
-    "--decay-epochs": "none: the schedules are warmup then cosine, linear or constant (--sched)",
-    "--decay-rate": "none: the schedules are warmup then cosine, linear or constant (--sched)",
-    "--cooldown-epochs": "none: the schedules are warmup then cosine, linear or constant (--sched)",
+    "--cooldown-epochs": "none: the schedules are warmup then cosine, linear, constant or step (--sched)",
     "--color-jitter": "none: vitkit has no colour jitter (--aa rand-mM-nN for RandAugment)",
     "--train-split": "--set data.val_fraction=F (or a folder with train/ and val/)",
     "--val-split": "--set data.val_fraction=F (or a folder with train/ and val/)",
@@ -61,12 +73,18 @@ def add_timm_aliases(p: argparse.ArgumentParser) -> None:
                    "processes); in timm -b is per process")
     g.add_argument("-j", dest="workers", type=int, metavar="N", help="as --workers")
     g.add_argument("--opt", metavar="NAME", help="optimizer, timm's names: sgd (Nesterov momentum, as in timm), "
-                   "momentum (plain momentum), adamw, lion, muon (the blocks' matrices; AdamW for the rest)")
+                   "momentum (plain momentum), adam (weight decay as L2, as timm's), adamw, lion, muon (the blocks' "
+                   "matrices; AdamW for the rest); timm's others are refused with the nearest of these")
     g.add_argument("--sched", metavar="NAME", help=f"the decay after warmup: {', '.join(SCHEDULES)}")
+    g.add_argument("--decay-epochs", type=float, metavar="N", help="--sched step: decay the lr every N epochs "
+                   "(schedule.step_every, as a share of the run; default: every 30%% of it)")
+    g.add_argument("--decay-rate", type=float, metavar="R", help="--sched step: the factor of each decay "
+                   "(schedule.step_rate; default: 0.1)")
     g.add_argument("--warmup-epochs", type=float, metavar="N", help="warmup over N epochs (a run bounded by the "
                    "clock takes schedule.warmup_fraction instead)")
-    g.add_argument("--aa", metavar="POLICY", help="RandAugment as timm writes it: rand-mM-nN (magnitude M of 30, N "
-                   "ops an image)")
+    g.add_argument("--aa", metavar="POLICY", help="RandAugment as timm writes it, e.g. rand-m9-mstd0.5-inc1: m "
+                   "magnitude 0..10 (default 10), n ops an image (default 2), mstd the magnitude's noise, inc1 ops "
+                   "that grow more severe with it, p each op's probability (default 0.5); on vitkit's 14 ops")
     g.add_argument("--reprob", type=float, metavar="P", help="random erasing probability (augment.erase_prob)")
     g.add_argument("--clip-grad", type=float, metavar="NORM", help="clip the global gradient norm (optim.clip_grad)")
     g.add_argument("--model-ema", action="store_true", default=None, help=f"keep an EMA of the weights (decay "
@@ -89,21 +107,16 @@ def timm_flags(args) -> dict:
         raise ConfigError("--num-classes: the classes come from the data (its class folders or labels); drop it")
     out: dict = {}
     if args.opt is not None:
-        if args.opt.lower() not in OPTIMIZERS:
-            raise ConfigError(f"--opt: {args.opt!r} is not one vitkit has; use one of {', '.join(OPTIMIZERS)}")
-        out["optim.name"], nesterov = OPTIMIZERS[args.opt.lower()]
-        if nesterov is not None:
-            out["optim.nesterov"] = nesterov
+        out.update(optimizer(args.opt))
     if args.sched is not None:
-        if args.sched not in SCHEDULES:
-            raise ConfigError(f"--sched: {args.sched!r} is not one vitkit has; use one of {', '.join(SCHEDULES)}")
-        out["schedule.decay"] = args.sched
+        out["schedule.decay"] = schedule(args.sched)
     if args.aa is not None:
         out.update(rand_augment(args.aa))
     if args.pretrained:
         out["init_from"] = pretrained_weights(args)
     decay = args.model_ema_decay if args.model_ema_decay is not None else EMA_DECAY if args.model_ema else None
     out.update({"augment.erase_prob": args.reprob, "optim.clip_grad": args.clip_grad, "ema": decay,
+                "schedule.step_rate": args.decay_rate,
                 "precision": "bf16" if args.amp else None})
     if args.initial_checkpoint is not None:
         out["init_from"] = args.initial_checkpoint
@@ -145,21 +158,85 @@ def pretrained_weights(args) -> str:
     return pretrained_name(args.model)
 
 
+def optimizer(name: str) -> dict:
+    """timm's --opt ``name`` -> the config keys it sets; a name vitkit lacks is refused, naming the nearest."""
+    from ...core.errors import ConfigError
+
+    key = name.lower()
+    if key in NEAREST_OPTIMIZERS:
+        raise ConfigError(f"--opt: vitkit has no {name!r}; the nearest it has: --opt {NEAREST_OPTIMIZERS[key]}")
+    if key not in OPTIMIZERS:
+        raise ConfigError(f"--opt: {name!r} is not one vitkit has; use one of {', '.join(OPTIMIZERS)}")
+    out = {"optim.name": OPTIMIZERS[key][0]}
+    if OPTIMIZERS[key][1] is not None:
+        out["optim.nesterov"] = OPTIMIZERS[key][1]
+    return out
+
+
+def schedule(name: str) -> str:
+    """timm's --sched ``name`` -> schedule.decay; a name vitkit lacks is refused, naming the nearest."""
+    from ...core.errors import ConfigError
+
+    key = name.lower()
+    if key in NEAREST_SCHEDULES:
+        raise ConfigError(f"--sched: vitkit has no {name!r}; the nearest it has: --sched {NEAREST_SCHEDULES[key]}")
+    if key not in SCHEDULES:
+        raise ConfigError(f"--sched: {name!r} is not one vitkit has; use one of {', '.join(SCHEDULES)}")
+    return key
+
+
 def rand_augment(text: str) -> dict:
-    """timm's --aa 'rand-m9-n2' -> RandAugment's config keys; other policies or options are refused."""
+    """timm's --aa 'rand-m9-mstd0.5-inc1' (its parts in any order) -> RandAugment's config keys, each part as
+    timm reads it: m the magnitude of RA_LEVELS (default RA_LEVELS), n the ops an image (default 2), mstd the
+    std of each op's magnitude, inc1 the ops that grow more severe with it, p each op's probability (default
+    RA_PROB). Another policy, or a part vitkit cannot honour, is a one-line ConfigError naming it."""
     from ...core.errors import ConfigError
 
     parts = text.split("-")
     if parts[0] != "rand":
-        raise ConfigError(f"--aa: {text!r}: vitkit has RandAugment only, written rand-mM-nN (e.g. rand-m9-n2)")
-    keys = {"augment.auto": "randaugment"}
+        raise ConfigError(f"--aa: {text!r}: vitkit has RandAugment (rand-mM-nN-mstdS-inc1), not timm's {parts[0]!r} "
+                          "policy; the nearest: --aa rand-m9-mstd0.5-inc1, or --set augment.auto=trivialaugment")
+    keys = {"augment.auto": "randaugment", "augment.ra_magnitude": 3 * RA_LEVELS, "augment.ra_ops": 2,
+            "augment.ra_magnitude_std": 0.0, "augment.ra_increasing": False, "augment.ra_prob": RA_PROB}
     for part in parts[1:]:
-        m = re.fullmatch(r"([mn])(\d+)", part)
-        if m is None:
-            raise ConfigError(f"--aa: {text!r}: vitkit's RandAugment takes m (magnitude) and n (ops) only, not "
-                              f"{part!r}; e.g. rand-m9-n2")
-        keys["augment.ra_magnitude" if m.group(1) == "m" else "augment.ra_ops"] = int(m.group(2))
+        key, value = re.fullmatch(r"([a-z]*)(.*)", part).groups()
+        try:
+            keys.update(ra_part(key, value))
+        except ValueError as e:
+            raise ConfigError(f"--aa: {text!r}: {part!r}: {e}") from None
     return keys
+
+
+def ra_part(key: str, value: str) -> dict:
+    """One part of a timm RandAugment string (``key`` and its ``value``, e.g. 'mstd', '0.5') -> config keys;
+    a ValueError says why it cannot be honoured."""
+    number = re.fullmatch(r"\d+(\.\d*)?|\.\d+", value)
+    if key in ("m", "n", "mstd", "p", "inc") and number is None:
+        raise ValueError(f"{key} takes a number")
+    if key == "m":
+        if not float(value).is_integer() or not 0 <= float(value) <= RA_LEVELS:
+            raise ValueError(f"the magnitude is a whole number in 0..{RA_LEVELS} (timm's scale; timm caps larger ones)")
+        return {"augment.ra_magnitude": 3 * int(float(value))}  # vitkit's scale is 0..30
+    if key == "n":
+        if not float(value).is_integer() or float(value) < 1:
+            raise ValueError("the ops an image are a whole number >= 1")
+        return {"augment.ra_ops": int(float(value))}
+    if key == "mstd":
+        if float(value) > 100:
+            raise ValueError("timm's uniform magnitudes (mstd above 100) are not in vitkit; the nearest: --set "
+                             "augment.auto=trivialaugment (one op an image, at a uniform magnitude)")
+        return {"augment.ra_magnitude_std": 3 * float(value)}  # on vitkit's 0..30 scale
+    if key == "inc":
+        if float(value) != 1:
+            raise ValueError("timm reads any inc part as inc1 (the increasing ops); write inc1, or leave it out for "
+                             "timm's default ops")
+        return {"augment.ra_increasing": True}
+    if key == "p":
+        if not 0 <= float(value) <= 1:
+            raise ValueError("each op's probability is in 0..1")
+        return {"augment.ra_prob": float(value)}
+    raise ValueError("vitkit's RandAugment takes m, n, mstd, inc and p (its ops and their magnitudes' cap are its "
+                     "own: no t, mmax or w)")
 
 
 def timm_hint(flag: str) -> str | None:
@@ -171,4 +248,4 @@ def timm_hint(flag: str) -> str | None:
 
 
 __all__ = ["add_timm_aliases", "timm_flags", "merge_aliases", "ALIASED", "rand_augment", "timm_hint", "TIMM_FORMS",
-           "OPTIMIZERS", "SCHEDULES"]
+           "OPTIMIZERS", "SCHEDULES", "NEAREST_OPTIMIZERS", "NEAREST_SCHEDULES", "optimizer", "schedule", "ra_part"]

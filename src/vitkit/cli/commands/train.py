@@ -49,6 +49,31 @@ def recipe_keys() -> set[str]:
     return leaves(SMALL_DATA) | leaves(SHORT_RUN) | leaves(DEMO_BUDGET) | {"epochs", "max_minutes"}
 
 
+def max_minutes_default(finetune: bool) -> str:
+    """What --max-minutes is when not given: the recipe's budget where the recipe sets one."""
+    if finetune:
+        return "none"
+    from ...train.config import DEMO_BUDGET
+    from ...train.recipe import SMALL_DATA_MINUTES
+
+    return (f"{SMALL_DATA_MINUTES:g} for the small-data and photos recipes and {DEMO_BUDGET['max_minutes']:g} for the "
+            "demo on the built-in digits, none with --epochs, --recipe none, weights to start from or for other data")
+
+
+def add_model_flags(g, h, finetune: bool) -> None:
+    """The model, its resolution and (train) the recipe, in the group ``g`` (``h``: the help with the default)."""
+    if not finetune:
+        g.add_argument("--model", metavar="NAME", help=h("a named model (`vitkit list`)", "model"))
+        g.add_argument("--img-size", type=int, metavar="PX", help="train at this resolution, the model's position "
+                       "embeddings resampled (img_size; default: the model's)")
+        g.add_argument("--recipe", choices=["auto", "none"], default="auto", help="auto: the recipe chosen for the "
+                       "data, laid under the flags (its first line says what it sets); none: RunConfig's defaults "
+                       "(default: auto)")
+    else:
+        g.add_argument("--img-size", type=int, metavar="PX", help="fine-tune at this resolution (img_size; default: "
+                       "the checkpoint's); position embeddings are resampled")
+
+
 def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     def h(text: str, key: str) -> str:  # the defaults this command's run takes
         return _h(text, key, finetune)
@@ -64,13 +89,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
                    "same files starts without decoding them (default: $XDG_CACHE_HOME/vitkit or ~/.cache/vitkit; "
                    "'none': no cache)")
     g.add_argument("--no-cache", action="store_true", help="neither read nor write the decoded-image cache")
-    if not finetune:
-        g.add_argument("--model", metavar="NAME", help=h("a named model (`vitkit list`)", "model"))
-        g.add_argument("--img-size", type=int, metavar="PX", help="train at this resolution, the model's position "
-                       "embeddings resampled (img_size; default: the model's)")
-    else:
-        g.add_argument("--img-size", type=int, metavar="PX", help="fine-tune at this resolution (img_size; default: "
-                       "the checkpoint's); position embeddings are resampled")
+    add_model_flags(g, h, finetune)
     g.add_argument("--drop-path", type=float, metavar="P", help="stochastic depth rate (model_args.drop_path_rate; "
                    "default: the model's)")
     g.add_argument("--config", metavar="FILE", help="a TOML run config (see configs/), or a run's config.json or run "
@@ -79,7 +98,7 @@ def add_common(p: argparse.ArgumentParser, finetune: bool = False) -> None:
     g.add_argument("--epochs", type=int, metavar="N", help=h("training epochs", "epochs"))
     g.add_argument("--max-minutes", type=float, metavar="M",
                    help="wall-clock budget: the schedule is fitted to it and training stops when it is spent "
-                   "(default: none; 4 for the demo on the built-in digits; 0 = none)")
+                   f"(default: {max_minutes_default(finetune)}; 0 = none)")
     g.add_argument("--batch-size", type=int, metavar="B",
                    help=h("images per optimizer step, across all processes (timm: per process)", "batch_size"))
     g.add_argument("--accum-steps", type=int, metavar="N", help=h("gradient accumulation steps", "accum_steps"))
@@ -297,6 +316,7 @@ def request_from_args(args, weights: str | None = None, extra_flags: dict | None
     return RunRequest(data=args.data, data_format=args.data_format, weights=weights, config=args.config,
                       flags={**flags_from_args(args), **(extra_flags or {})}, overrides=overrides_from_args(args),
                       out=args.out, resume=args.resume, warmup_epochs=args.warmup_epochs,
+                      decay_epochs=args.decay_epochs, recipe=getattr(args, "recipe", "auto"),
                       cache_dir=cache_dir(args, os.environ))
 
 
