@@ -231,10 +231,12 @@ SHORT_LR3 = merge(copy.deepcopy(SHORT_RUN), {"optim": {"lr": 0.006}})
 SMALL_DATA_CANDIDATES = (
     Candidate("short-lr-3x", "the short model at 3x the learning rate (0.006)", SHORT_LR3, (
         (2.0, 77.20, f"{ABLATE}: short-lr-3x, 2 epochs, seed 0"),
-        (4.0, 81.28, f"{ABLATE}: short-lr-3x, 4 epochs, seed 0"))),
+        (4.0, 81.28, f"{ABLATE}: short-lr-3x, 4 epochs, seed 0"),
+        (10.0, 85.98, f"{ABLATE}: short-lr-3x, 10 epochs, seed 0"))),
     Candidate("short-lr-2x", "the short model at 2x the learning rate (0.004)", SHORT_LR2, (
         (2.0, 75.84, f"{ABLATE}: short-lr-2x, 2 epochs, seed 0"),
-        (4.0, 80.30, f"{ABLATE}: short-lr-2x, 4 epochs, seed 0"))),
+        (4.0, 80.30, f"{ABLATE}: short-lr-2x, 4 epochs, seed 0"),
+        (10.0, 85.42, f"{ABLATE}: short-lr-2x, 10 epochs, seed 0"))),
     Candidate("short", "one 3x3 conv at each of the tokenizer's resolutions, no EMA", SHORT_RUN, (
         (2.0, 73.92, f"{ABLATE}: short, 2 epochs, seed 0"),
         (2.436, 75.00, f"{ABLATE}: base, 2 min, seed 0"),
