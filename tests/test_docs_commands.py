@@ -174,8 +174,11 @@ ALL = [b for doc in DOCS for b in blocks(doc)]
 
 # ---------------------------------------------------------------------------------- prepared inputs
 def _train(bin_dir: Path, cwd: Path, *args: str) -> None:
+    """A prepared run; its decoded images are cached beside the prepared inputs, never in the user's cache
+    (this runs before the per-test fixtures set $XDG_CACHE_HOME)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(cwd.parent / "xdg-cache")}
     subprocess.run([str(bin_dir / "vitkit"), "train", *args, "--threads", "1", "--device", "cpu", "--quiet",
-                    "--set", "plots=false"], cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+                    "--set", "plots=false"], cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
 def _prepare(base: Path, bin_dir: Path) -> None:
