@@ -89,8 +89,9 @@ TINY = "--batch-size 8 --threads 1 --device cpu --set plots=false"
 def tiny_budget(command: str) -> str:
     """Every `vitkit train` / `finetune` that starts a run trains one epoch of batches of 8, one process
     (under torchrun: the processes it starts) of one thread, no plots; a run given by `--resume` or replayed
-    by `--config RUN` keeps the budget its run had (`--epochs N` there, a longer replay, becomes 2). The demo (no --data, no --config) trains the demo's model
-    on the tiny `digits` folder (the built-in set's own path: tests/test_demo.py)."""
+    by `--config RUN` keeps the budget its run had (`--epochs N` there, a longer replay, becomes 2). The
+    demo (no --data, no --config) trains the demo's model on the tiny `digits` folder (the built-in set's
+    own path: tests/test_demo.py)."""
 
     def bound(m: re.Match) -> str:
         args = m.group("args")
@@ -99,7 +100,7 @@ def tiny_budget(command: str) -> str:
         args = re.sub(r"--(?:max-minutes|epochs|nproc|batch-size) \S+", "", args)
         data = "" if "--data" in args or "--config" in args else " --data digits"
         procs = "" if m.group("launcher") else " --nproc 1"
-        return f"{m.group('verb')} --epochs 1{procs} {TINY}{data}{args}"
+        return f"{m.group('launcher') or ''}{m.group('verb')} --epochs 1{procs} {TINY}{data}{args}"
 
     return TRAINING.sub(bound, command)
 
@@ -121,7 +122,8 @@ class Block:
 
     @property
     def name(self) -> str:
-        return f"{self.doc.relative_to(ROOT)}:{self.line}"
+        where = self.doc.relative_to(ROOT) if self.doc.is_relative_to(ROOT) else self.doc.name
+        return f"{where}:{self.line}"
 
     def commands(self) -> list[Command]:
         prompt = any(b.startswith("$ ") for b in self.body)
@@ -296,18 +298,15 @@ def test_every_marker_precedes_a_shell_block():
                 assert fence + 1 in marked, f"{doc.relative_to(ROOT)}:{i + 1}: a marker with no shell block after it"
 
 
-def test_the_blocks_are_found():
+def test_the_blocks_are_found(tmp_path):
     """The finder sees the blocks it must: a console block, a bash block, an unmarked command block, and
     skips an unmarked block of output and a console block with no command."""
     text = "\n".join(["```console", "$ vitkit list", "name", "```", "<!-- not run: needs the network -->",
                       "```bash", "pip install x  # a comment", "```", "```", "$ vitkit eval runs/a \\", "  --json",
                       "```", "```", "runs/<name>/", "  config.json", "```", "```console", "img/s 16.7", "```"])
-    doc = ROOT / "docs" / "_probe.md"
-    try:
-        doc.write_text(text)
-        found = blocks(doc)
-    finally:
-        doc.unlink()
+    doc = tmp_path / "probe.md"
+    doc.write_text(text)
+    found = blocks(doc)
     assert [(b.line, b.lang, b.not_run) for b in found] == [(1, "console", None), (6, "bash", "needs the network"),
                                                              (9, "", None)]
     assert [c.line for c in found[0].commands()] == ["vitkit list"] and found[0].commands()[0].shown == ["name"]
@@ -324,7 +323,9 @@ def test_substitutions_and_budget():
     assert tiny_budget("vitkit train --config runs/a --epochs 10") == "vitkit train --config runs/a --epochs 2"
     demo = tiny_budget("vitkit train --out runs/demo > log 2>&1; cat log")
     assert demo.startswith("vitkit train --epochs 1 --nproc 1 ") and "--data digits --out runs/demo >" in demo
-    assert "--nproc" not in tiny_budget("torchrun --nproc_per_node=1 -m vitkit train --data photos/").split("vitkit")[1]
+    launched = tiny_budget("torchrun --nproc_per_node=1 -m vitkit train --data photos/")
+    assert launched.startswith("torchrun --nproc_per_node=1 -m vitkit train --epochs 1 --batch-size 8 ")
+    assert "--nproc " not in launched and launched.endswith("--data photos/")
 
 
 # -------------------------------------------------------------------------------------------- links
