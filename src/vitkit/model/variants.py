@@ -88,7 +88,7 @@ SMALL: dict[str, dict] = {
     # an 8x8 grid whose first layer is a frozen 2x2 patch-whitening filter bank set from the data (24
     # channels), then a 3x3 stride-2 conv (64) and a 3x3 conv at the grid, BatchNorm with fast running
     # statistics; four blocks of width 128, MLP ratio 2, 2D sin-cos positions, average pooling. About 42
-    # MMAC per image; a best guess from docs/train.md's sources, to be measured part by part.
+    # MMAC per image; its parts measured one by one in docs/experiments.md.
     "vit_hybrid_whiten_patch4_32": dict(img_size=32, patch_size=4, in_chans=3, num_classes=10, embed_dim=128,
                                         depth=4, num_heads=4, mlp_ratio=2.0, stem="conv", stem_width=32,
                                         stem_convs=1, stem_whiten=True, stem_bn_momentum=0.4,

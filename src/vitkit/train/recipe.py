@@ -45,67 +45,50 @@ SMALL_IMAGES = 100_000  # ... and a colour set of at most this many training ima
 SMALL_DATA_MINUTES = 30.0  # the 'small-data' budget when neither --max-minutes nor --epochs is given
 CLOCK_EPOCHS = 1000  # the epochs of a run the clock ends: more than any budget here reaches
 SHORT_MINUTES = 10.0  # a 'small-data' budget of at most this many minutes trains SHORT_RUN's way
-# A short budget: no EMA, so that the weights the run ends with are the ones that saw the last, lowest
-# learning rates rather than an average that lags them over a few epochs. Measured at 5 minutes on CIFAR-10
-# (benchmarks/ablate_small_data.py, seed 0's carve, against depth 2, width 128, EMA 0.999: 70.94%): no EMA
-# 72.24% (within one seed's noise; the EMA's update itself is 0.1% of a step, results/ema_cost.json).
-# And one 3x3 conv at each of the tokenizer's two resolutions (16x16 and the grid), not the long budget's two:
-# the grid's second conv costs epochs that a short run could not spare (measured at 5 minutes in an earlier
-# recipe, where two convs at the grid read 76.34% in 5.1 epochs against one's 77.06% in 6.7); at 30 minutes both pay
-# (SMALL_DATA's model_args). Two at 16x16 read 82.82% in 5.1 epochs against one's 81.58% in 6.0 at 5 minutes
-# in fp32 (seed 0's carve, side by side), one carve only: not yet taken here.
+# A short budget: no EMA, so that the run ends with the weights that saw the last, lowest learning rates
+# rather than an average lagging them (5 min, seed 0: no EMA 72.24% against 70.94%, within one seed's noise;
+# ablate_small_data.jsonl: no-ema, base). One 3x3 conv at each of the tokenizer's two resolutions, not the
+# long budget's two: a second conv costs epochs that a short run cannot spare (5 min, seed 0: two at the grid
+# 76.34% in 5.1 epochs against one's 77.06% in 6.7; ablate_small_data.jsonl: stem-64-2, stem-64). The
+# evidence, budget by budget: docs/experiments.md, "The small-data recipe, part by part".
 SHORT_RUN: dict[str, Any] = {"ema": None, "model_args": {"stem_convs": 1, "stem_early_convs": 1}}
 SHORT_WHY = "no EMA, one 3x3 conv at each of the tokenizer's resolutions"
-# On a CPU of 2 or more cores, a 'small-data' run trains as 2 data-parallel processes of one thread each
-# (--batch-size is the global batch, so the steps are the same): measured on an idle 2-core CPU against 1
-# process of 2 threads, 1.18x the images per second for the long budget's model and 1.13x for the short
-# one's, 90 s each on CIFAR-10 (benchmarks/processes_threads.py, results/processes_threads.jsonl). Small
-# models leave threads waiting on each other; processes keep both cores busy, as the digits demo found.
-# Only a run the clock bounds: there images per second are accuracy. A run of fixed epochs stays one
-# process, so that what it computes does not depend on the machine's cores (each process draws its own
-# augmentations).
+# On a CPU of 2 or more cores, a run the clock bounds trains as 2 data-parallel processes of one thread each
+# (--batch-size is the global batch, so the steps are the same): small models leave the threads of one
+# process waiting on each other, and there images per second are accuracy (1.18x and 1.13x the images/s of
+# 1 process x 2 threads; results/processes_threads.jsonl). A run of fixed epochs stays one process, so that
+# what it computes does not depend on the machine's cores (each process draws its own augmentations).
 CPU_PROCESSES = 2
-# On a CPU with AMX, 'small-data' trains in bf16 autocast: AMX multiplies bf16 matrices fast enough that this
-# model's training step, channels-last as it trains, ran at 2.15x fp32's images per second with one conv at
-# each resolution and 2.34x with two (batch 64 on one thread, what each of the recipe's two processes runs;
-# benchmarks/fastpath_rules.py --only bf16_train, results/fastpath_bf16_train_amx.json), and 5 minutes on
-# CIFAR-10 reached 84.96% in 10.59 epochs against
-# fp32's 82.72% in 6.31 (seed 0's carve, side by side: ablate_small_data.py --variants base,fp32). On CPUs
-# with AVX512-BF16 but no AMX it trained at 0.64x fp32's speed, and without either bf16 is emulated: fp32.
+# On a CPU with AMX, 'small-data' trains in bf16 autocast: AMX multiplies bf16 matrices fast enough to pay
+# (a step at 2.15-2.34x fp32's images/s, results/fastpath_bf16_train_amx.json; 5 min on CIFAR-10 84.96%
+# against fp32's 82.72%, ablate_small_data.jsonl: base (bf16, AMX), fp32). With AVX512-BF16 but no AMX bf16
+# is slower than fp32 (0.64x), and without either it is emulated: fp32 there.
 AMX_PRECISION: dict[str, Any] = {"precision": "bf16"}
 AMX_WHY = "the CPU has AMX"
 
-# The small-data recipe (CIFAR-size data; configs/small-data.toml holds the same values, with the story of
-# each). Chosen from the sources in docs/train.md for accuracy per CPU-second; a best guess until the
-# ablation (benchmarks/ablate_small_data.py) has measured it part by part on a quiet machine.
+# The small-data recipe (CIFAR-size data; configs/small-data.toml holds the same values): the parts of the
+# fastest CIFAR-10 trainers (airbench, Page's ResNet-9, CCT), each kept for accuracy per CPU-second as
+# benchmarks/ablate_small_data.py measured it (docs/experiments.md, "The small-data recipe, part by part").
 SMALL_DATA: dict[str, Any] = {
     "model": "vit_hybrid_whiten_patch4_32",
-    # 2 encoder blocks of width 96 (3 heads), not the model's 4 of width 128, behind a wider tokenizer (128
-    # channels at the grid, not 64). Measured on CIFAR-10 (benchmarks/ablate_small_data.py, seed 0's carve,
-    # docs/train.md): at 30 minutes depth 2 reached 80.76% in 31.1 epochs against depth 4's 77.84% in 15.6,
-    # and width 96 81.78% in 46.5; at 5 minutes (with Muon) the wider tokenizer 77.06% in 6.7 epochs against
-    # 76.62% in 8.2: more accuracy per epoch, for 18% of the epochs, a trade that pays more the longer the run
-    # One stride-1 3x3 conv at the tokenizer's first grid (stem_early_convs=1; 16x16 for 32-px images): without
-    # it the frozen whitening filters are all the tokenizer sees at that resolution before the next conv halves
-    # the grid. On seed 0's carve 87.84% against 86.80% at 30 minutes (the base on an earlier, slower day), and
-    # side by side at 5 minutes 82.98% against 81.82% (7.4 epochs against 8.8); 0.40M parameters against 0.34M
-    # Two 3x3 convs at the tokenizer's 8x8 grid, not the registered model's one (stem_convs=2; a budget of at
-    # most SHORT_MINUTES keeps one, SHORT_RUN): at 30 minutes in fp32 on seed 0's carve 88.44% in 32.8 epochs
-    # against one conv's 87.84% in 45.4 (an earlier, faster day), on seed 1's 87.72% in 32.2 against 87.64%
-    # in 33.1: more accuracy per epoch, at about a tenth of the epochs
-    # And two 3x3 convs at 16x16, not one (stem_early_convs=2; at most SHORT_MINUTES keeps one): two convs at
-    # each resolution, as airbench's blocks have. At 30 minutes in fp32 on seed 0's carve 88.68% in 26.1
-    # epochs against 88.44% in 32.8 (the day before), on seed 1's 88.38% in 27.0 against 87.72% in 32.2, on the
-    # reporting carve (seed 2) 88.32% against 87.92% (0.58M parameters)
+    # 2 encoder blocks of width 96 (3 heads), not the model's 4 of width 128: a cheaper model sees the data
+    # more often in the time (30 min, seed 0: depth 2 80.76% against depth 4's 77.84%; ablate_small_data.jsonl:
+    # depth-2). A wider tokenizer, 128 channels at the grid (stem_width=64): more accuracy per epoch, which
+    # pays more the longer the run (5 min, seed 0: 77.06% against 76.62%; ablate_small_data.jsonl: stem-64).
+    # Two stride-1 3x3 convs at the tokenizer's first grid (stem_early_convs; 16x16 for 32-px images) and two
+    # at its 8x8 grid (stem_convs), as airbench's blocks have: without them the frozen whitening filters are
+    # all the tokenizer sees at 16x16 (30 min in fp32: 88.68%, 88.38%, 88.32% on seeds 0-2 against one conv at
+    # 16x16's 88.44%, 87.72%, 87.92%; ablate_small_data.jsonl: early-conv-2, fp32). 0.58M parameters; a budget
+    # of at most SHORT_MINUTES keeps one conv at each (SHORT_RUN).
     "model_args": {"depth": 2, "embed_dim": 96, "num_heads": 3, "stem_width": 64, "stem_early_convs": 2,
                    "stem_convs": 2},
     "epochs": 30,  # with no time limit (--max-minutes 0); a run bounded by the clock gets CLOCK_EPOCHS
     "batch_size": 128,
     "ema": 0.999,
     "tta": True,
-    # and two copies moved 1 px diagonally, each flip-averaged (six forward passes, once at the end): on kept
-    # 30-minute runs 86.80% and 86.54% against the flips' 85.82% and 85.66% (seeds 0 and 1), and 1-2 points on
-    # the runs before (benchmarks/tta_views.py, results/tta_views.jsonl); 2 px gained less
+    # flips and two copies moved 1 px diagonally, each flip-averaged (six forward passes, once at the end):
+    # on kept 30-minute runs 86.80% and 86.54% against the flips' 85.82% and 85.66% (seeds 0 and 1); 2 px
+    # gains less (results/tta_views.jsonl)
     "tta_shift": 1,
     "eval_every": 0,
     "precision": "fp32",  # on a CPU with AVX512-BF16 but no AMX, where "auto" picks bf16, this model trained at
@@ -114,10 +97,10 @@ SMALL_DATA: dict[str, Any] = {
     #   with AMX the recipe trains in bf16 (AMX_PRECISION), 2.2-2.3x as fast
     "augment": {"crop": "pad", "pad": 2, "hflip": 0.5, "flip_mode": "alternate", "auto": "none",
                 "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "label_smoothing": 0.2, "erase_prob": 0.0},
-    # Muon for the blocks' weight matrices, AdamW for the rest, one lr and weight decay: at 5 minutes 76.62% and
-    # 76.18% against AdamW's 75.02% and 74.94% (seeds 0 and 1, benchmarks/ablate_small_data.py). Muon for the
-    # tokenizer's conv filters too, each flattened to (out, in*3*3) (muon_convs): at 30 minutes 85.82% and 85.66%
-    # against 84.00% and 83.36% (seeds 0 and 1); at 5 minutes 78.64% and 78.68% against 77.06% and 76.10%
+    # Muon for the blocks' weight matrices, AdamW for the rest, one lr and weight decay (5 min: 76.62% and
+    # 76.18% against AdamW's 75.02% and 74.94%, seeds 0 and 1; ablate_small_data.jsonl: muon, base), and for
+    # the tokenizer's conv filters, each flattened to (out, in*3*3) (muon_convs; 5 min: 78.64% and 78.68%
+    # against 77.06% and 76.10%; ablate_small_data.jsonl: muon-convs)
     "optim": {"name": "muon", "muon_convs": True, "lr": 0.002, "weight_decay": 0.05, "clip_grad": 1.0},
     "schedule": {"decay": "linear", "warmup_fraction": 0.03, "warmup_steps": 0, "min_lr_ratio": 0.0},
 }
@@ -127,8 +110,8 @@ SMALL_DATA: dict[str, Any] = {
 # patch-whitening layer, strided 3x3 convs and one at the grid, then a few blocks of width 128 with 2D sin-cos
 # positions and average pooling), its tokenizer one stride-2 conv deeper (patch 8: an 8x8 grid at 64 px),
 # trained on random resized crops of the whole images (kept at the eval short side, data.crop_pct) with
-# flips, evaluated on the centre crop with flip averaging. A first design, measured only at 5 minutes on
-# one photo set so far (docs/train.md, benchmarks/time_to_accuracy.py).
+# flips, evaluated on the centre crop with flip averaging. Measured at 5 and 30 minutes on one photo set
+# (catsdogs; results/time_to_accuracy.jsonl, docs/experiments.md "The photos recipe against timm").
 PHOTOS: dict[str, Any] = {
     "model": "vit_hybrid_whiten_patch8_64",
     "model_args": {},
