@@ -97,6 +97,9 @@ class ProbeTrainer(Trainer):
                 say(line)
         return r
 
+    def time_forward(self) -> None:
+        """Nothing to time: the end scores features (a head's product, as a step's)."""
+
     def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.head(self.model.head_drop(x))
 

@@ -40,7 +40,7 @@ from ..infer.paths import autocast, model_logits
 from ..infer.scoring import Tally
 from ..io import checkpoint as ckpt_io
 from ..model.vit import count_params
-from .budget import RunBudget, eval_views, fewer_views, views_words
+from .budget import END_TOLERANCE, FORWARD_SAMPLE, RunBudget, eval_views, fewer_views, views_words
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, broadcast_weights
@@ -347,6 +347,27 @@ class Trainer:
             self.planned = views
         return self.end_seconds(eval_views(*views)) + step
 
+    @torch.no_grad()
+    def time_forward(self) -> None:
+        """Time the model's forward pass, in eval mode, on validation (else test) images as evaluation prepares
+        them, in two batches of FORWARD_SAMPLE / 2 (the second timed: the first is a warm-up): what the end's
+        estimate rests on until a validation is timed."""
+        images = self.val_set if self.val_set is not None else self.test_set
+        half = min(len(images), FORWARD_SAMPLE) // 2 if images is not None else 0
+        if not half:
+            return
+        base = ckpt_io.unwrap(self.model)
+        base.eval()
+        try:
+            for i, (x, _) in enumerate(eval_batches(images, base.cfg.img_size, base.preprocess, self.device, half,
+                                                    torch.arange(2 * half))):
+                t0 = time.perf_counter() if i else 0.0
+                with autocast(self.device, self.precision):
+                    model_logits(base, x)
+        finally:
+            base.train()
+        self.budget.timed_eval(time.perf_counter() - t0, half)
+
     def views_that_fit(self, seconds: float, tta: bool, shift: int) -> tuple[bool, int]:
         """(tta, tta_shift): the most of these test-time views whose end fits ``seconds``, else one view."""
         options = fewer_views(tta, shift)
@@ -373,13 +394,14 @@ class Trainer:
             return
         left = self.budget.seconds - self.wall_seconds()
         asked = (self.tta, self.tta_shift)
-        self.tta, self.tta_shift = broadcast_object(self.views_that_fit(left, *self.planned), self.dist)
+        allowed = left + END_TOLERANCE * self.budget.seconds
+        self.tta, self.tta_shift = broadcast_object(self.views_that_fit(allowed, *self.planned), self.dist)
         need = self.end_seconds(eval_views(self.tta, self.tta_shift))
         self.views_cut = (self.tta, self.tta_shift) != asked
         if self.views_cut:
             self.say(f"budget: evaluating with {views_words(self.tta, self.tta_shift)} rather than "
                      f"{views_words(*asked)}, about {need:.1f} s for the {max(left, 0):.1f} s left")
-        elif need > left:
+        elif need > allowed:
             self.say(f"warning: budget: the evaluation takes about {need:.1f} s, past the {max(left, 0):.1f} s left")
 
     def progress_task(self):
@@ -457,6 +479,8 @@ class Trainer:
         now = self.elapsed()
         if self.budget is not None:
             self.budget.add_step(now - self.state.seconds)
+            if self.budget.settled() and self.budget.forward is None:
+                self.time_forward()
         flags = torch.tensor([local, float(not math.isfinite(local) or bad_grad), float(bool(self.stop_requested())),
                               now, self.reserve()], dtype=torch.float64)  # on the CPU, as collectives_for serves
         all_reduce_sum(flags, self.dist)
