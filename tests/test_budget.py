@@ -63,10 +63,10 @@ def test_a_budget_holds_the_run_with_a_slow_evaluation(tmp_path, slow_eval):
     # 400 test images at 6 views an image: about 2.4 s of evaluation after the last step
     total, summary, lines, steps = timed_run(tmp_path, 8.0, splits(test_n=400), tta=True, tta_shift=2)
     assert total <= 8.0 * SLACK, (total, lines)
-    assert "eval_views" not in summary  # all 6 fit
-    assert summary["train_seconds"] < 8.0 - 2.4 and summary["test_acc"] > 0.5
+    assert "eval_views" not in summary, lines  # all 6 fit
+    assert summary["train_seconds"] < 8.0 - 2.4 and summary["test_acc"] > 0.5, summary
     peak = max(s["lr"] for s in steps)
-    assert steps[-1]["lr"] < 0.1 * peak  # the schedule ended its decay when training stopped
+    assert steps[-1]["lr"] < 0.1 * peak, steps[-3:]  # the schedule ended its decay when training stopped
 
 
 def test_the_evaluation_alone_past_the_budget_scores_fewer_views(tmp_path, slow_eval):

@@ -133,10 +133,12 @@ class Trainer:
     trainer moves it to ``device`` (``channels_last``, as ``runtime.training_path`` chooses: with its conv
     weights channels-last, and every batch made so) and builds the rest. ``log`` prints the main process's lines
     (default: print); ``stop`` is polled once per step; ``progress`` shows the steps (the main process's
-    only); ``test_set``: the split the run's end scores, counted in a time budget. Constructing a trainer seeds this process's global RNGs; ``restore`` continues a saved run.
+    only); ``test_set``: the split the run's end scores, counted in a time budget. Constructing a trainer
+    seeds this process's global RNGs; ``restore`` continues a saved run.
     """
 
     epoch_files = True  # each epoch's end writes last/ and refreshes the plots (a probe's epochs take milliseconds)
+    views_cut = False  # the run's end scores fewer test-time views than asked, for the budget (fit_views)
 
     def __init__(self, cfg: RunConfig, model: nn.Module, train_set, run_dir: str | Path, *, val_set=None, test_set=None,
                  dist: DistInfo = DistInfo(), device: torch.device = torch.device("cpu"), precision: str = "fp32",
@@ -157,9 +159,7 @@ class Trainer:
         self.train_set = train_set
         self.val_set = val_set
         self.test_set = test_set
-        self.tta, self.tta_shift = cfg.tta, cfg.tta_shift  # the views validation and test score
-        self.planned = (cfg.tta, cfg.tta_shift)  # the views a budget plans the run's end for (reserve)
-        self.views_cut = False  # fewer views at the end, for the budget (fit_views)
+        self.tta, self.tta_shift = self.planned = (cfg.tta, cfg.tta_shift)  # the views scored; a budget's plan
         self.loader = BatchLoader(train_set, cfg.batch_size, cfg.seed, dist, cfg.accum_steps,
                                   loader_workers(cfg.data.workers, dist.world_size))
         self.total_steps = cfg.epochs * len(self.loader)
@@ -177,7 +177,6 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg.optim, device.type)
         self.ema = EMA(model, cfg.ema) if cfg.ema else None
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.save_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights, moments, EMA
         self.generator = torch.Generator(device=device)
         self.eval_batch_size = max(cfg.batch_size // cfg.accum_steps, 64)
         loggers = open_loggers(cfg.loggers, self.run_dir, cfg.to_dict(), loggers) if dist.is_main else []
@@ -357,6 +356,7 @@ class Trainer:
         if not half:
             return
         base = ckpt_io.unwrap(self.model)
+        was_training = base.training
         base.eval()
         try:
             for i, (x, _) in enumerate(eval_batches(images, base.cfg.img_size, base.preprocess, self.device, half,
@@ -365,7 +365,7 @@ class Trainer:
                 with autocast(self.device, self.precision):
                     model_logits(base, x)
         finally:
-            base.train()
+            base.train(was_training)
         self.budget.timed_eval(time.perf_counter() - t0, half)
 
     def views_that_fit(self, seconds: float, tta: bool, shift: int) -> tuple[bool, int]:
@@ -385,7 +385,8 @@ class Trainer:
         scored = self.test_set if self.test_set is not None else self.val_set
         if scored is not None and any(name in CONFUSION_LOGGERS for name in self.cfg.loggers):
             images += len(scored) * views
-        return self.budget.end_seconds(images, self.cfg.batch_size, 3, self.save_bytes, self.cfg.plots)
+        save_bytes = 4 * sum(p.numel() * p.element_size() for p in self.model.parameters())  # weights, moments, EMA
+        return self.budget.end_seconds(images, self.cfg.batch_size, 3, save_bytes, self.cfg.plots)
 
     def fit_views(self) -> None:
         """With a time budget, the test-time views the run's end scores: fewer when all of them would overrun
