@@ -4,8 +4,9 @@ its last (the final validation, a large test split scored with test-time views),
 for the training time that remains (its learning rate ends its decay when training stops).
 
 Each test times one bounded ``train`` call, the behaviour itself. The process is warmed first: the first
-optimizer a process builds imports torch's compiler machinery (seconds, once a process), which a run
-started from the command line pays as part of its own start-up too, before it is given anything to do."""
+optimizer a process builds imports torch's compiler machinery, once a process, 4 to 7 s on a loaded
+2-core machine. A run pays it inside its budget as start-up (training gets what is left), but in a budget
+of a few seconds it would leave nothing to measure, so the tests time the run's own work."""
 
 import json
 import time
