@@ -212,6 +212,14 @@ def budgeted_pass(model, todo: dict, seconds: float, *, device: torch.device, pr
     return {**todo, "train": subset}, ({part: first} if part != "train" else {}), note
 
 
+def _entry(cache: FeatureCache | None, base: str, where: str, part: str, images) -> tuple:
+    """The cache file and key of a part's images ((None, None): no cache)."""
+    if cache is None:
+        return None, None
+    key = hashlib.sha256(f"{base}\0{images_digest(images)}".encode()).hexdigest()
+    return cache.file(f"{base}\0{where}\0{part}", key), key
+
+
 def split_features(model, splits: dict, *, device: torch.device, precision: str = "fp32", batch_size: int = 64,
                    cache_dir: str | os.PathLike | None = None, where: str = "", progress: Progress | None = None,
                    seconds: float | None = None) -> tuple[dict[str, FeatureSet], dict]:
@@ -224,40 +232,30 @@ def split_features(model, splits: dict, *, device: torch.device, precision: str 
     cache = FeatureCache(cache_dir) if cache_dir is not None else None
     base = backbone_digest(model, precision) if cache is not None else ""
     model.to(device)
-
-    def entry(part, images):  # the cache file and key of a part's images
-        if cache is None:
-            return None, None
-        key = hashlib.sha256(f"{base}\0{images_digest(images)}".encode()).hexdigest()
-        return cache.file(f"{base}\0{where}\0{part}", key), key
-
-    used, notes, out, todo = set(), [], {}, {}
+    out, todo = {}, {}
     for part, images in splits.items():
-        file, key = entry(part, images)
+        file, key = _entry(cache, base, where, part, images)
         feats = cache.load(file, key, images.labels, model.num_features) if cache is not None else None
         if feats is None:
             todo[part] = images
         else:
             out[part] = FeatureSet(feats, images.labels.cpu())
-    first = {}
+    first, notes, uncached = {}, [], False
     if seconds is not None and todo:
         todo, first, note = budgeted_pass(model, todo, seconds - (time.perf_counter() - t0), device=device,
                                           precision=precision, batch_size=batch_size)
         notes += [note] if note else []
     for part, images in todo.items():
-        used.add("miss")
         done = first.get(part, torch.empty(0, model.num_features))
         rest = images.subset(torch.arange(len(done), len(images))) if len(done) else images
         with progress.task(f"features of the {part} images", len(images), unit="images", done=len(done)) as task:
             feats = torch.cat([done, compute_features(model, rest, device, precision, batch_size, task)])
-        file, key = entry(part, images)
-        note = cache.store(file, key, feats, images.labels) if cache is not None else None
+        note = None if cache is None else cache.store(*_entry(cache, base, where, part, images), feats, images.labels)
         if note:
             notes.append(note)
-            used.add("uncached")
+            uncached = True
         out[part] = FeatureSet(feats, images.labels.cpu())
-    status = "off" if cache is None else (
-        "miss, not cached" if "uncached" in used else "miss" if "miss" in used else "hit")
+    status = "off" if cache is None else ("miss, not cached" if uncached else "miss") if todo else "hit"
     return ({part: out[part] for part in splits},
             {"feature_cache": status, "feature_seconds": round(time.perf_counter() - t0, 2), "notes": notes})
 
