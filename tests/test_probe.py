@@ -137,6 +137,40 @@ def test_an_entry_that_cannot_be_written_is_a_note(tmp_path):
     torch.testing.assert_close(got["train"].images, pooled(model, images), atol=1e-6, rtol=0)
 
 
+@pytest.fixture
+def clocked(monkeypatch):
+    """Features that take 10 ms an image on a clock of the test's own (zeros, at once): the images computed."""
+    clock, calls = [0.0], []
+
+    def fake(model, images, *args, **kwargs):
+        clock[0] += 0.01 * len(images)
+        calls.append(len(images))
+        return torch.zeros(len(images), model.num_features)
+
+    monkeypatch.setattr(features_module, "compute_features", fake)
+    monkeypatch.setattr(features_module, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    return calls
+
+
+def test_a_feature_pass_past_its_time_cuts_the_training_images_balanced(clocked):
+    parts = {"train": tiny_set(40), "val": tiny_set(16, seed=1), "test": tiny_set(16, seed=2)}  # 72 images: 0.72 s
+    feats, info = split_features(tiny_model(), parts, device=CPU, batch_size=8, seconds=0.505)
+    # timed on 8 validation images; 0.425 s left, 0.24 s of them for the rest of validation and test: 18 a class
+    assert torch.bincount(feats["train"].labels).tolist() == [9, 9]
+    assert (len(feats["val"]), len(feats["test"])) == (16, 16)
+    assert clocked[0] == 8 and sum(clocked) == 16 + 16 + 18  # the timed batch is kept, not computed again
+    assert info["notes"] == ["the budget fits the features of 9 training images a class (18 of 40, classes balanced; "
+                             "about 1 s for all of them, 1 s left)"]
+    clocked.clear()
+    split_features(tiny_model(), parts, device=CPU, batch_size=8, seconds=0.8)  # all of them fit
+    assert sum(clocked) == 72
+    clocked.clear()
+    with pytest.raises(ConfigError, match=r"^--max-minutes: the probe's features of 72 images take about 1 s .*"
+                                          r"2 training images a class .* raise --max-minutes$"):
+        split_features(tiny_model(), parts, device=CPU, batch_size=8, seconds=0.3)
+    assert clocked == [8]  # refused after the timed batch, before the pass
+
+
 def test_a_corrupted_cache_file_is_recomputed_by_the_run(tmp_path, weights, capsys):
     data, cache = image_folder(tmp_path / "data"), tmp_path / "cache"
     args = ["finetune", str(weights), "--data", str(data), "--epochs", "3", *FAST[2:], "--tune", "probe",

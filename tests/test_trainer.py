@@ -221,6 +221,38 @@ def test_the_time_budget_ends_the_run(tmp_path):
     assert t.fit() == "completed" and t.state.step == 0
 
 
+def budget_steps(t: Trainer, seconds) -> None:
+    """Canned steps (``canned_steps``) that carry the trainer's reserve for the run's end, as computed steps do."""
+    def step(batch):
+        n = t.state.step + 1
+        return StepResult(loss=0.5, nonfinite=False, stop=False, seconds=seconds(n), seen=len(batch[0]),
+                          reserve=t.reserve())
+
+    t.train_step = step
+
+
+def test_a_budget_stops_training_where_the_estimated_end_still_fits(tmp_path):
+    t = make_trainer(tmp_path, max_minutes=1.0, tta=True)  # 60 s; validation and test at 2 views
+    t.test_set = tiny_splits().test
+    t.budget.forward = 0.5  # s an image-view, as a timed validation measured: the end scores (16 + 16) x 2
+    t.budget.save = 0.0
+    budget_steps(t, seconds=lambda step: 10.0 * step)
+    assert t.fit() == "completed" and t.state.step == 2  # 32 s of end (x END_MARGIN 1.25 = 40 s) leave 20 s
+    assert t.schedule.budget == pytest.approx(60 - 40, abs=0.5)  # the schedule planned for those 20 s
+    # an end past the whole budget at 2 views is planned at one; the run's end scores it, with a line
+    lines = []
+    t = make_trainer(tmp_path / "fewer", log=lines.append, max_minutes=1.0, tta=True)
+    t.test_set, t.budget.forward, t.budget.save = tiny_splits().test, 1.2, 0.0  # 2 views: 96 s; 1 view: 48 s
+    budget_steps(t, seconds=lambda step: 5.0 * step)
+    t.budget.add_step(0.0)
+    t.budget.add_step(0.0)  # settled
+    assert t.fit() == "completed" and t.state.step == 3  # 60 - 48 = 12 s: stopped at 15
+    summary = t.complete(t.test_set)
+    assert summary["eval_views"] == 1 and (t.tta, t.tta_shift) == (False, 0)
+    assert [line for line in lines if line.startswith("budget: ")] == [
+        "budget: evaluating with 1 view rather than 2 views (flips), about 48.0 s for the 60.0 s left"]
+
+
 # ------------------------------------------------------------------------------ the config, once
 def test_model_config_is_the_model_the_run_builds(tmp_path):
     c = cfg(img_size=48, model_args=dict(drop_path_rate=0.1, num_classes=7), seed=3)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.errors import TrainingError, VitkitError
+from ..core.errors import ConfigError, TrainingError, VitkitError
 from ..core.files import fd_path, open_regular
 from ..core.progress import Progress
 from ..data import eval_batches
@@ -38,6 +38,7 @@ from ..infer.paths import autocast
 from ..io.atomic import atomic_path
 
 VERSION = 1  # of the entry format and of what a feature is; a change makes every old entry a miss
+MIN_PER_CLASS = 2  # training images a class below which a probe within a time budget is refused
 
 
 @dataclass
@@ -172,37 +173,92 @@ class FeatureCache:
         return None
 
 
+def balanced_subset(images, per_class: int, seed: int = 0):
+    """The ImageSet of at most ``per_class`` images of each class of ``images`` (all of a class that has
+    fewer), drawn in a seeded order, kept in their order."""
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))
+    labels = images.labels[order]
+    keep = torch.cat([order[labels == c][:per_class] for c in range(len(images.classes))])
+    return images.subset(keep.sort().values)
+
+
+def budgeted_pass(model, todo: dict, seconds: float, *, device: torch.device, precision: str,
+                  batch_size: int) -> tuple[dict, dict, str | None]:
+    """The parts of ``todo`` (name -> ImageSet) whose features fit ``seconds``, as timed on a first batch (of
+    a validation or test part when one is to compute: they are computed whole): all of them, else the
+    training part cut to the images a class that fit, classes balanced, and a line saying so. A ConfigError
+    when fewer than MIN_PER_CLASS a class fit. Also the timed batch's features, by part (kept, not computed
+    again)."""
+    part = min(todo, key=lambda p: p == "train")
+    n = min(batch_size, len(todo[part]))
+    t0 = time.perf_counter()
+    first = compute_features(model, todo[part].subset(torch.arange(n)), device, precision, batch_size)
+    per_image = (time.perf_counter() - t0) / max(n, 1)
+    left = seconds - (time.perf_counter() - t0)
+    total = sum(len(images) for images in todo.values())
+    if (total - n) * per_image <= left:
+        return todo, {part: first}, None
+    train = todo.get("train")
+    whole = total - (len(train) if train is not None else 0) - (n if part != "train" else 0)
+    per_class = int((left - whole * per_image) / per_image) // len(train.classes) if train is not None else 0
+    if per_class < MIN_PER_CLASS:
+        raise ConfigError(f"--max-minutes: the probe's features of {total} images take about {total * per_image:.0f} s "
+                          f"here ({per_image * 1000:.1f} ms an image), and {MIN_PER_CLASS} training images a class "
+                          f"beside the evaluation's do not fit the {max(seconds, 0):.0f} s the budget leaves them; "
+                          f"raise --max-minutes")
+    subset = balanced_subset(train, per_class)
+    note = (f"the budget fits the features of {per_class} training images a class ({len(subset)} of {len(train)}, "
+            f"classes balanced; about {total * per_image:.0f} s for all of them, {max(seconds, 0):.0f} s left)")
+    return {**todo, "train": subset}, ({part: first} if part != "train" else {}), note
+
+
+def _entry(cache: FeatureCache | None, base: str, where: str, part: str, images) -> tuple:
+    """The cache file and key of a part's images ((None, None): no cache)."""
+    if cache is None:
+        return None, None
+    key = hashlib.sha256(f"{base}\0{images_digest(images)}".encode()).hexdigest()
+    return cache.file(f"{base}\0{where}\0{part}", key), key
+
+
 def split_features(model, splits: dict, *, device: torch.device, precision: str = "fp32", batch_size: int = 64,
-                   cache_dir: str | os.PathLike | None = None, where: str = "",
-                   progress: Progress | None = None) -> tuple[dict[str, FeatureSet], dict]:
+                   cache_dir: str | os.PathLike | None = None, where: str = "", progress: Progress | None = None,
+                   seconds: float | None = None) -> tuple[dict[str, FeatureSet], dict]:
     """The features of each ImageSet of ``splits`` (name -> set), read from ``cache_dir``'s entries or
-    computed (with ``model`` on ``device``) and stored there; ``where`` names the data (its folder). Also
-    what happened: ``feature_cache`` ('hit': every split read back, 'miss': one computed and stored, 'miss,
-    not cached': one could not be stored, 'off': no cache), ``feature_seconds`` and ``notes``."""
+    computed (with ``model`` on ``device``) and stored there; ``where`` names the data (its folder);
+    ``seconds``: the time the pass may take (``budgeted_pass``: the training images cut to fit, or refused).
+    Also what happened: ``feature_cache`` ('hit': every split read back, 'miss': one computed and stored,
+    'miss, not cached': one could not be stored, 'off': no cache), ``feature_seconds`` and ``notes``."""
     t0, progress = time.perf_counter(), progress or Progress()
     cache = FeatureCache(cache_dir) if cache_dir is not None else None
     base = backbone_digest(model, precision) if cache is not None else ""
     model.to(device)
-    used, notes, out = set(), [], {}
+    out, todo = {}, {}
     for part, images in splits.items():
-        feats = file = key = None
-        if cache is not None:
-            key = hashlib.sha256(f"{base}\0{images_digest(images)}".encode()).hexdigest()
-            file = cache.file(f"{base}\0{where}\0{part}", key)
-            feats = cache.load(file, key, images.labels, model.num_features)
+        file, key = _entry(cache, base, where, part, images)
+        feats = cache.load(file, key, images.labels, model.num_features) if cache is not None else None
         if feats is None:
-            used.add("miss")
-            with progress.task(f"features of the {part} images", len(images), unit="images") as task:
-                feats = compute_features(model, images, device, precision, batch_size, task)
-            note = cache.store(file, key, feats, images.labels) if cache is not None else None
-            if note:
-                notes.append(note)
-                used.add("uncached")
+            todo[part] = images
+        else:
+            out[part] = FeatureSet(feats, images.labels.cpu())
+    first, notes, uncached = {}, [], False
+    if seconds is not None and todo:
+        todo, first, note = budgeted_pass(model, todo, seconds - (time.perf_counter() - t0), device=device,
+                                          precision=precision, batch_size=batch_size)
+        notes += [note] if note else []
+    for part, images in todo.items():
+        done = first.get(part, torch.empty(0, model.num_features))
+        rest = images.subset(torch.arange(len(done), len(images))) if len(done) else images
+        with progress.task(f"features of the {part} images", len(images), unit="images", done=len(done)) as task:
+            feats = torch.cat([done, compute_features(model, rest, device, precision, batch_size, task)])
+        note = None if cache is None else cache.store(*_entry(cache, base, where, part, images), feats, images.labels)
+        if note:
+            notes.append(note)
+            uncached = True
         out[part] = FeatureSet(feats, images.labels.cpu())
-    status = "off" if cache is None else (
-        "miss, not cached" if "uncached" in used else "miss" if "miss" in used else "hit")
-    return out, {"feature_cache": status, "feature_seconds": round(time.perf_counter() - t0, 2), "notes": notes}
+    status = "off" if cache is None else ("miss, not cached" if uncached else "miss") if todo else "hit"
+    return ({part: out[part] for part in splits},
+            {"feature_cache": status, "feature_seconds": round(time.perf_counter() - t0, 2), "notes": notes})
 
 
 __all__ = ["FeatureSet", "FeatureCache", "compute_features", "backbone_digest", "images_digest", "split_features",
-           "VERSION"]
+           "balanced_subset", "budgeted_pass", "VERSION", "MIN_PER_CLASS"]

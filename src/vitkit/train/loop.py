@@ -107,12 +107,12 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
         say(loaded_line(splits, loaded, cache_dir))  # when it took a while, or the cache was involved
     if path is None or dist.enabled:  # each rank's own device; rank 0's config (main_config)
         path = run_path(cfg, mcfg, device, len(splits.train))
-    parts = dict(val_set=splits.val, dist=dist, device=device, precision=path.precision,
+    parts = dict(val_set=splits.val, test_set=splits.test, dist=dist, device=device, precision=path.precision,
                  channels_last=path.channels_last, log=log, stop=stop, progress=progress, loggers=loggers)
     if cfg.tune == "probe":  # the head alone, on the backbone's features computed once (train/probe.py)
         from .probe import probe_trainer
 
-        trainer = probe_trainer(cfg, model, splits, run_dir, cache_dir, **parts)
+        trainer = probe_trainer(cfg, model, splits, run_dir, cache_dir, started=t_start, **parts)
     else:
         trainer = Trainer(cfg, model, splits.train, run_dir, **parts)
     trainer.session_start = t_start  # the segment's wall-clock counts from its start, data loading included

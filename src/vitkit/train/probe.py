@@ -20,8 +20,12 @@ mixup, cutmix, test-time flips) has no part in it: a feature is of the evaluated
 What differs from a run on images: last/ is written when the run ends or stops (and every ``ckpt_every``
 steps) rather than at each epoch's end, and the best head is kept in memory and written to best/ then,
 since a probe's epochs take milliseconds and a checkpoint holds the whole model; the plots are drawn at
-the end. The features pass is counted, as decoding the data is, neither in the training time nor in the
-time budget; the run's header says how the features were had, and its summary records it: ``probe``
+the end. The features pass is counted, as decoding the data is, in the time budget (``--max-minutes``: the
+wall-clock the user waits) and not in the training time: it may take FEATURE_SHARE of what the budget has
+left when it starts, timed on a first batch; when the whole pass does not fit, the training images are cut
+to as many a class as fit, classes balanced, with a line saying so (``features.budgeted_pass``), and when
+fewer than ``features.MIN_PER_CLASS`` a class fit, the run is refused in one line before the pass. The run's
+header says how the features were had, and its summary records it: ``probe``
 ('trained on cached features', or on features computed once and not cached), ``feature_cache`` ('hit',
 'miss', 'miss, not cached', 'off') and ``feature_seconds``.
 
@@ -32,6 +36,7 @@ A probe runs in one process: with several (``--nproc N``, a torchrun launch) it 
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 import torch
@@ -46,6 +51,8 @@ from .features import FeatureSet, split_features
 from .loader import check_batches
 from .trainer import Trainer, main_log
 from .tune import probe_processes_error
+
+FEATURE_SHARE = 0.8  # of the budget left when the features pass starts; the rest trains and scores the head
 
 
 class _Head(nn.Module):
@@ -65,8 +72,9 @@ class ProbeTrainer(Trainer):
 
     def __init__(self, cfg, model: nn.Module, features: dict[str, FeatureSet], run_dir: str | Path, *,
                  info: dict, **kwargs):
-        kwargs["channels_last"] = False  # (N, D) features
+        kwargs.update(channels_last=False, test_set=features.get("test"))  # (N, D) features
         super().__init__(cfg, model, features["train"], run_dir, val_set=features.get("val"), **kwargs)
+        self.tta, self.tta_shift = False, 0  # a feature is of the evaluated image: one view
         self.net = self._head_logits  # each step runs the head alone, on a batch of features
         self.augment = self._targets
         self.first_flips = None
@@ -88,6 +96,9 @@ class ProbeTrainer(Trainer):
             for line in lines:
                 say(line)
         return r
+
+    def time_forward(self) -> None:
+        """Nothing to time: the end scores features (a head's product, as a step's)."""
 
     def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.head(self.model.head_drop(x))
@@ -155,20 +166,24 @@ class ProbeTrainer(Trainer):
 
 
 def probe_trainer(cfg, model: nn.Module, splits, run_dir: str | Path, cache_dir=None, *, val_set=None,
-                  **kwargs) -> ProbeTrainer:
+                  started: float | None = None, **kwargs) -> ProbeTrainer:
     """The ``ProbeTrainer`` of a run (``kwargs``: the ``Trainer``'s), once the features of ``splits``' train
-    and test parts and of ``val_set`` are computed, or read from ``cache_dir`` (None: no cache)."""
+    and test parts and of ``val_set`` are computed, or read from ``cache_dir`` (None: no cache); with a
+    time budget, within FEATURE_SHARE of what is left of it since ``started`` (``time.perf_counter()``)."""
     dist, device = kwargs["dist"], kwargs["device"]
     if dist.enabled:
         raise probe_processes_error(dist.world_size)
     check_batches(len(splits.train), cfg.batch_size, 1, cfg.accum_steps)  # before the pass over the data
     say = main_log(kwargs.get("log"), dist)
     parts = {"train": splits.train, "val": val_set, "test": splits.test}
+    seconds = None
+    if cfg.max_minutes and started is not None:
+        seconds = FEATURE_SHARE * (cfg.max_minutes * 60 - (time.perf_counter() - started))
     where = str(Path(cfg.data.path).expanduser().resolve()) if cfg.data.path else "built-in"
     features, info = split_features(model, {k: v for k, v in parts.items() if v is not None}, device=device,
                                     precision=kwargs.get("precision", "fp32"),
                                     batch_size=max(cfg.batch_size // cfg.accum_steps, 64), cache_dir=cache_dir,
-                                    where=where, progress=kwargs.get("progress"))
+                                    where=where, progress=kwargs.get("progress"), seconds=seconds)
     for note in info.pop("notes"):
         say(f"warning: {note}")
     say(probe_line(features, info, cache_dir))
@@ -187,4 +202,4 @@ def probe_line(features: dict[str, FeatureSet], info: dict, cache_dir) -> str:
             f"{next(iter(features.values())).images.shape[1]}), {how} in {info['feature_seconds']:.1f} s")
 
 
-__all__ = ["ProbeTrainer", "probe_trainer", "probe_line"]
+__all__ = ["ProbeTrainer", "probe_trainer", "probe_line", "FEATURE_SHARE"]

@@ -42,9 +42,10 @@ from ..infer.paths import autocast, model_logits
 from ..infer.scoring import Tally
 from ..io import checkpoint as ckpt_io
 from ..model.vit import count_params
+from .budget import END_TOLERANCE, FORWARD_SAMPLE, RunBudget, eval_views, fewer_views, views_words
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
-from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_weights
+from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, broadcast_weights
 from .ema import EMA
 from .fsdp import full_optimizer_state, full_tensor, full_weights, load_optimizer_state, plain_copy, shard_model
 from .loader import BatchLoader, loader_workers, micro_batches
@@ -117,6 +118,7 @@ class StepResult:
     correct: float = 0.0  # this process's correct top-1 predictions
     seen: int = 0  # this process's images
     grad_norm: float = 0.0  # this process's gradient norm before clipping (0 when clipping is off)
+    reserve: float = 0.0  # the seconds a budget keeps for the run's end and one more step, averaged (train/budget.py)
 
 
 class EpochEnd(Enum):
@@ -134,12 +136,14 @@ class Trainer:
     trainer moves it to ``device`` (``channels_last``, as ``runtime.training_path`` chooses: with its conv
     weights channels-last, and every batch made so) and builds the rest. ``log`` prints the main process's lines
     (default: print); ``stop`` is polled once per step; ``progress`` shows the steps (the main process's
-    only). Constructing a trainer seeds this process's global RNGs; ``restore`` continues a saved run.
+    only); ``test_set``: the split the run's end scores, counted in a time budget. Constructing a trainer
+    seeds this process's global RNGs; ``restore`` continues a saved run.
     """
 
     epoch_files = True  # each epoch's end writes last/ and refreshes the plots (a probe's epochs take milliseconds)
+    views_cut = False  # the run's end scores fewer test-time views than asked, for the budget (fit_views)
 
-    def __init__(self, cfg: RunConfig, model: nn.Module, train_set, run_dir: str | Path, *, val_set=None,
+    def __init__(self, cfg: RunConfig, model: nn.Module, train_set, run_dir: str | Path, *, val_set=None, test_set=None,
                  dist: DistInfo = DistInfo(), device: torch.device = torch.device("cpu"), precision: str = "fp32",
                  channels_last: bool = False, log: Callable[[str], None] | None = None,
                  stop: Callable[[], bool] | None = None, progress: Progress | None = None, loggers: Sequence = ()):
@@ -157,11 +161,14 @@ class Trainer:
             model.to(memory_format=torch.channels_last)
         self.train_set = train_set
         self.val_set = val_set
+        self.test_set = test_set
+        self.tta, self.tta_shift = self.planned = (cfg.tta, cfg.tta_shift)  # the views scored; a budget's plan
         self.loader = BatchLoader(train_set, cfg.batch_size, cfg.seed, dist, cfg.accum_steps,
                                   loader_workers(cfg.data.workers, dist.world_size))
         self.total_steps = cfg.epochs * len(self.loader)
         budget = cfg.max_minutes * 60 if cfg.max_minutes else None
         self.schedule = Schedule(cfg.schedule, cfg.optim.lr, self.total_steps, budget)
+        self.budget = RunBudget(budget) if budget else None  # the whole run's wall-clock: its training time follows
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.augment = BatchAugment(cfg.augment, model.cfg.img_size, model.preprocess, model.cfg.num_classes)
         alternate = cfg.augment.flip_mode == "alternate" and cfg.augment.hflip > 0
@@ -273,6 +280,7 @@ class Trainer:
         """Train until the epochs or the time budget are spent ('completed') or a stop is requested
         ('interrupted'); last/ is saved at the end of each epoch and every ckpt_every steps."""
         self.clock_start = time.perf_counter() - self.state.seconds
+        self.start_budget()
         self.window = StepWindow()
         with self.progress_task() as self.task:
             end = self.run_epochs()
@@ -338,6 +346,90 @@ class Trainer:
     def elapsed(self) -> float:
         """Training seconds so far, on this process's clock (the earlier segments of a resumed run included)."""
         return time.perf_counter() - self.clock_start
+
+    # ------------------------------------------------------------------------------------ the budget
+    def start_budget(self) -> None:
+        """With a time budget: the run's wall-clock spent outside training so far (the slowest process's: data,
+        model, loggers, a probe's features, earlier segments), and the training time the schedule plans for."""
+        if self.budget is None:
+            return
+        outside = max(self.wall_seconds() - self.state.seconds, 0.0)
+        if self.dist.enabled:
+            outside = max(all_gather_object(outside, self.dist))
+        self.budget.outside = outside
+        self.planned = (self.tta, self.tta_shift)
+        self.schedule.budget = self.budget.training_seconds(self.reserve())
+
+    def reserve(self) -> float:
+        """The seconds a budget keeps from training: one more step and the run's end (``end_seconds``) at the
+        most planned views that fit the budget beside the time outside training; fewer views, once the steps'
+        time is settled, are planned from then on."""
+        if self.budget is None:
+            return 0.0
+        step = self.budget.step_seconds()
+        views = self.views_that_fit(self.budget.seconds - self.budget.outside - step, *self.planned)
+        if self.budget.settled():
+            self.planned = views
+        return self.end_seconds(eval_views(*views)) + step
+
+    @torch.no_grad()
+    def time_forward(self) -> None:
+        """Time the model's forward pass, in eval mode, on validation (else test) images as evaluation prepares
+        them, in two batches of FORWARD_SAMPLE / 2 (the second timed: the first is a warm-up): what the end's
+        estimate rests on until a validation is timed."""
+        images = self.val_set if self.val_set is not None else self.test_set
+        half = min(len(images), FORWARD_SAMPLE) // 2 if images is not None else 0
+        if not half:
+            return
+        base = ckpt_io.unwrap(self.model)
+        was_training = base.training
+        base.eval()
+        try:
+            for i, (x, _) in enumerate(eval_batches(images, base.cfg.img_size, base.preprocess, self.device, half,
+                                                    torch.arange(2 * half))):
+                t0 = time.perf_counter() if i else 0.0
+                with autocast(self.device, self.precision):
+                    model_logits(base, x).float().sum().item()  # read back: an accelerator has finished it
+        finally:
+            base.train(was_training)
+        self.budget.timed_eval(time.perf_counter() - t0, half)
+
+    def views_that_fit(self, seconds: float, tta: bool, shift: int) -> tuple[bool, int]:
+        """(tta, tta_shift): the most of these test-time views whose end fits ``seconds``, else one view."""
+        options = fewer_views(tta, shift)
+        return next((o for o in options if self.end_seconds(eval_views(*o)) <= seconds), options[-1])
+
+    def end_seconds(self, views: int) -> float:
+        """The estimated seconds of ``complete`` scoring ``views`` views an image: the BatchNorm re-estimation,
+        the final validation, the test split (twice when best/ may hold an earlier model), the confusion
+        matrix, last/ and best/ written and read back, and the plots."""
+        images = self.calibration_images()
+        if self.val_set is not None:
+            images += len(self.val_set) * views
+        if self.test_set is not None:
+            images += len(self.test_set) * views * (2 if self.val_set is not None and self.state.history else 1)
+        scored = self.test_set if self.test_set is not None else self.val_set
+        if scored is not None and any(name in CONFUSION_LOGGERS for name in self.cfg.loggers):
+            images += len(scored) * views
+        save_bytes = 4 * sum(p.numel() * p.element_size() for p in self.model.parameters())  # weights, moments, EMA
+        return self.budget.end_seconds(images, self.cfg.batch_size, 3, save_bytes, self.cfg.plots)
+
+    def fit_views(self) -> None:
+        """With a time budget, the test-time views the run's end scores: fewer when all of them would overrun
+        the time left, the most that fit (rank 0 decides), with a line saying so; a line when one overruns."""
+        if self.budget is None:
+            return
+        left = self.budget.seconds - self.wall_seconds()
+        asked = (self.tta, self.tta_shift)
+        allowed = left + END_TOLERANCE * self.budget.seconds
+        self.tta, self.tta_shift = broadcast_object(self.views_that_fit(allowed, *self.planned), self.dist)
+        need = self.end_seconds(eval_views(self.tta, self.tta_shift))
+        self.views_cut = (self.tta, self.tta_shift) != asked
+        if self.views_cut:
+            self.say(f"budget: evaluating with {views_words(self.tta, self.tta_shift)} rather than "
+                     f"{views_words(*asked)}, about {need:.1f} s for the {max(left, 0):.1f} s left")
+        elif need > allowed:
+            self.say(f"warning: budget: the evaluation takes about {need:.1f} s, past the {max(left, 0):.1f} s left")
 
     def progress_task(self):
         """The progress of the steps: towards the last step, or the end of the time budget if it comes first.
@@ -413,19 +505,26 @@ class Trainer:
         # one read-back of the step's numbers (float32, as .item() read them one by one)
         local, hits, gnorm = torch.stack([loss.float(), correct.float(), grad_norm.float()]).tolist()
         bad_grad = not math.isfinite(gnorm) and not self.scaler.is_enabled()  # fp16: the scaler skips it
+        now = self.elapsed()
+        if self.budget is not None:
+            self.budget.add_step(now - self.state.seconds)
+            if self.budget.settled() and self.budget.forward is None:
+                self.time_forward()
         flags = torch.tensor([local, float(not math.isfinite(local) or bad_grad), float(bool(self.stop_requested())),
-                              self.elapsed()], dtype=torch.float64)  # on the CPU, as collectives_for serves
+                              now, self.reserve()], dtype=torch.float64)  # on the CPU, as collectives_for serves
         all_reduce_sum(flags, self.dist)
         w = self.dist.world_size
-        loss_sum, nonfinite, stop, seconds = flags.tolist()
+        loss_sum, nonfinite, stop, seconds, reserve = flags.tolist()
         return StepResult(loss=loss_sum / w, nonfinite=nonfinite > 0, stop=stop > 0, seconds=seconds / w,
-                          correct=hits, seen=seen, grad_norm=gnorm)
+                          correct=hits, seen=seen, grad_norm=gnorm, reserve=reserve / w)
 
     def apply(self, result: StepResult, pos: int) -> None:
         """Take a computed step (batch ``pos`` of the epoch): the optimizer step, or ``skip_step`` for a
         non-finite one; then the counters, the log, the progress and the periodic last/."""
         st, cfg = self.state, self.cfg
         st.seconds = result.seconds
+        if self.budget is not None:  # the training time the budget leaves, as every process agreed
+            self.schedule.budget = self.budget.training_seconds(result.reserve)
         if result.nonfinite:
             self.skip_step(result)
         else:
@@ -487,7 +586,10 @@ class Trainer:
         """Score ``model`` on the validation split: an eval record (log and history), a line, and best/
         when it is the best so far."""
         st = self.state
+        t0 = time.perf_counter()
         r = self._score(model, self.val_set)
+        if self.budget is not None:
+            self.budget.timed_eval(time.perf_counter() - t0, len(self.val_set) * eval_views(self.tta, self.tta_shift))
         improved = r["acc"] > st.best_acc
         if improved:
             st.best_acc, st.best_step = r["acc"], st.step
@@ -512,7 +614,7 @@ class Trainer:
         """Save ``last`` (the weights and the trainer state, to resume from) or ``best`` (the weights to
         use: ``model`` as validated, else the EMA's when there is one; no trainer state). Every process
         takes part."""
-        resumable = name == "last"
+        resumable, t0 = name == "last", time.perf_counter()
         state = self.state_dict() if resumable else None  # a collective in DDP and FSDP
         best, model, weights = model, self.model, None
         if not resumable and (self.sharded or self.dist.is_main):
@@ -523,6 +625,8 @@ class Trainer:
             info = {"train": {"step": self.state.step, "epoch": self.state.epoch, **(extra or {})}}
             save_checkpoint(self.run_dir, name, model, state, extra=info, weights=weights)
         barrier(self.dist)
+        if self.budget is not None:
+            self.budget.timed_save(time.perf_counter() - t0)
 
     # --------------------------------------------------------------------------------------- the end
     def interrupt(self) -> dict:
@@ -539,6 +643,7 @@ class Trainer:
         """A finished run: last/ saved, the final model (the EMA when there is one) validated, best/
         saved, the test split scored; the summary."""
         st = self.state
+        self.fit_views()
         self.save("last")
         final = self.eval_model()
         calibrated = self.recalibrate(final)
@@ -546,6 +651,8 @@ class Trainer:
                          "epochs": round(self.epochs_done(), 3),
                          "train_seconds": round(st.seconds, 2), "device": self.device.type,
                          "precision": self.precision, "processes": self.dist.world_size}
+        if self.views_cut:  # fewer test-time views, for the budget
+            summary["eval_views"] = eval_views(self.tta, self.tta_shift)
         if self.val_set is not None:
             last = st.history[-1] if st.history else None  # the epoch's validation, when the run ended with it
             scored = last is not None and last["step"] == st.step and not calibrated
@@ -561,15 +668,20 @@ class Trainer:
     def recalibrate(self, final: nn.Module) -> int:
         """Re-estimate the final model's BatchNorm statistics (``precise_bn``) when it has any and
         cfg.bn_recalibrate says so (auto: after random-resized-crop training); the images used (0: none)."""
-        wanted = self.cfg.bn_recalibrate
-        if wanted is None:
-            wanted = self.cfg.augment.crop == "rrc"
-        if not wanted or not batchnorms(final):
+        if not self.calibration_images(final):
             return 0
         n = recalibrate_bn(final, self.train_set, self.device, self.precision, CALIBRATION_IMAGES, self.cfg.seed,
                            self.eval_batch_size)
         self.say(f"BatchNorm statistics re-estimated on {n} training images as they are evaluated")
         return n
+
+    def calibration_images(self, model: nn.Module | None = None) -> int:
+        """The training images ``recalibrate`` re-estimates ``model``'s (default: the run's) BatchNorm statistics on:
+        0 unless it has BatchNorm layers and cfg.bn_recalibrate says so (auto: after random-resized-crop training)."""
+        wanted = self.cfg.bn_recalibrate
+        if wanted is None:
+            wanted = self.cfg.augment.crop == "rrc"
+        return min(CALIBRATION_IMAGES, len(self.train_set)) if wanted and batchnorms(model or self.model) else 0
 
     def _log_confusion(self, final: nn.Module, test_set) -> None:
         """The confusion matrix of the run's model (best/'s, as ``_test`` scores it) on the test split, else
@@ -598,7 +710,7 @@ class Trainer:
 
     def _score(self, model: nn.Module, images, confusion: bool = False) -> dict:
         return evaluate_split(model, images, self.device, self.precision, self.eval_batch_size, self.dist,
-                              self.cfg.tta, confusion=confusion, tta_shift=self.cfg.tta_shift)
+                              self.tta, confusion=confusion, tta_shift=self.tta_shift)
 
     def _load_best(self) -> nn.Module:
         barrier(self.dist)  # rank 0 has written best/
@@ -619,7 +731,11 @@ class Trainer:
         a note when matplotlib is missing. Called after each periodic validation, on a stop and at the end."""
         if not (self.cfg.plots and self.dist.is_main):
             return None
-        return write_plots(self.run_dir)
+        t0 = time.perf_counter()
+        note = write_plots(self.run_dir)
+        if self.budget is not None:
+            self.budget.plot = time.perf_counter() - t0
+        return note
 
     def close(self) -> None:
         """Close the loggers (their files are complete after this); on every exit of a run."""

@@ -52,8 +52,8 @@ def choose_tune(mcfg, images: int, minutes: float | None, threads: int, blocks: 
     why = f"the budget gives an estimated {est} epochs ({MIN_EPOCHS} needed)"
     if mode == "probe":
         features = images * step_flops(mcfg, "probe", blocks) / rate
-        why += (f"; the probe's features take ~{features / 60:.1f} min once (before the budget's clock starts), then "
-                "its epochs next to nothing")
+        why += (f"; the probe's features take ~{features / 60:.1f} min once (within the budget, on fewer training "
+                "images when they do not fit), then its epochs next to nothing")
     return mode, why
 
 
