@@ -115,3 +115,14 @@ def test_a_probe_fits_its_feature_pass_in_the_budget(tmp_path, monkeypatch):
     assert len(cut) == 1 and "classes balanced" in cut[0], lines
     trained = next(line for line in lines if line.startswith("probe: "))
     assert "train 2000" not in trained and summary["test_acc"] > 0.5 and steps
+
+
+def test_a_replay_scores_the_views_its_run_scored(tmp_path, slow_eval):
+    # the run's budget cut its end to 2 views; its replay (no clock of its own) scores those 2, not the 6
+    # its config asks for, and so prints the run's test accuracy
+    _, summary, _, _ = timed_run(tmp_path, 6.0, splits(test_n=1000), tta=True, tta_shift=2)
+    assert summary["eval_views"] == 2
+    cfg = tiny_run_config(epochs=100_000, max_minutes=0.1, tta=True, tta_shift=2, replay=str(tmp_path / "run"))
+    again = train(cfg, tmp_path / "again", splits=splits(test_n=1000), log=lambda m: None)
+    assert again["eval_views"] == 2 and again["step"] == summary["step"]
+    assert again["test_acc"] == summary["test_acc"]

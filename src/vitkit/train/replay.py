@@ -15,6 +15,7 @@ then ends as a finished run (final validation, best/).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,13 +32,16 @@ PLAN_KEY = "replay"  # trainer.pt of a replay: the plan it follows (``Plan.to_di
 @dataclass(frozen=True)
 class Plan:
     """The steps a replay takes: those of ``run``. ``clock``: the share of the budget spent at each of
-    them; ``step``, ``epoch``, ``pos``: where the run ended (its last checkpoint)."""
+    them; ``step``, ``epoch``, ``pos``: where the run ended (its last checkpoint); ``views``: the test-time
+    views its end scored (summary.json's ``eval_views``: fewer than asked where its budget cut them; None:
+    no summary, as after Ctrl-C)."""
 
     run: str
     clock: tuple[float, ...]
     step: int
     epoch: int
     pos: int
+    views: int | None = None
 
     def ended(self, step: int, epoch: int, pos: int) -> bool:
         """Whether a replay standing at (step, epoch, pos) is where the run ended: at its last step, and
@@ -53,12 +57,12 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"run": self.run, "clock": torch.tensor(self.clock, dtype=torch.float64),
-                "end": [self.step, self.epoch, self.pos]}
+                "end": [self.step, self.epoch, self.pos], "views": self.views}
 
     @classmethod
     def from_dict(cls, saved: dict) -> "Plan":
         step, epoch, pos = (int(v) for v in saved["end"])
-        return cls(str(saved["run"]), tuple(saved["clock"].tolist()), step, epoch, pos)
+        return cls(str(saved["run"]), tuple(saved["clock"].tolist()), step, epoch, pos, saved.get("views"))
 
 
 def read_plan(run_dir: str | Path) -> Plan | None:
@@ -72,7 +76,17 @@ def read_plan(run_dir: str | Path) -> Plan | None:
     step = int(saved.get("step", -1))
     if clock is None or clock.numel() != step:
         return None
-    return Plan(str(run_dir), tuple(clock.double().tolist()), step, int(saved["epoch"]), int(saved["pos"]))
+    return Plan(str(run_dir), tuple(clock.double().tolist()), step, int(saved["epoch"]), int(saved["pos"]),
+                _views(Path(run_dir)))
+
+
+def _views(run_dir: Path) -> int | None:
+    """The test-time views the run's end scored, as its summary.json records them (None: not recorded)."""
+    try:
+        views = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("eval_views")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return views if isinstance(views, int) and not isinstance(views, bool) else None
 
 
 def settle_replay(cfg: RunConfig, config: str, given: dict) -> str | None:

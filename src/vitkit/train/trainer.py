@@ -417,10 +417,15 @@ class Trainer:
     def fit_views(self) -> None:
         """With a time budget, the test-time views the run's end scores: fewer when all of them would overrun
         the time left, the most that fit (rank 0 decides), with a line saying so; a line when one overruns."""
+        asked = (self.tta, self.tta_shift)
+        if self.plan is not None and self.plan.views is not None:  # a replay scores the views its run scored
+            self.tta, self.tta_shift = next((o for o in fewer_views(*asked) if eval_views(*o) == self.plan.views),
+                                            asked)
+            self.views_cut = (self.tta, self.tta_shift) != asked
+            return
         if self.budget is None:
             return
         left = self.budget.seconds - self.wall_seconds()
-        asked = (self.tta, self.tta_shift)
         allowed = left + END_TOLERANCE * self.budget.seconds
         self.tta, self.tta_shift = broadcast_object(self.views_that_fit(allowed, *self.planned), self.dist)
         need = self.end_seconds(eval_views(self.tta, self.tta_shift))
