@@ -159,7 +159,9 @@ def test_two_processes_bounded_by_the_clock_replay_bit_for_bit(tmp_path, monkeyp
     run, again = tmp_path / "run", tmp_path / "again"
     train_two(monkeypatch, (clocked, str(run), {"seconds_a_step": 12.0}), (dict(clocked, replay=str(run)), str(again)))
     steps = json.loads((run / "summary.json").read_text())["step"]
-    assert steps == 6 and json.loads((again / "summary.json").read_text())["step"] == steps  # of 8
+    # of 8: the clock (12 s a step of 60) ends it at step 6, or 5 where the time kept for the run's end and
+    # one more step (train/budget.py) takes the sixth
+    assert steps in (5, 6) and json.loads((again / "summary.json").read_text())["step"] == steps
     assert timeless_records(again) == timeless_records(run)
     assert same_files(run, again, "last") and same_files(run, again, "best")
 
