@@ -158,15 +158,22 @@ def pretrained_weights(args) -> str:
     return pretrained_name(args.model)
 
 
-def optimizer(name: str) -> dict:
-    """timm's --opt ``name`` -> the config keys it sets; a name vitkit lacks is refused, naming the nearest."""
+def _known(flag: str, name: str, known, nearest: dict) -> str:
+    """``name`` as a key of ``known`` (lower case); one the table of ``nearest`` names, or none at all, refused in
+    one line that names the nearest, or the names vitkit has."""
     from ...core.errors import ConfigError
 
     key = name.lower()
-    if key in NEAREST_OPTIMIZERS:
-        raise ConfigError(f"--opt: vitkit has no {name!r}; the nearest it has: --opt {NEAREST_OPTIMIZERS[key]}")
-    if key not in OPTIMIZERS:
-        raise ConfigError(f"--opt: {name!r} is not one vitkit has; use one of {', '.join(OPTIMIZERS)}")
+    if key in nearest:
+        raise ConfigError(f"{flag}: vitkit has no {name!r}; the nearest it has: {flag} {nearest[key]}")
+    if key not in known:
+        raise ConfigError(f"{flag}: {name!r} is not one vitkit has; use one of {', '.join(known)}")
+    return key
+
+
+def optimizer(name: str) -> dict:
+    """timm's --opt ``name`` -> the config keys it sets; a name vitkit lacks is refused, naming the nearest."""
+    key = _known("--opt", name, OPTIMIZERS, NEAREST_OPTIMIZERS)
     out = {"optim.name": OPTIMIZERS[key][0]}
     if OPTIMIZERS[key][1] is not None:
         out["optim.nesterov"] = OPTIMIZERS[key][1]
@@ -175,14 +182,7 @@ def optimizer(name: str) -> dict:
 
 def schedule(name: str) -> str:
     """timm's --sched ``name`` -> schedule.decay; a name vitkit lacks is refused, naming the nearest."""
-    from ...core.errors import ConfigError
-
-    key = name.lower()
-    if key in NEAREST_SCHEDULES:
-        raise ConfigError(f"--sched: vitkit has no {name!r}; the nearest it has: --sched {NEAREST_SCHEDULES[key]}")
-    if key not in SCHEDULES:
-        raise ConfigError(f"--sched: {name!r} is not one vitkit has; use one of {', '.join(SCHEDULES)}")
-    return key
+    return _known("--sched", name, SCHEDULES, NEAREST_SCHEDULES)
 
 
 def rand_augment(text: str) -> dict:
