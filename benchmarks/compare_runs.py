@@ -1,5 +1,6 @@
 """Whether two runs computed the same thing: their metrics.jsonl records compared field by field, every
-field but the timings (seconds, images per second) and the run's own folder.
+field but the timings (seconds, images per second), the run's own folder and whether the decoded-image
+cache served its data (the second run of the same data reads what the first decoded).
 
     python benchmarks/compare_runs.py RUN_A RUN_B
 
@@ -14,7 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-TIMINGS = {"seconds", "train_seconds", "total_seconds", "cpu_seconds", "data_seconds", "img_per_s", "run_dir"}
+TIMINGS = {"seconds", "train_seconds", "total_seconds", "cpu_seconds", "data_seconds", "img_per_s", "run_dir",
+           "data_cache"}
 
 
 def records(run: Path) -> list[dict]:

@@ -50,6 +50,8 @@ PROGRAMS = ("vitkit", "python", ".venv/", "bash", "torchrun", "pip", "cmp", "gre
 SUBSTITUTIONS: list[tuple[str, str]] = [
     (r"(?<![\w/])(?:path/to/folder|imagenet/?|/data/imagenet|flowers/?|cifar8/train|jpegs)(?=\s|$)", "photos/"),
     (r"(?<![\w/])cifar10/train/?", "cifar10/"),
+    (r"--data small(?=\s|$)", "--data photos/"),
+    (r"(?<![\w/])benchmarks/compare_runs\.py", str(ROOT / "benchmarks" / "compare_runs.py")),
     (r"/tmp/dp_cifar", "cifar10/"),
     (r"/tmp/", "tmp/"),
     (r"(?<![\w/])runs/demo_mini\b", "runs/demo"),
@@ -84,10 +86,12 @@ def substitute(command: str) -> str:
 
 TRAINING = re.compile(r"(?P<launcher>torchrun .*)?(?P<verb>(?<![\w-])vitkit (?:train|finetune))\b(?P<args>[^;&|>]*)")
 TINY = "--batch-size 8 --threads 1 --device cpu --set plots=false"
+TINY_MINUTES = 0.25  # a doc's --max-minutes up to this runs as shown (a replay of a run bounded by the clock)
 
 
 def tiny_budget(command: str) -> str:
-    """Every `vitkit train` / `finetune` that starts a run trains one epoch of batches of 8, one process
+    """Every `vitkit train` / `finetune` that starts a run trains one epoch (or for a doc's clock of at most
+    TINY_MINUTES, that clock) of batches of 8, one process
     (under torchrun: the processes it starts) of one thread, no plots; a run given by `--resume` or replayed
     by `--config RUN` keeps the budget its run had (`--epochs N` there, a longer replay, becomes 2). The
     demo (no --data, no --config) trains the demo's model on the tiny `digits` folder (the built-in set's
@@ -97,10 +101,14 @@ def tiny_budget(command: str) -> str:
         args = m.group("args")
         if "--resume" in args or re.search(r"--config runs/", args):
             return m.group(0).replace(m.group("args"), re.sub(r"--epochs \d+", "--epochs 2", args))
-        args = re.sub(r"--(?:max-minutes|epochs|nproc|batch-size) \S+", "", args)
+        clock = re.search(r"--max-minutes (\S+)", args)
+        seconds = clock is not None and float(clock.group(1)) <= TINY_MINUTES  # a tiny clock: kept as it is
+        args = re.sub(r"--(?:epochs|nproc|batch-size) \S+" if seconds else r"--(?:max-minutes|epochs|nproc|batch-size) \S+",
+                      "", args)
         data = "" if "--data" in args or "--config" in args else " --data digits"
         procs = "" if m.group("launcher") else " --nproc 1"
-        return f"{m.group('launcher') or ''}{m.group('verb')} --epochs 1{procs} {TINY}{data}{args}"
+        length = "" if seconds else " --epochs 1"
+        return f"{m.group('launcher') or ''}{m.group('verb')}{length}{procs} {TINY}{data}{args}"
 
     return TRAINING.sub(bound, command)
 
