@@ -235,9 +235,13 @@ TTA = "time_to_accuracy.jsonl"
 # 'photos': the training resolution and depth (PHOTO_SIZES' rows)
 PHOTO_CANDIDATES = (
     Candidate("64px-2-blocks", "64 px, 2 blocks", {"img_size": 64, "model_args": {"depth": 2}}, (
-        (67.762, 87.33, f"{TTA}: catsdogs, 5 min, seed 0"),)),
+        (10.0, 75.00, f"{ABLATE}: photos-64px-2-blocks, catsdogs, 10 epochs, seed 0"),
+        (20.0, 82.67, f"{ABLATE}: photos-64px-2-blocks, catsdogs, 20 epochs, seed 0"),
+        (67.762, 87.33, f"{TTA}: catsdogs, 5 min, seed 0"))),
     Candidate("96px-4-blocks", "96 px, 4 blocks", {"img_size": 96, "model_args": {"depth": 4}}, (
-        (103.857, 88.33, f"{TTA}: catsdogs, 30 min, seed 0"),)),
+        (20.0, 84.67, f"{ABLATE}: photos-96px-4-blocks, catsdogs, 20 epochs, seed 0"),
+        (40.0, 86.00, f"{ABLATE}: photos-96px-4-blocks, catsdogs, 40 epochs, seed 0"),
+        (103.857, 88.33, f"{TTA}: catsdogs, 30 min, seed 0"))),
 )
 
 @dataclass(frozen=True)
