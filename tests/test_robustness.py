@@ -1060,3 +1060,13 @@ def test_max_pixels_flag_raises_or_lifts_the_bomb_limit(command, tmp_path, ckpt,
     assert rc == 0 and err == [], err
     rc, out, err = cli(capsys, command, ckpt, *target, "--max-pixels", "lots")
     assert rc == 2 and "argument --max-pixels: expected a whole number of pixels, got 'lots'" in err[-1]
+
+
+def test_a_config_files_missing_weights_name_the_file_and_key(tmp_path, capsys):
+    """init_from set by a TOML config to weights that are not there: one line naming the config file, the key
+    and the path (a flag's weights name themselves)."""
+    f = tmp_path / "run.toml"
+    f.write_text('"init_from" = "0"\n')
+    assert main(["train", "--config", str(f), "--threads", "1", "--out", str(tmp_path / "run"), "--quiet"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"vitkit: error: {f}: init_from: 0: no such file or directory"]
+    assert not (tmp_path / "run").exists()

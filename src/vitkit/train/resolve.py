@@ -105,7 +105,7 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     if req.decay_epochs is not None or flags.get("schedule.step_rate") is not None:
         notes.append(step_in_epochs(cfg, req.decay_epochs))
     run_dir = Path(req.resume) if req.resume else new_run_dir(cfg, req.out)
-    mcfg, init = _model(cfg, run_dir if req.resume else None)
+    mcfg, init = _model_named_by(req, cfg, run_dir if req.resume else None, weights)
     threads_given = cfg.threads is not None
     if not threads_given:
         cfg.threads = default_threads(local_processes or cfg.processes)
@@ -210,6 +210,19 @@ def take_from_budget(cfg: RunConfig, seconds: float) -> str:
     user gives is the time they wait. The line that says so."""
     cfg.max_minutes = max(round(cfg.max_minutes - seconds / 60, 4), 0.001)
     return f"measuring the speed took {seconds:.1f} s of the budget: training for {cfg.max_minutes:g} min"
+
+
+def _model_named_by(req: RunRequest, cfg: RunConfig, resume_dir: Path | None, given: str | None) -> tuple:
+    """``_model``; where the weights it starts from are a config file's ``init_from`` (not a flag's), its
+    error names that file and key too."""
+    from ..core.errors import VitkitError
+
+    try:
+        return _model(cfg, resume_dir)
+    except VitkitError as e:
+        if req.config is None or req.resume or given is not None or not cfg.init_from:
+            raise
+        raise type(e)(f"{req.config}: init_from: {e}") from None
 
 
 def _model(cfg: RunConfig, resume_dir: Path | None) -> tuple:
