@@ -51,7 +51,6 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     (r"(?<![\w/])(?:path/to/folder|imagenet/?|/data/imagenet|flowers/?|cifar8/train|jpegs)(?=\s|$)", "photos/"),
     (r"(?<![\w/])cifar10/train/?", "cifar10/"),
     (r"--data small(?=\s|$)", "--data photos/"),
-    (r"(?<![\w/])benchmarks/compare_runs\.py", str(ROOT / "benchmarks" / "compare_runs.py")),
     (r"/tmp/dp_cifar", "cifar10/"),
     (r"/tmp/", "tmp/"),
     (r"(?<![\w/])runs/demo_mini\b", "runs/demo"),
@@ -69,6 +68,8 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     (r"(?<=bench )vit_tiny_patch16_224", "vit_test"),
     (r"--batch-sizes 1,\d+", "--batch-sizes 1,2"),
     (r"--repeats \d+", "--repeats 1"),
+    # last: the repository's path, which the rows above (e.g. /tmp/) must not rewrite
+    (r"(?<![\w/])benchmarks/compare_runs\.py", str(ROOT / "benchmarks" / "compare_runs.py")),
 ]
 
 
