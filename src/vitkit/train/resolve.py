@@ -91,10 +91,11 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         flags["data.format"] = req.data_format
     if req.weights is not None:
         flags["init_from"] = req.weights
-    weights = _given(flags, req.overrides).get("init_from")  # --pretrained, --initial-checkpoint: a fine-tune too
+    given = _given(flags, req.overrides)  # what the request's flags and overrides set
+    weights = given.get("init_from")  # --pretrained, --initial-checkpoint: a fine-tune too
     base, notes, saved, measuring = _base(req, flags, elsewhere, weights)
     cfg = resolve_config(req.config, flags, req.overrides, base=base)
-    if req.config and not req.resume and (line := settle_replay(cfg, req.config, _given(flags, req.overrides))):
+    if req.config and not req.resume and (line := settle_replay(cfg, req.config, given)):
         notes.append(line)  # a run bounded by the clock, replayed step by step (train/replay.py)
     if measuring and cfg.max_minutes:  # seconds spent measuring (0: the cache had the speeds)
         notes.append(take_from_budget(cfg, measuring))
@@ -117,7 +118,7 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         from .tune import settle_tune
 
         notes.append(settle_tune(cfg, mcfg, _training_images(cfg)))  # weighs the threads of all processes
-    if weights and not req.resume and (line := finetune_processes(cfg, mcfg, _given(flags, req.overrides))):
+    if weights and not req.resume and (line := finetune_processes(cfg, mcfg, given)):
         notes.append(line)
         if not threads_given:  # the same CPUs, shared among the processes
             cfg.threads = default_threads(local_processes or cfg.processes)

@@ -169,6 +169,7 @@ class Trainer:
         budget = cfg.max_minutes * 60 if cfg.max_minutes else None
         self.schedule = Schedule(cfg.schedule, cfg.optim.lr, self.total_steps, budget)
         self.budget = RunBudget(budget) if budget else None  # the whole run's wall-clock: its training time follows
+        self._end_fixed: tuple[int, int] | None = None  # end_seconds' parts that do not change during the run
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.augment = BatchAugment(cfg.augment, model.cfg.img_size, model.preprocess, model.cfg.num_classes)
         alternate = cfg.augment.flip_mode == "alternate" and cfg.augment.hflip > 0
@@ -254,6 +255,7 @@ class Trainer:
         recorded, and the end where that run ended, instead of the clock (train/replay.py)."""
         plan.check(len(self.loader))
         self.plan = plan
+        self.budget = None  # bound by no clock: nothing to time or keep for the end
 
     def open_run(self, resumed: bool = False) -> None:
         """Write the run's config.json and classes.json, drop the log records past the state's step (a
@@ -403,7 +405,10 @@ class Trainer:
         """The estimated seconds of ``complete`` scoring ``views`` views an image: the BatchNorm re-estimation,
         the final validation, the test split (twice when best/ may hold an earlier model), the confusion
         matrix, last/ and best/ written and read back, and the plots."""
-        images = self.calibration_images()
+        if self._end_fixed is None:  # the same at every step: the calibration images and a checkpoint's bytes
+            weights_moments_ema = 4 * sum(p.numel() * p.element_size() for p in self.model.parameters())
+            self._end_fixed = (self.calibration_images(), weights_moments_ema)
+        images, save_bytes = self._end_fixed
         if self.val_set is not None:
             images += len(self.val_set) * views
         if self.test_set is not None:
@@ -411,7 +416,6 @@ class Trainer:
         scored = self.test_set if self.test_set is not None else self.val_set
         if scored is not None and any(name in CONFUSION_LOGGERS for name in self.cfg.loggers):
             images += len(scored) * views
-        save_bytes = 4 * sum(p.numel() * p.element_size() for p in self.model.parameters())  # weights, moments, EMA
         return self.budget.end_seconds(images, self.cfg.batch_size, 3, save_bytes, self.cfg.plots)
 
     def fit_views(self) -> None:
