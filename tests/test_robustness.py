@@ -1070,3 +1070,12 @@ def test_a_config_files_missing_weights_name_the_file_and_key(tmp_path, capsys):
     assert main(["train", "--config", str(f), "--threads", "1", "--out", str(tmp_path / "run"), "--quiet"]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [f"vitkit: error: {f}: init_from: 0: no such file or directory"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_whole_number_too_large_for_a_float_is_one_error_line():
+    """10**400 in a number field (JSON and TOML carry such integers) is the field's one-line error, not an
+    OverflowError from converting it."""
+    from vitkit.core.strict import real_in
+
+    with pytest.raises(ConfigError, match=r"^crop_pct: expected a finite number in \(0, 1\], got "):
+        real_in(10**400, "crop_pct", 0, 1, open_lo=True)

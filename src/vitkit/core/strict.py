@@ -231,7 +231,10 @@ def real_in(value, where: str, lo: float, hi: float, *, open_lo: bool = False, o
             error: type[Exception] = ConfigError) -> float:
     """``value`` as a float where it is a finite number (not a bool) in the range; else ``error`` in one line
     naming ``where`` and the range taken (``[lo, hi]``, an end left out with ``open_lo`` / ``open_hi``)."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    try:  # a whole number too large for a float (10**400) is not a finite one
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    except OverflowError:
+        ok = False
     if ok and (lo < value if open_lo else lo <= value) and (value < hi if open_hi else value <= hi):
         return float(value)
     span = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
