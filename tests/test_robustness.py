@@ -1079,3 +1079,53 @@ def test_a_whole_number_too_large_for_a_float_is_one_error_line():
 
     with pytest.raises(ConfigError, match=r"^crop_pct: expected a finite number in \(0, 1\], got "):
         real_in(10**400, "crop_pct", 0, 1, open_lo=True)
+
+
+@pytest.mark.parametrize("flag", ["--epochs", "--batch-size", "--eval-every"])
+def test_a_whole_number_beyond_64_bits_on_the_command_line_is_one_error_line(flag, tmp_path, capsys):
+    """``--epochs 10**400`` reached the schedule as a Python int and overflowed a float there (a traceback);
+    ``--batch-size`` likewise reached torch. Whole-number fields hold 64 bits, as torch does; the line names
+    the field and shortens the number."""
+    rc, _, err = cli(capsys, "train", "--data", image_folder(tmp_path / "d", n=4), "--out", tmp_path / "r",
+                     flag, 10**400, "--threads", "1", "--quiet")
+    line = assert_clean(err, names=rf"config\.{flag[2:].replace('-', '_')}: expected an integer of 64 bits, got 1000")
+    assert rc == 1 and len(line) < 200 and not (tmp_path / "r").exists()
+
+
+def test_a_batch_larger_than_the_data_measures_no_speed_and_is_refused(tmp_path, capsys):
+    """The recipe measures each candidate's speed on one batch held in memory: ``--batch-size 100000`` on a
+    folder of 3000 photos was killed for memory there (24 GB). Such a batch measures nothing; the loader's one
+    line refuses it."""
+    data = image_folder(tmp_path / "d", n=4)
+    rc, out, err = cli(capsys, "train", "--data", data, "--out", tmp_path / "r", "--batch-size", 4096,
+                       "--max-minutes", 60, "--threads", "1", "--nproc", "1")
+    assert rc == 1 and "measured on" not in out
+    assert_clean(err, names=r"^vitkit: error: training set: \d images is fewer than one batch of 4096; "
+                            r"lower --batch-size$")
+
+
+def _number_fields(obj, prefix: str = ""):
+    """The dotted keys of ``obj``'s (a config dataclass's) fields that hold numbers, sections walked."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _number_fields(value, f"{prefix}{f.name}.")
+        elif (isinstance(value, (int, float)) and not isinstance(value, bool)) or {"int", "float"} & set(
+                str(f.type).replace("|", " ").replace("[", " ").replace("]", " ").replace(",", " ").split()):
+            yield prefix + f.name
+
+
+def test_every_number_field_of_a_run_takes_a_number_beyond_any_float_with_one_short_line(tmp_path, capsys):
+    """``--set KEY=±10**400`` on every number field of RunConfig and its sections: one error line, naming the
+    field, of under 300 characters (the number shortened), never an OverflowError or a run."""
+    from vitkit.train.config import RunConfig
+
+    data = image_folder(tmp_path / "d", n=4)
+    keys = list(_number_fields(RunConfig()))
+    assert {"epochs", "batch_size", "optim.lr", "augment.rrc_scale", "data.workers"} <= set(keys), keys
+    for key in keys:
+        for value in (10**400, -10**400):
+            rc, _, err = cli(capsys, "train", "--data", data, "--out", tmp_path / "r", "--set", f"{key}={value}",
+                             "--threads", "1", "--quiet", "--max-minutes", "0.05")
+            line = assert_clean(err, names=re.escape(key.split(".")[-1]))
+            assert rc == 1 and len(line) < 300 and not (tmp_path / "r").exists(), (key, line)

@@ -121,10 +121,30 @@ def test_the_demo_says_first_what_its_budget_is_in_epochs_on_this_machine(tmp_pa
     assert main([*argv, "--out", str(tmp_path / "d")]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("measured on this CPU (") and " img/s -> " in first and " epochs in 0.02 min" in first
-    # a run of fixed epochs, a resumed run or a fine-tune has no budget in minutes to turn into epochs
+    # a run of fixed epochs has no budget in minutes to turn into epochs
     assert main(["train", "--epochs", "1", "--nproc", "1", "--threads", "1", "--set", "plots=false",
                  "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "e"),
                  "--max-minutes", "0"]) == 0
+    assert not capsys.readouterr().out.startswith("measured on")
+
+
+def test_a_fine_tune_bounded_by_the_clock_chooses_its_mode_at_its_measured_speed(tmp_path, capsys):
+    """A fine-tune with --max-minutes measures the whole model training (its weights unread: the same cost),
+    says so first, and its mode 'auto' weighs that speed, not the FLOP estimate."""
+    data = image_folder(tmp_path / "data", n=8, test=2)
+    common = ["--data", str(data), "--nproc", "1", "--threads", "1", "--device", "cpu", "--batch-size", "8",
+              "--set", "plots=false", "--cache-dir", str(tmp_path / "cache")]
+    assert main(["train", *common, "--epochs", "1", "--out", str(tmp_path / "w"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["finetune", str(tmp_path / "w"), *common, "--max-minutes", "0.05", "--out", str(tmp_path / "f")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("measured on this CPU (") and " img/s training the whole model -> " in lines[0], lines
+    assert any(ln.startswith("measuring the speed took ") for ln in lines), lines
+    tune = next(ln for ln in lines if ln.startswith("fine-tuning "))
+    assert "the budget gives a measured full ~" in tune, tune
+    # --tune last: the whole model's speed says nothing of its own, so nothing is measured
+    assert main(["finetune", str(tmp_path / "w"), *common, "--max-minutes", "0.05", "--tune", "last",
+                 "--out", str(tmp_path / "l")]) == 0
     assert not capsys.readouterr().out.startswith("measured on")
 
 

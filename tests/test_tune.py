@@ -39,6 +39,17 @@ def test_the_budget_chooses_the_mode(minutes, images, want):
         assert f"({MIN_EPOCHS} needed)" in why
 
 
+def test_a_measured_speed_replaces_the_estimate():
+    """The speed measured before the run (whole-model images a second) sets each mode's epochs: at 100 img/s a
+    5-minute budget on 3,000 images is 10 epochs of the whole model, where the FLOP estimate chose the probe;
+    at 2 img/s it is 0.2 (and the last blocks' 0.2 x full / last), so the probe."""
+    mode, why = choose_tune(S16, 3_000, 5, threads=2, blocks=2, measured=100.0)
+    assert mode == "full" and why == f"the budget gives a measured full ~10.0 epochs ({MIN_EPOCHS} needed)"
+    mode, why = choose_tune(S16, 3_000, 5, threads=2, blocks=2, measured=2.0)
+    last = 2.0 * 300 / 3_000 * step_flops(S16, "full", 2) / step_flops(S16, "last", 2)
+    assert mode == "probe" and why.startswith(f"the budget gives a measured full ~0.2, last ~{last:.1f} epochs")
+
+
 def test_a_probe_chosen_by_the_budget_says_layer_decay_does_not_apply():
     from vitkit.train.tune import settle_tune
 

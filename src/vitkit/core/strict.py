@@ -16,6 +16,17 @@ from typing import Any, get_args, get_origin
 
 from .errors import ConfigError
 
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring, _BRIEF.maxlong, _BRIEF.maxother = 80, 40, 80
+
+
+def brief(value: Any) -> str:
+    """``value``'s repr for an error line: long text, numbers (10**400) and lists shortened in the middle."""
+    return _BRIEF.repr(value)
+
+
+INT64 = 2**63  # a whole-number field holds a signed 64-bit value (as torch does): |n| < 2**63
+
 
 def _type_name(tp: Any) -> str:
     if isinstance(tp, type):
@@ -34,10 +45,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if value in get_args(tp):
             return value
         choices = ", ".join(repr(a) for a in get_args(tp))
-        raise ConfigError(f"{where}: expected one of {choices}, got {value!r}")
+        raise ConfigError(f"{where}: expected one of {choices}, got {brief(value)}")
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {brief(value)}")
         args = get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
@@ -49,32 +60,33 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         return tuple(out) if origin is tuple else out
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a table/dict, got {value!r}")
+            raise ConfigError(f"{where}: expected a table/dict, got {brief(value)}")
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        raise ConfigError(f"{where}: expected true or false, got {brief(value)}")
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool) and -INT64 <= value < INT64:
             return value
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and -INT64 <= value < INT64:
             return int(value)
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer{' of 64 bits' if isinstance(value, int) else ''}, got "
+                          f"{reprlib.repr(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return finite(float(value), where)
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+            return float(finite(value, where))
+        raise ConfigError(f"{where}: expected a number, got {brief(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        raise ConfigError(f"{where}: expected a string, got {brief(value)}")
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
     if tp is type(None):
         if value is None:
             return None
-        raise ConfigError(f"{where}: expected null, got {value!r}")
+        raise ConfigError(f"{where}: expected null, got {brief(value)}")
     raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")
 
 
@@ -94,14 +106,25 @@ def _coerce_union(value: Any, tp: Any, where: str) -> Any:
             return coerce(value, arg, where)
         except ConfigError:
             continue
-    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {brief(value)}")
+
+
+def is_finite_real(value) -> bool:
+    """True for a real number (not a bool) that a float holds finitely: NaN, the infinities and whole numbers
+    too large for a float (10**400, which JSON and TOML carry) are not, and never raise OverflowError."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def finite(value: float, where: str) -> float:
     """``value`` when it is a finite number; NaN or an infinity is a ConfigError naming ``where`` (no setting
     means anything by them, and a comparison with NaN is always false, so range checks would let it by)."""
-    if not math.isfinite(value):
-        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    if not is_finite_real(value):
+        raise ConfigError(f"{where}: expected a finite number, got {reprlib.repr(value)}")
     return value
 
 
@@ -137,16 +160,22 @@ def to_dict(obj: Any) -> dict:
     return conv(obj)
 
 
+def shown(text: str, limit: int = 100) -> str:
+    """``text``'s repr, its middle elided past ``limit`` characters: an error line stays one readable line."""
+    r = repr(text)
+    return r if len(r) <= limit else f"{r[:limit // 2]}...{r[-(limit // 2):]}"
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Parse ``a.b.c=value`` into (["a","b","c"], value); the value is read as JSON when it parses."""
     import json
 
     if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. optim.lr=0.001")
+        raise ConfigError(f"override {shown(text)}: expected KEY=VALUE, e.g. optim.lr=0.001")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key or any(not p for p in key.split(".")):
-        raise ConfigError(f"override {text!r}: empty key")
+        raise ConfigError(f"override {shown(text)}: empty key")
     try:
         value = json.loads(raw)
     except ValueError:
@@ -170,7 +199,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             if nxt is None:
                 nxt = node[k] = {}
             if not isinstance(nxt, dict):
-                raise ConfigError(f"override {text!r}: {k!r} is not a section")
+                raise ConfigError(f"override {shown(text)}: {k!r} is not a section")
             node = nxt
         node[keys[-1]] = value
     return out
@@ -231,11 +260,7 @@ def real_in(value, where: str, lo: float, hi: float, *, open_lo: bool = False, o
             error: type[Exception] = ConfigError) -> float:
     """``value`` as a float where it is a finite number (not a bool) in the range; else ``error`` in one line
     naming ``where`` and the range taken (``[lo, hi]``, an end left out with ``open_lo`` / ``open_hi``)."""
-    try:  # a whole number too large for a float (10**400) is not a finite one
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
-    except OverflowError:
-        ok = False
-    if ok and (lo < value if open_lo else lo <= value) and (value < hi if open_hi else value <= hi):
+    if is_finite_real(value) and (lo < value if open_lo else lo <= value) and (value < hi if open_hi else value <= hi):
         return float(value)
     span = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
     raise error(f"{where}: expected a finite number in {span}, got {reprlib.repr(value)}")
@@ -280,7 +305,7 @@ def to_hw(value, what: str = "img_size", error: type[Exception] = ConfigError) -
         v = tuple(v)
     if not (isinstance(v, tuple) and len(v) == 2 and all(_whole(x) for x in v)):
         forms = "N or HxW" if isinstance(value, str) else "N or (H, W)"
-        raise error(f"{what}: expected {forms}, got {value!r}")
+        raise error(f"{what}: expected {forms}, got {brief(value)}")
     if min(v) < 1:
-        raise error(f"{what}: sizes must be positive, got {value!r}")
+        raise error(f"{what}: sizes must be positive, got {brief(value)}")
     return int(v[0]), int(v[1])

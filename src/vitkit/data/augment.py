@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.errors import ConfigError, DataError, ShapeError
-from ..core.strict import from_dict, to_dict, to_hw
+from ..core.strict import brief, from_dict, to_dict, to_hw
 from .images import check_uint8, norm_consts, resize_center_crop
 
 
@@ -85,7 +85,7 @@ class AugmentConfig:
         for name in ("hflip", "mix_prob", "erase_prob", "ra_prob"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
-                bad(name, f"is a probability, expected 0..1, got {v!r}")
+                bad(name, f"is a probability, expected 0..1, got {brief(v)}")
         if not isinstance(self.ra_ops, int) or self.ra_ops < 1:
             bad("ra_ops", f"expected an integer >= 1, got {self.ra_ops!r}")
         if not isinstance(self.ra_magnitude, int) or not 0 <= self.ra_magnitude <= 30:

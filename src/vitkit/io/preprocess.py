@@ -18,12 +18,11 @@ Every assumed value is listed under the key that changes it (``preprocess.crop_p
 from __future__ import annotations
 
 import dataclasses
-import math
 import reprlib
 from typing import Any, Mapping, Sequence
 
 from ..core.errors import CheckpointError, ConfigError
-from ..core.strict import parse_override, real_in, reals_in, whole_in
+from ..core.strict import is_finite_real, parse_override, real_in, reals_in, whole_in
 from ..model.config import CROP_PCT_RANGE, INTERPOLATIONS, MEAN_RANGE, STD_RANGE, Preprocess
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFAULT_*
@@ -179,8 +178,7 @@ def _check_rescale(p: Mapping[str, Any], source: str) -> None:
     """vitkit scales pixels to [0, 1]: a processor that rescales otherwise (do_rescale false, a
     rescale_factor other than 1/255, or one that is no number) is a CheckpointError naming the field."""
     factor, on = p.get("rescale_factor", 1 / 255), _flag(p, "do_rescale", True, source)
-    number = isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor)
-    if on and number and abs(factor - 1 / 255) <= 1e-9:
+    if on and is_finite_real(factor) and abs(factor - 1 / 255) <= 1e-9:
         return
     field = "do_rescale" if not on else "rescale_factor"
     raise CheckpointError(f"{source}: {field}: rescales pixels by {reprlib.repr(factor)} (do_rescale {on}); vitkit "

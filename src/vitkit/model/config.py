@@ -7,12 +7,11 @@ resize) is a ``Preprocess``; both are saved in a checkpoint's vitkit.json.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 from ..core.errors import ConfigError
-from ..core.strict import from_dict, real_in, reals_in, to_dict, to_hw
+from ..core.strict import brief, from_dict, is_finite_real, real_in, reals_in, to_dict, to_hw
 
 Pool = Literal["token", "avg", "map", "none"]
 PosEmbed = Literal["learn", "sincos1d", "sincos2d", "none"]
@@ -222,7 +221,7 @@ class ViTConfig:
         for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "stem_width"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                _bad(name, f"must be a positive integer, got {v!r}")
+                _bad(name, f"must be a positive integer, got {brief(v)}")
         if not isinstance(self.num_classes, int) or self.num_classes < 0:
             _bad("num_classes", f"must be an integer >= 0 (0 = no head), got {self.num_classes!r}")
         h, w = self.img_size
@@ -232,8 +231,7 @@ class ViTConfig:
         if self.embed_dim % self.num_heads:
             _bad("num_heads", f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         r = self.mlp_ratio
-        real = isinstance(r, (int, float)) and not isinstance(r, bool)
-        if not (real and math.isfinite(self.embed_dim * r) and int(self.embed_dim * r) >= 1):
+        if not (is_finite_real(r) and is_finite_real(self.embed_dim * r) and int(self.embed_dim * r) >= 1):
             _bad("mlp_ratio", f"must be a finite number giving an MLP width >= 1, got {r!r}")
         self._check_rates()
 

@@ -17,11 +17,13 @@ from ..core.files import NotRegularFile, open_regular
 from ..core.strict import (
     MAX_NESTING,
     apply_overrides,
+    brief,
     check_nesting,
     from_dict,
     parse_override,
     read_json_object,
     real_in,
+    shown,
     to_dict,
 )
 from ..data import AugmentConfig
@@ -50,7 +52,7 @@ class DataConfig:
         for name in ("img_size", "short_side"):
             v = getattr(self, name)
             if v is not None and v < 1:
-                raise ConfigError(f"data.{name}: must be a positive integer or null, got {v!r}")
+                raise ConfigError(f"data.{name}: must be a positive integer or null, got {brief(v)}")
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"data.workers: must be >= 0 or null (null: one per usable CPU), got {self.workers!r}")
         real_in(self.crop_pct, "data.crop_pct", *CROP_PCT_RANGE)  # the eval crop's Preprocess takes the same
@@ -215,7 +217,7 @@ class RunConfig:
         for name in ("epochs", "batch_size", "accum_steps", "log_every", "processes"):
             v = getattr(self, name)
             if v < 1:
-                raise ConfigError(f"{name}: must be a positive integer, got {v!r}")
+                raise ConfigError(f"{name}: must be a positive integer, got {brief(v)}")
         for name in ("eval_every", "ckpt_every", "skip_nonfinite", "progress_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
@@ -246,7 +248,7 @@ class RunConfig:
         for name in ("img_size", "threads"):
             v = getattr(self, name)
             if v is not None and v < 1:
-                raise ConfigError(f"{name}: must be a positive integer or null, got {v!r}")
+                raise ConfigError(f"{name}: must be a positive integer or null, got {brief(v)}")
         if self.preprocess:
             from ..io.preprocess import apply_preprocess
             from ..model.config import Preprocess
@@ -400,7 +402,7 @@ def _check_given_once(flags: dict[str, Any], overrides: list[str]) -> None:
     for text in overrides:
         key = ".".join(parse_override(text)[0])
         if key in given:
-            raise ConfigError(f"override {text!r}: {key} is also given by a flag; give one of the two")
+            raise ConfigError(f"override {shown(text)}: {key} is also given by a flag; give one of the two")
 
 
 __all__ = ["RunConfig", "STRATEGIES", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml",

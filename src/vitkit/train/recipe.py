@@ -407,13 +407,17 @@ def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_mi
 def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: float | None = None,
                epochs: int | None = None, cpus: int | None = None, processes: int | None = None,
                model: str | None = None, cpu_bf16: str | None = None, speed: Callable[[dict], float] | None = None,
-               where: str = "this machine") -> Recipe:
+               where: str = "this machine", batch_size: int | None = None) -> Recipe:
     """The recipe for the data at ``path``: ``probe_data`` then ``choose_recipe``. Data that cannot be
-    inspected gets 'default', and the run that opens it says what is wrong in its own words."""
+    inspected gets 'default', and the run that opens it says what is wrong in its own words. A given
+    ``batch_size`` larger than all the images measures no speed (a measurement holds one such batch in
+    memory, which can be more than the machine has): the run that opens the data refuses it."""
     try:
         facts = probe_data(path, fmt)
     except DataError as e:
         return Recipe("default", f"the data could not be inspected ({e}); the defaults")
+    if batch_size is not None and batch_size > facts.images:
+        speed = None
     return choose_recipe(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..core.hardware import cpu_bf16_kind, cpu_capability, load_average, resolve_device, usable_cpus
-from ..core.strict import parse_override
+from ..core.strict import is_finite_real, parse_override
 from ..infer.fastpath import FastPath
 from ..infer.paths import training_path
 from ..model.config import ViTConfig
@@ -112,12 +112,14 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         cfg.threads = default_threads(local_processes or cfg.processes)
     path = settle_path(cfg, mcfg)
     check_one_step_fits(cfg, mcfg)
+    measured = None
     if measuring is None and speed_wanted(req, cfg, mcfg):
-        say_speed(cfg, mcfg, notes, req.cache_dir)
+        measured = say_speed(cfg, mcfg, notes, req.cache_dir)
     if cfg.tune == "auto":
         from .tune import settle_tune
 
-        notes.append(settle_tune(cfg, mcfg, _training_images(cfg)))  # weighs the threads of all processes
+        # weighs the threads of all processes, at the speed measured where it was
+        notes.append(settle_tune(cfg, mcfg, _training_images(cfg), measured))
     if weights and not req.resume and (line := finetune_processes(cfg, mcfg, given)):
         notes.append(line)
         if not threads_given:  # the same CPUs, shared among the processes
@@ -180,30 +182,38 @@ def check_one_step_fits(cfg: RunConfig, mcfg: ViTConfig) -> None:
 
 def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig) -> bool:
     """Whether a run whose recipe measured nothing should measure its own speed to say what its budget is in
-    epochs: a new run from scratch bounded by the clock, of a model small enough (SMALL_MODEL_FLOPS) that a
-    few of its steps take a second or two on a CPU."""
+    epochs: a new run bounded by the clock, from scratch or fine-tuning (whose mode, 'auto', is then chosen
+    at the measured speed), of a model small enough (SMALL_MODEL_FLOPS) that a few of its steps take a
+    second or two on a CPU."""
     from ..infer.fastpath import vit_flops
 
-    return (bool(cfg.max_minutes) and not (req.resume or cfg.init_from or cfg.replay)
-            and vit_flops(mcfg) <= SMALL_MODEL_FLOPS)
+    partial = cfg.init_from and cfg.tune not in ("auto", "full")  # --tune last or probe: the whole model's speed
+    if not cfg.max_minutes or req.resume or cfg.replay or partial or vit_flops(mcfg) > SMALL_MODEL_FLOPS:
+        return False  # says nothing of theirs
+    images = _training_images(cfg)  # a batch larger than the data: the run refuses it, a measurement would
+    return images is None or cfg.batch_size <= images  # hold it in memory first
 
 
-def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str | None) -> None:
-    """Measure the run's speed (``train.speed``), take the time from its budget and say, first, what the
-    budget is in epochs (in place: ``cfg`` and ``notes``)."""
+def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str | None) -> float:
+    """Measure the run's speed (``train.speed``; a fine-tune's: the whole model training), take the time
+    from its budget and say, first, what the budget is in epochs (in place: ``cfg`` and ``notes``); the
+    images a second measured."""
     from .speed import measure_speed
 
     speed = measure_speed(cfg, mcfg, resolve_device(cfg.device), cfg.threads, cache_dir)
     images = _training_images(cfg) or 1
     epochs = speed.images_per_s * cfg.max_minutes * 60 / images
-    line = (f"measured on {device_words(cfg.device)}: {speed.images_per_s:,.0f} img/s -> {epochs:.1f} epochs in "
-            f"{cfg.max_minutes:g} min" + (f" (the run's {cfg.epochs} epochs end it sooner)" if epochs > cfg.epochs else ""))
+    whole = " training the whole model" if cfg.init_from else ""
+    line = (f"measured on {device_words(cfg.device)}: {speed.images_per_s:,.0f} img/s{whole} -> {epochs:.1f} epochs "
+            f"in {cfg.max_minutes:g} min" + (f" (the run's {cfg.epochs} epochs end it sooner)" if epochs > cfg.epochs
+                                             else ""))
     if notes and notes[0].startswith("recipe "):
         notes[0] += f"; {line}"
     else:
         notes.insert(0, line)
     if speed.seconds:
         notes.append(take_from_budget(cfg, speed.seconds))
+    return speed.images_per_s
 
 
 def take_from_budget(cfg: RunConfig, seconds: float) -> str:
@@ -396,7 +406,7 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
                         cpus=cpus, processes=_whole(given.get("processes")),
                         model=model if isinstance(model, str) else None,
                         cpu_bf16=cpu_bf16_kind() if cpus is not None else None, speed=speed,
-                        where=device_words(given.get("device")))
+                        where=device_words(given.get("device")), batch_size=_whole(given.get("batch_size")))
     name = given.get("optim.name")
     if name is not None and name != "muon" and "optim.muon_convs" not in given:  # another optimizer than the
         recipe.base.get("optim", {}).pop("muon_convs", None)  # recipe's Muon: none of Muon's own settings
@@ -455,13 +465,14 @@ def _whole(value) -> int | None:
 
 
 def _number(value):
-    """An override's value as a number, or None when it is none (resolve_config judges it)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
+    """An override's value as a finite number a float holds, or None when it is none or not one
+    (resolve_config judges it: NaN, 10**400)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        try:
+            value = None if value is None else float(value)
+        except (TypeError, ValueError):
+            return None
+    return value if is_finite_real(value) else None
 
 
 def saved_run_config(run_dir: Path, out: str | None, elsewhere: bool = False) -> dict:

@@ -110,7 +110,8 @@ def process_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, num_
 
     per_process = max(cfg.batch_size // max(cfg.processes, 1), 1)
     step_cfg = RunConfig.from_dict({**cfg.to_dict(), "batch_size": per_process, "processes": 1, "loggers": [],
-                                    "max_minutes": None, "epochs": 1, "ema": cfg.ema})
+                                    "max_minutes": None, "epochs": 1, "ema": cfg.ema, "init_from": None,
+                                    "tune": "full"})  # a fine-tune's model, its weights unread: the same cost
     classes = [str(i) for i in range(max(num_classes, 2))]
     images = random_set(per_process, classes, mcfg.in_chans, mcfg.img_size)
     old_threads = torch.get_num_threads()

@@ -3,9 +3,10 @@ and the head), or its head alone on a frozen backbone ('probe'); 'auto' chooses 
 model's size.
 
 The rule (``choose_tune``), for a run bounded by the clock on a CPU: the seconds of one epoch in each
-mode are estimated from the model's forward FLOPs (``infer.fastpath.vit_flops``) at the CPU's eager rate
-(``CPU_EAGER_RATE`` FLOP/s a thread: a training step's backward costs twice its forward, and a frozen
-part runs forward only), and the first mode, in the order full, last, probe, that the budget gives at
+mode follow from the model's forward FLOPs (``infer.fastpath.vit_flops``: a training step's backward costs
+twice its forward, and a frozen part runs forward only) at the rate this CPU trains the whole model, as
+measured before the run (``train.speed``, for a model small enough to measure in seconds), else at the
+CPU's eager rate (``CPU_EAGER_RATE`` FLOP/s a thread, an estimate), and the first mode, in the order full, last, probe, that the budget gives at
 least ``MIN_EPOCHS`` epochs is taken. The probe trains on features computed once (train/probe.py): its
 cost is one forward pass over the data, whatever its epochs, and it is the mode left when neither of
 the others fits. A run of fixed epochs, or on a GPU, trains the whole model.
@@ -33,14 +34,18 @@ def step_flops(mcfg, mode: str, blocks: int) -> float:
 
 
 def choose_tune(mcfg, images: int, minutes: float | None, threads: int, blocks: int,
-                on_cpu: bool = True) -> tuple[str, str]:
+                on_cpu: bool = True, measured: float | None = None) -> tuple[str, str]:
     """The mode for fine-tuning a model of ``mcfg`` on ``images`` training images within ``minutes`` (None
-    or 0: no limit) on ``threads`` CPU threads in all, and why."""
+    or 0: no limit) on ``threads`` CPU threads in all, and why. ``measured``: the images a second this
+    machine trains the whole model at (None: estimated from ``threads``)."""
     if not minutes:
         return "full", "a run of fixed epochs trains the whole model"
     if not on_cpu:
         return "full", "on a GPU the whole model trains within any budget this rule weighs"
-    rate = CPU_EAGER_RATE * max(threads, 1)
+    if measured is not None:
+        rate, kind = measured * step_flops(mcfg, "full", blocks), "a measured"
+    else:
+        rate, kind = CPU_EAGER_RATE * max(threads, 1), "an estimated"
     epochs = {}
     for mode in ("full", "last"):
         epochs[mode] = minutes * 60 / max(images * step_flops(mcfg, mode, blocks) / rate, 1e-9)
@@ -49,7 +54,7 @@ def choose_tune(mcfg, images: int, minutes: float | None, threads: int, blocks: 
     else:
         mode = "probe"
     est = ", ".join(f"{m} ~{e:.1f}" for m, e in epochs.items())
-    why = f"the budget gives an estimated {est} epochs ({MIN_EPOCHS} needed)"
+    why = f"the budget gives {kind} {est} epochs ({MIN_EPOCHS} needed)"
     if mode == "probe":
         features = images * step_flops(mcfg, "probe", blocks) / rate
         why += (f"; the probe's features take ~{features / 60:.1f} min once (within the budget, on fewer training "
@@ -57,15 +62,16 @@ def choose_tune(mcfg, images: int, minutes: float | None, threads: int, blocks: 
     return mode, why
 
 
-def settle_tune(cfg, mcfg, images: int | None) -> str:
+def settle_tune(cfg, mcfg, images: int | None, measured: float | None = None) -> str:
     """Settle a RunConfig's ``tune`` 'auto' (in place) by ``choose_tune`` for a model of ``mcfg`` and
-    ``images`` training images (None: not known); the line that says what and why."""
+    ``images`` training images (None: not known); the line that says what and why. ``measured``: see
+    ``choose_tune``."""
     if images is None:
         cfg.tune, why = "full", "the data's size could not be told ahead"
     else:
         on_cpu = resolve_device(cfg.device).type == "cpu"
         cfg.tune, why = choose_tune(mcfg, images, cfg.max_minutes, (cfg.threads or 1) * cfg.processes,
-                                    cfg.tune_blocks, on_cpu)
+                                    cfg.tune_blocks, on_cpu, measured)
     what = {"full": "the whole model", "last": f"the last {cfg.tune_blocks} blocks and the head",
             "probe": "the head on the frozen backbone (a linear probe)"}[cfg.tune]
     unused = ("; --layer-decay does not apply: the probe trains the head alone, at the full lr"
