@@ -191,7 +191,7 @@ def run_vitkit(args, weights: str | None = None) -> dict:
     return {"val_acc": summary["val_acc"], "train_seconds": summary["train_seconds"], "epochs": summary["epochs"],
             "model": config["model"], "processes": config.get("processes"), "threads": config.get("threads"),
             "img_size": config.get("img_size"), "tune": config.get("tune") if weights else None,
-            "recipe": config, "command": shlex.join(cmd[1:])}
+            "machine": summary.get("machine"), "recipe": config, "command": shlex.join(cmd[1:])}
 
 
 # ============================================================================================== timm
@@ -343,7 +343,10 @@ def main(argv=None) -> None:
     if ft is not None:
         diff = {"vitkit_scratch": round(ft["val_acc"] - vk["val_acc"], 5), **diff}
     print_table(vk, base, diff, f"{args.minutes:g} min each; baselines: 1 process of {n} thread(s)", ft)
+    emulated = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+                if k in os.environ}  # an older CPU kind emulated: its variables, beside the machine the run names
     rec = {"data": args.data, "minutes": args.minutes, "seed": args.seed, "threads": n,
+           "machine": vk.get("machine"), **({"emulated": emulated} if emulated else {}),
            "val_fraction": VAL_FRACTION, "vitkit": vk, "baselines": base, "difference": diff,
            **({"finetune": ft, "weights": args.weights} if ft is not None else {}),
            **({"seed_range": seeds} if seeds else {}),

@@ -449,6 +449,10 @@ def test_a_channels_last_run_writes_contiguous_checkpoints_that_load_both_ways(t
     s = train(cfg(**WHITEN_STEM, epochs=3, channels_last=False), out, resume=True, splits=tiny_splits(),
               log=lambda m: None)
     assert s["step"] == 12 and s["fast_path"] == "fp32, eager"
+    from vitkit.core.hardware import cpu_capability  # the machine beside the figures: CPU, kernels, torch
+
+    assert s["machine"].startswith("cpu: ") and f" {cpu_capability()} " in s["machine"]
+    assert s["machine"].endswith(f"; torch {torch.__version__}")
     plain = tmp_path / "plain"
     train(cfg(**WHITEN_STEM, channels_last=False), plain, splits=tiny_splits(), log=lambda m: None)
     s = train(cfg(**WHITEN_STEM, epochs=3), plain, resume=True, splits=tiny_splits(), log=lambda m: None)

@@ -33,6 +33,7 @@ from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, barrier, broadcast_object, process_group
 from .metrics import check_loggers
 from .replay import Plan, read_plan
+from .speed import machine_key
 from .trainer import Trainer, main_log
 
 
@@ -122,7 +123,7 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
         if saved is not None:
             trainer.restore(saved)
         trainer.open_run(resumed=saved is not None)
-        noted = {**(loaded or {}), "fast_path": path.describe()}  # for the summary
+        noted = {**(loaded or {}), "fast_path": path.describe(), "machine": machine_key(device)}  # for the summary
         say(f"path: {noted['fast_path']}")
         if trainer.fit() == "interrupted":
             summary = {**trainer.interrupt(), **noted}
