@@ -1016,7 +1016,7 @@ def test_fuzz_train_config_file(text):
     real = loop.train, build.preflight, launch.launch
     loop.train = lambda cfg, run_dir, **kw: calls.append(cfg) or {"status": "interrupted", "step": 0}
     build.preflight = lambda *a, **kw: None
-    launch.launch = lambda argv, n: calls.append(n) or 130  # processes = N: the launch, stubbed as well
+    launch.launch = lambda argv, n, *rest: calls.append(n) or 130  # processes = N: the launch, stubbed as well
     err = io.StringIO()
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -1060,6 +1060,26 @@ def test_max_pixels_flag_raises_or_lifts_the_bomb_limit(command, tmp_path, ckpt,
     assert rc == 0 and err == [], err
     rc, out, err = cli(capsys, command, ckpt, *target, "--max-pixels", "lots")
     assert rc == 2 and "argument --max-pixels: expected a whole number of pixels, got 'lots'" in err[-1]
+
+
+@pytest.mark.parametrize("text, error", [
+    ('"img_size" = 1\n', "ViTConfig.img_size: 1x1 is not divisible by patch_size 4"),
+    ('[model_args]\n"depth" = 0\n', "ViTConfig.depth: must be a positive integer, got 0"),
+    ('"model" = "vit_tiny_patch4_32"\n"img_size" = 30\n', "ViTConfig.img_size: 30x30 is not divisible by patch_size 4"),
+])
+def test_a_config_files_model_that_cannot_be_built_names_the_file(text, error, tmp_path, capsys):
+    """A model the config file describes (its img_size, model_args or model) that cannot be built: one line
+    naming the file, then what is wrong; the same given by a flag names the flag's value alone."""
+    f = tmp_path / "run.toml"
+    f.write_text(text)
+    assert main(["train", "--config", str(f), "--threads", "1", "--out", str(tmp_path / "run"), "--quiet"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"vitkit: error: {f}: {error}"]
+    assert not (tmp_path / "run").exists()
+    f.write_text('"img_size" = 32\n')
+    assert main(["train", "--config", str(f), "--img-size", "30", "--threads", "1", "--out", str(tmp_path / "run"),
+                 "--quiet"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "vitkit: error: ViTConfig.img_size: 30x30 is not divisible by patch_size 4"]
 
 
 def test_a_config_files_missing_weights_name_the_file_and_key(tmp_path, capsys):

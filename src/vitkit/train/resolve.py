@@ -224,16 +224,24 @@ def take_from_budget(cfg: RunConfig, seconds: float) -> str:
 
 
 def _model_named_by(req: RunRequest, cfg: RunConfig, resume_dir: Path | None, given: str | None) -> tuple:
-    """``_model``; where the weights it starts from are a config file's ``init_from`` (not a flag's), its
-    error names that file and key too."""
+    """``_model``; where the model is a config file's (its ``model``, ``model_args``, ``img_size`` or
+    ``init_from``, not a flag's or an override's), its error names that file too, and the key where the
+    weights it starts from are at fault."""
     from ..core.errors import VitkitError
+    from .config import load_config_file
 
     try:
         return _model(cfg, resume_dir)
     except VitkitError as e:
-        if req.config is None or req.resume or given is not None or not cfg.init_from:
+        if req.config is None or req.resume:
             raise
-        raise type(e)(f"{req.config}: init_from: {e}") from None
+        from_file = set(load_config_file(req.config)) & {"model", "model_args", "img_size", "init_from"}
+        from_file -= {key.split(".")[0] for key in _given(req.flags, req.overrides)}
+        if given is None and cfg.init_from and "init_from" in from_file:
+            raise type(e)(f"{req.config}: init_from: {e}") from None
+        if isinstance(e, ConfigError) and from_file:
+            raise ConfigError(f"{req.config}: {e}") from None
+        raise
 
 
 def _model(cfg: RunConfig, resume_dir: Path | None) -> tuple:
