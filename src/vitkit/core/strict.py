@@ -72,7 +72,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, float) and value.is_integer() and -INT64 <= value < INT64:
             return int(value)
         raise ConfigError(f"{where}: expected an integer{' of 64 bits' if isinstance(value, int) else ''}, got "
-                          f"{reprlib.repr(value)}")
+                          f"{brief(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(finite(value, where))
@@ -124,7 +124,7 @@ def finite(value: float, where: str) -> float:
     """``value`` when it is a finite number; NaN or an infinity is a ConfigError naming ``where`` (no setting
     means anything by them, and a comparison with NaN is always false, so range checks would let it by)."""
     if not is_finite_real(value):
-        raise ConfigError(f"{where}: expected a finite number, got {reprlib.repr(value)}")
+        raise ConfigError(f"{where}: expected a finite number, got {brief(value)}")
     return value
 
 
