@@ -1174,7 +1174,7 @@ def test_every_field_of_the_preprocessing_sources_takes_every_edge_value(sources
         for field in sources[name][3]:
             for value in EDGE_VALUES:
                 outcomes[_predict_ends_cleanly(sources[name], {field: value}, image)] += 1
-    assert outcomes[False] > 0 and sum(outcomes.values()) == len(EDGE_VALUES) * sum(len(s[3]) for s in sources.values())
+    assert outcomes[False] > 0 and outcomes[True] > 0, outcomes  # most refused; some (a None: the default) predict
 
 
 def _predict_ends_cleanly(source, changes: dict, image: Path) -> bool:

@@ -160,22 +160,16 @@ def to_dict(obj: Any) -> dict:
     return conv(obj)
 
 
-def shown(text: str, limit: int = 100) -> str:
-    """``text``'s repr, its middle elided past ``limit`` characters: an error line stays one readable line."""
-    r = repr(text)
-    return r if len(r) <= limit else f"{r[:limit // 2]}...{r[-(limit // 2):]}"
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Parse ``a.b.c=value`` into (["a","b","c"], value); the value is read as JSON when it parses."""
     import json
 
     if "=" not in text:
-        raise ConfigError(f"override {shown(text)}: expected KEY=VALUE, e.g. optim.lr=0.001")
+        raise ConfigError(f"override {brief(text)}: expected KEY=VALUE, e.g. optim.lr=0.001")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key or any(not p for p in key.split(".")):
-        raise ConfigError(f"override {shown(text)}: empty key")
+        raise ConfigError(f"override {brief(text)}: empty key")
     try:
         value = json.loads(raw)
     except ValueError:
@@ -199,7 +193,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             if nxt is None:
                 nxt = node[k] = {}
             if not isinstance(nxt, dict):
-                raise ConfigError(f"override {shown(text)}: {k!r} is not a section")
+                raise ConfigError(f"override {brief(text)}: {k!r} is not a section")
             node = nxt
         node[keys[-1]] = value
     return out

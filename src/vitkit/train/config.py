@@ -23,7 +23,6 @@ from ..core.strict import (
     parse_override,
     read_json_object,
     real_in,
-    shown,
     to_dict,
 )
 from ..data import AugmentConfig
@@ -402,7 +401,7 @@ def _check_given_once(flags: dict[str, Any], overrides: list[str]) -> None:
     for text in overrides:
         key = ".".join(parse_override(text)[0])
         if key in given:
-            raise ConfigError(f"override {shown(text)}: {key} is also given by a flag; give one of the two")
+            raise ConfigError(f"override {brief(text)}: {key} is also given by a flag; give one of the two")
 
 
 __all__ = ["RunConfig", "STRATEGIES", "DataConfig", "OptimConfig", "ScheduleConfig", "resolve_config", "load_toml",

@@ -16,7 +16,9 @@ directory, takes rank 0's config once the processes meet (``train.loop.main_conf
 from __future__ import annotations
 
 import copy
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,13 +115,14 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     path = settle_path(cfg, mcfg)
     check_one_step_fits(cfg, mcfg)
     measured = None
-    if measuring is None and speed_wanted(req, cfg, mcfg):
-        measured = say_speed(cfg, mcfg, notes, req.cache_dir)
+    images = functools.cache(lambda: _training_images(cfg))  # the data probed once, and only where it is needed
+    if measuring is None and speed_wanted(req, cfg, mcfg, images):
+        measured = say_speed(cfg, mcfg, notes, req.cache_dir, images())
     if cfg.tune == "auto":
         from .tune import settle_tune
 
         # weighs the threads of all processes, at the speed measured where it was
-        notes.append(settle_tune(cfg, mcfg, _training_images(cfg), measured))
+        notes.append(settle_tune(cfg, mcfg, images(), measured))
     if weights and not req.resume and (line := finetune_processes(cfg, mcfg, given)):
         notes.append(line)
         if not threads_given:  # the same CPUs, shared among the processes
@@ -180,29 +183,29 @@ def check_one_step_fits(cfg: RunConfig, mcfg: ViTConfig) -> None:
                           f"{advice} --max-minutes")
 
 
-def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig) -> bool:
+def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig, images: Callable[[], int | None]) -> bool:
     """Whether a run whose recipe measured nothing should measure its own speed to say what its budget is in
     epochs: a new run bounded by the clock, from scratch or fine-tuning (whose mode, 'auto', is then chosen
     at the measured speed), of a model small enough (SMALL_MODEL_FLOPS) that a few of its steps take a
-    second or two on a CPU."""
+    second or two on a CPU. ``images``: the training images (``_training_images``), asked last."""
     from ..infer.fastpath import vit_flops
 
     partial = cfg.init_from and cfg.tune not in ("auto", "full")  # --tune last or probe: the whole model's speed
     if not cfg.max_minutes or req.resume or cfg.replay or partial or vit_flops(mcfg) > SMALL_MODEL_FLOPS:
         return False  # says nothing of theirs
-    images = _training_images(cfg)  # a batch larger than the data: the run refuses it, a measurement would
-    return images is None or cfg.batch_size <= images  # hold it in memory first
+    known = images()  # a batch larger than the data: the run refuses it, a measurement would hold it in
+    return known is None or cfg.batch_size <= known  # memory first
 
 
-def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str | None) -> float:
+def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str | None,
+              images: int | None) -> float:
     """Measure the run's speed (``train.speed``; a fine-tune's: the whole model training), take the time
-    from its budget and say, first, what the budget is in epochs (in place: ``cfg`` and ``notes``); the
-    images a second measured."""
+    from its budget and say, first, what the budget is in epochs of ``images`` training images (in place:
+    ``cfg`` and ``notes``); the images a second measured."""
     from .speed import measure_speed
 
     speed = measure_speed(cfg, mcfg, resolve_device(cfg.device), cfg.threads, cache_dir)
-    images = _training_images(cfg) or 1
-    epochs = speed.images_per_s * cfg.max_minutes * 60 / images
+    epochs = speed.images_per_s * cfg.max_minutes * 60 / (images or 1)
     whole = " training the whole model" if cfg.init_from else ""
     line = (f"measured on {device_words(cfg.device)}: {speed.images_per_s:,.0f} img/s{whole} -> {epochs:.1f} epochs "
             f"in {cfg.max_minutes:g} min" + (f" (the run's {cfg.epochs} epochs end it sooner)" if epochs > cfg.epochs

@@ -6,10 +6,10 @@ The rule (``choose_tune``), for a run bounded by the clock on a CPU: the seconds
 mode follow from the model's forward FLOPs (``infer.fastpath.vit_flops``: a training step's backward costs
 twice its forward, and a frozen part runs forward only) at the rate this CPU trains the whole model, as
 measured before the run (``train.speed``, for a model small enough to measure in seconds), else at the
-CPU's eager rate (``CPU_EAGER_RATE`` FLOP/s a thread, an estimate), and the first mode, in the order full, last, probe, that the budget gives at
-least ``MIN_EPOCHS`` epochs is taken. The probe trains on features computed once (train/probe.py): its
-cost is one forward pass over the data, whatever its epochs, and it is the mode left when neither of
-the others fits. A run of fixed epochs, or on a GPU, trains the whole model.
+CPU's eager rate (``CPU_EAGER_RATE`` FLOP/s a thread, an estimate); the first mode, in the order full,
+last, probe, that the budget gives at least ``MIN_EPOCHS`` epochs is taken. The probe trains on features
+computed once (train/probe.py): its cost is one forward pass over the data, whatever its epochs, and it
+is the mode left when neither of the others fits. A run of fixed epochs, or on a GPU, trains the whole model.
 """
 
 from __future__ import annotations
