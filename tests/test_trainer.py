@@ -2,6 +2,8 @@
 epochs end (steps, budget, stop), and the model's config resolved once."""
 
 import math
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from vitkit.io import checkpoint as ckpt_io
 from vitkit.train import EMA, RunConfig, StepResult, Trainer, TrainerState, model_config, preflight
 from vitkit.train.build import build_model, prepare_model
 from vitkit.train.ema import ema_decay
+from vitkit.train import trainer as trainer_module
 from vitkit.train.trainer import EpochEnd
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -251,6 +254,26 @@ def test_a_budget_stops_training_where_the_estimated_end_still_fits(tmp_path):
     assert summary["eval_views"] == 1 and (t.tta, t.tta_shift) == (False, 0)
     assert [line for line in lines if line.startswith("budget: ")] == [
         "budget: evaluating with 1 view rather than 2 views (flips), about 48.0 s for the 60.0 s left"]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_end_is_estimated_from_an_evaluation_batch_scored_as_the_end_scores_it(tmp_path, monkeypatch, world):
+    # the processes score their shares of a split side by side, each in batches of the evaluation's size: an
+    # image-view's wall-clock is one such batch's seconds over the images of all the processes' batches
+    t = make_trainer(tmp_path, max_minutes=1.0)  # 16 validation images; evaluation batches of 64
+    t.dist = replace(t.dist, world_size=world)
+    clock, seen = [100.0], []
+
+    def forward_takes_a_second(module, args):
+        seen.append(args[0].shape[0])
+        clock[0] += 1.0
+
+    monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    t.model.register_forward_pre_hook(forward_takes_a_second)
+    t.time_forward()
+    share = 16 // world  # each process scores its share of the 16 at once: fewer than a batch of 64
+    assert seen == [share, share]  # a warm-up, then the timed batch
+    assert t.budget.forward == pytest.approx(1.0 / (share * world))  # 1 s for 16 image-views, on 1 process or 2
 
 
 # ------------------------------------------------------------------------------ the config, once

@@ -42,7 +42,7 @@ from ..infer.paths import autocast, model_logits
 from ..infer.scoring import Tally
 from ..io import checkpoint as ckpt_io
 from ..model.vit import count_params
-from .budget import END_TOLERANCE, FORWARD_SAMPLE, RunBudget, eval_views, fewer_views, views_words
+from .budget import END_TOLERANCE, RunBudget, eval_views, fewer_views, views_words
 from .checkpoint import checkpoint_step, find_checkpoint, rng_state, save_checkpoint, set_rng_state, write_json
 from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, broadcast_weights
@@ -376,25 +376,27 @@ class Trainer:
 
     @torch.no_grad()
     def time_forward(self) -> None:
-        """Time the model's forward pass, in eval mode, on validation (else test) images as evaluation prepares
-        them, in two batches of FORWARD_SAMPLE / 2 (the second timed: the first is a warm-up): what the end's
-        estimate rests on until a validation is timed."""
+        """Time the model's forward pass as the end's evaluation runs it: in eval mode, on validation (else test)
+        images as evaluation prepares them, one batch of the size each process scores there (the evaluation
+        batch, or its share of a smaller split), twice (the second timed: the first is a warm-up). The processes
+        score their shares side by side, so an image-view's wall-clock is the batch's seconds over the images
+        of all of them. What the end's estimate rests on until a validation is timed."""
         images = self.val_set if self.val_set is not None else self.test_set
-        half = min(len(images), FORWARD_SAMPLE) // 2 if images is not None else 0
-        if not half:
+        if images is None or not len(images):
             return
+        size = min(self.eval_batch_size, -(-len(images) // self.dist.world_size))
         base = ckpt_io.unwrap(self.model)
         was_training = base.training
         base.eval()
         try:
-            for i, (x, _) in enumerate(eval_batches(images, base.cfg.img_size, base.preprocess, self.device, half,
-                                                    torch.arange(2 * half))):
+            for i, (x, _) in enumerate(eval_batches(images, base.cfg.img_size, base.preprocess, self.device, size,
+                                                    torch.arange(size).repeat(2))):
                 t0 = time.perf_counter() if i else 0.0
                 with autocast(self.device, self.precision):
                     model_logits(base, x).float().sum().item()  # read back: an accelerator has finished it
         finally:
             base.train(was_training)
-        self.budget.timed_eval(time.perf_counter() - t0, half)
+        self.budget.timed_eval(time.perf_counter() - t0, size * self.dist.world_size)
 
     def views_that_fit(self, seconds: float, tta: bool, shift: int) -> tuple[bool, int]:
         """(tta, tta_shift): the most of these test-time views whose end fits ``seconds``, else one view."""
