@@ -232,6 +232,10 @@ SMALL_DATA_CANDIDATES = (
         (10.587, 84.96, f"{ABLATE}: base (bf16, AMX), 5 min, seed 0"),
         (11.764, 85.04, f"{ABLATE}: base, 10 min, seed 0"),
         (20.758, 86.44, f"{ABLATE}: base (bf16, AMX), 10 min, seed 0"))),
+    Candidate("long-lr-3x", "two 3x3 convs at each of the tokenizer's resolutions, EMA 0.999, at 3x the "
+              "learning rate (0.006)", {"optim": {"lr": 0.006}}, (
+        (5.0, 85.08, f"{ABLATE}: long-lr-3x, 5 epochs, seed 0"),
+        (10.0, 87.60, f"{ABLATE}: long-lr-3x, 10 epochs, seed 0"))),
     Candidate("long", "two 3x3 convs at each of the tokenizer's resolutions, EMA 0.999", {}, (
         (26.057, 88.68, f"{ABLATE}: early-conv-2, 30 min, seed 0"),)),
 )
