@@ -129,6 +129,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                                    "optim.lr=0.006"]),
     "short-lr-3x-stem-96": ("the short budget's model at 3x the learning rate, a wider tokenizer: 96 channels at 16x16 and "
                             "192 at the grid (not 64 and 128)", ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null", "optim.lr=0.006", "model_args.stem_width=96"]),
+    "short-lr-3x-ema": ("the short budget's model at 3x the learning rate, with the long budget's EMA of the weights (0.999)",
+                        ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "optim.lr=0.006"]),
     "short-lr-3x-dirac": ("the short budget's model at 3x the learning rate, its tokenizer's 3x3 convs starting as "
                           "identities on their first in-channels filters", ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "ema=null", "optim.lr=0.006", "model_args.stem_dirac=true"]),
     "long-lr-3x": ("the long budget's model (the recipe's: two 3x3 convs at each of the tokenizer's resolutions, EMA "
