@@ -246,22 +246,23 @@ def _start_nodes(argv: list[str], node_flags: list[list[str]]) -> list[subproces
 def _finish(procs: list[subprocess.Popen], timeout: float = 150) -> list[tuple[str, str]]:
     """Each process's (stdout, stderr); a hang past ``timeout`` kills them all and fails the test with what
     each had written, so that a hang says where it stopped."""
+    def kill_all():
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)  # its processes die with it (they follow their launcher)
+                p.wait()
+
     deadline = time.monotonic() + timeout
     try:
         return [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
     except subprocess.TimeoutExpired:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)  # its processes die with it (they follow their launcher)
-        outs = [p.communicate() for p in procs]
+        kill_all()
+        outs = [p.communicate() for p in procs]  # what each wrote before it was killed (communicate loses none)
         pytest.fail(f"no end within {timeout:g} s; what each process wrote:\n" + "\n".join(
             f"--- process {i} (exit {p.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
             for i, (p, (out, err)) in enumerate(zip(procs, outs))))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        kill_all()
 
 
 @pytest.mark.parametrize("backend", ["static", "c10d"])
