@@ -148,3 +148,31 @@ def test_train_caches_under_xdg_cache_home_by_default(tmp_path, monkeypatch, cap
     data = image_folder(tmp_path / "data")
     assert main(["train", "--data", str(data), "--epochs", "1", "--out", str(tmp_path / "run"), *FAST_TRAIN_ARGS]) == 0
     assert list((tmp_path / "xdg" / "vitkit" / "decoded").glob("*.npz"))
+
+
+def _open_after(barrier, root, cache, out):
+    barrier.wait()
+    out.put(_open(root, cache).cache)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the decode lock is an flock")
+def test_processes_opening_one_folder_at_once_decode_it_once(tmp_path, monkeypatch):
+    import multiprocessing as mp
+    import time
+
+    root, cache = _folder(tmp_path / "data"), tmp_path / "cache"
+    pmap = folders._pmap
+    monkeypatch.setattr(folders, "_pmap", lambda *a: time.sleep(1.0) or pmap(*a))  # a decoding long enough to overlap
+    ctx = mp.get_context("fork")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_open_after, args=(barrier, root, cache, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    # one decoded and stored; the other waited on its lock and read the entry (without it, both decoded)
+    assert got == ["miss", "shared"] and [p.exitcode for p in procs] == [0, 0]
+    assert len(list((cache / "decoded").glob("*.npz"))) == 1
+    _no_decoding(monkeypatch)
+    assert _open(root, cache).cache == "hit"

@@ -10,9 +10,12 @@ The key of an entry is a hash of the decode settings (channels, size or short si
 Pillow's version, this format's version) and, for every file, its name relative to the dataset's root,
 its size and its modification time: a file touched, added, removed or renamed, or another setting, is
 another key, and is decoded afresh. Entries are written atomically (``io.atomic``), so processes that
-race (the ranks of a distributed run) each write a whole file and the last rename wins; a file that is
-truncated or corrupt (its checksum does not match) is ignored and written again. Entries for an older
-state of the same folder and settings are removed when a new one is written.
+race each write a whole file and the last rename wins; a file that is truncated or corrupt (its checksum
+does not match) is ignored and written again. Entries for an older state of the same folder and settings
+are removed when a new one is written. Processes that open the same folder at once (the ranks of a
+distributed run, on one machine) decode it once: the first to miss holds a lock on the entry
+(``decoding``) while it decodes and stores, and the others, waiting on it, then read what it stored,
+instead of each decoding the whole folder on the same cores.
 """
 
 from __future__ import annotations
@@ -108,6 +111,33 @@ class DecodeCache:
             at += n
         return out
 
+    @contextlib.contextmanager
+    def decoding(self, name: str):
+        """Hold the lock of ``name``'s folder and settings (an exclusive ``flock`` on ``<prefix>.lock`` beside
+        the entries) while this process decodes what it missed, so that another process opening the same
+        folder waits and then reads the entry (``load`` again inside) rather than decoding it too. Where the
+        lock cannot be had (no ``fcntl``, a folder that cannot be written, a file system without locks), no
+        wait: each process decodes, as without a lock."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on POSIX
+            yield
+            return
+        fd = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.folder / f"{name.split('-', 1)[0]}.lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)  # the lock goes with the descriptor (and with the process, should it die)
+
     def store(self, name: str, key: str, results: list) -> str | None:
         """Write ``results`` (as ``load`` returns them) under ``name`` and remove older entries of the same
         folder and settings; a note saying why not, if it could not be written."""
@@ -130,6 +160,7 @@ class DecodeCache:
         return None
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a lock file that is a link is not followed (an error: no lock)
 META_BYTES = 1 << 16  # the most an entry's meta member may declare: its key and checksum, and
 ENTRY_BYTES = 4096  # at most this much for each file's reason it could not be read
 

@@ -199,14 +199,28 @@ def _decode_items(paths: list[Path], channels: int, in_memory: bool, o: OpenOpti
     """[(array or header size, None) | (None, error)] of each path: decoded (``in_memory``; read back from
     the cache when it holds them, else stored there) or its header read, counted on a progress task."""
     kind = "decode" if in_memory else "header"
-    entry = None
     if kind == "decode" and o.cache is not None:
         settings = {"channels": channels, "size": o.img_size, "short_side": o.short_side, "max_pixels": o.max_pixels}
         entry = o.cache.key(o.root, paths, settings, part=f"{where}:{part}")
-        found = o.cache.load(*entry, len(paths), fits=functools.partial(_decoded_fits, channels, o))
+        fits = functools.partial(_decoded_fits, channels, o)
+        found = o.cache.load(*entry, len(paths), fits=fits)
         if found is not None:
             o.cache_used.append("hit")
             return found
+        with o.cache.decoding(entry[0]):  # another process decoding the same folder: wait, then read it
+            found = o.cache.load(*entry, len(paths), fits=fits)
+            if found is None:
+                return _decode_now(paths, channels, kind, o, where, part, entry)
+        o.cache_used.append("shared")
+        return found
+    return _decode_now(paths, channels, kind, o, where, part, None)
+
+
+def _decode_now(paths: list[Path], channels: int, kind: str, o: OpenOptions, where: Path, part: str,
+                entry: tuple[str, str] | None) -> list:
+    """``_decode_items``' work where the cache did not have it: decode (or read the headers), in parallel,
+    and store what decoding gave under ``entry`` (None: no cache)."""
+    in_memory = kind == "decode"
     what = f"{'decoding' if in_memory else 'reading the headers of'} {show_path(where)}"
     what += f" ({part})" if part else ""
     with o.progress.task(what, len(paths), unit="images") as task:

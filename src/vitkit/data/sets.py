@@ -124,7 +124,8 @@ class DataSplits:
     classes: list[str]
     format: str  # 'folder' | 'split-folder' | 'mnist' | 'cifar10' | 'cifar100' | 'demo'
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason), files left out
-    cache: str = "off"  # the decoded-image cache: 'hit' (every decoded part read back from it), 'miss'
+    cache: str = "off"  # the decoded-image cache: 'hit' (every decoded part read back from it), 'shared' (read
+    #   back, after waiting while another process opening the same folder decoded and stored it), 'miss'
     #   (decoded, and stored), 'miss, not cached' (decoded; storing failed: ``cache_notes`` says why), 'off' (no
     #   cache, or nothing to decode: arrays, streamed folders)
     cache_notes: list[str] = field(default_factory=list)  # why the cache could not be written, if so
@@ -181,14 +182,18 @@ class OpenOptions:
     short_side: int | None = None
     cache: DecodeCache | None = None
     root: Path = Path(".")  # the dataset's folder, that cache keys name files relative to
-    cache_used: list[str] = field(default_factory=list)  # 'hit' | 'miss' of each part decoded with a cache
+    cache_used: list[str] = field(default_factory=list)  # 'hit' | 'shared' | 'miss' | 'uncached' of each part
+    #   decoded with a cache
     cache_notes: list[str] = field(default_factory=list)
 
     def cache_summary(self) -> str:
-        """'hit' when every decoded part came from the cache, 'miss' when one was decoded (and stored), 'miss,
-        not cached' when one could not be stored, else 'off'."""
+        """'hit' when every decoded part came from the cache, 'shared' when they all did and one was decoded by
+        another process while this one waited, 'miss' when one was decoded (and stored), 'miss, not cached'
+        when one could not be stored, else 'off'."""
         used = set(self.cache_used)
-        return "hit" if used == {"hit"} else "miss, not cached" if "uncached" in used else "miss" if used else "off"
+        if used and used <= {"hit", "shared"}:
+            return "shared" if "shared" in used else "hit"
+        return "miss, not cached" if "uncached" in used else "miss" if used else "off"
 
 
 def list_entries(root: Path) -> tuple[list[Path], list[Path]]:

@@ -172,6 +172,7 @@ def held_out_recorded(cfg: RunConfig, splits) -> RunConfig:
 def loaded_line(splits, loaded: dict, cache_dir) -> str:
     """'data loaded in 0.4 s (from the cache in DIR): <the data's summary>'."""
     how = {"hit": f"from the cache in {cache_dir}", "miss": f"decoded, cached in {cache_dir}",
+           "shared": f"decoded by another process meanwhile, cached in {cache_dir}",
            "miss, not cached": f"decoded, not cached in {cache_dir}"}.get(loaded["data_cache"])
     return f"data loaded in {loaded['data_seconds']:.1f} s" + (f" ({how})" if how else "") + f": {splits.summary()}"
 
