@@ -64,6 +64,24 @@ def test_the_processes_train_together_each_on_its_share_of_the_batch(monkeypatch
     assert seen == [(4, 1, 4, 1)]
 
 
+def test_candidates_whose_steps_cost_the_same_are_measured_once_on_a_busy_machine(tmp_path, monkeypatch):
+    import vitkit.train.speed as speed
+    from vitkit.train.resolve import data_recipe
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (8.0, 8.0, 8.0))  # nothing kept in the cache between them
+    measured = []
+    monkeypatch.setattr(speed, "process_speed", lambda cfg, mcfg, device, threads, classes: measured.append(
+        (cfg.optim.lr, cfg.model_args["stem_convs"])) or (300.0 if cfg.model_args["stem_convs"] == 1 else 200.0))
+    data = image_folder(tmp_path / "data", n=4, test=1)
+    recipe, seconds = data_recipe(str(data / "train"), None, {"max_minutes": 5.0, "processes": 2, "threads": 1}, [],
+                                  cache_dir=str(tmp_path / "cache"))
+    costs = {tuple(sorted(c.overrides.get("model_args", {"stem_convs": 2}).items())) for c in SMALL_DATA_CANDIDATES}
+    assert len(SMALL_DATA_CANDIDATES) > len(costs) == 2  # learning rates share a model's step
+    assert sorted(convs for _, convs in measured) == [1, 2]  # one measurement a step cost, not one a candidate
+    assert seconds is not None and seconds > 0
+    assert "short-lr-3x 600 img/s" in recipe.line and "long-lr-3x 400 img/s" in recipe.line and "long 400 img/s" in recipe.line
+
+
 @pytest.mark.parametrize("content", ["fifo", "garbage", "list", "bad-values", "directory"])
 def test_a_speed_cache_that_is_not_one_is_measured_again_never_read_as_one(tmp_path, content):
     file = tmp_path / SPEED_FILE

@@ -427,18 +427,26 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
 def recipe_speed(flags: dict, overrides: list[str], cache_dir: str | None, spent: list[float]):
     """The function a recipe measures its candidates' speed with: a candidate's values (a dict), with the
     run's flags and overrides laid over them, -> images per second on the run's device
-    (``train.speed.measure_speed``); the seconds each measurement took are added to ``spent``."""
+    (``train.speed.measure_speed``); the seconds each measurement took are added to ``spent``. Candidates whose
+    steps cost the same (``train.speed.speed_key``: they differ in a learning rate, say) are measured once: a
+    busy machine's speeds are not kept in the cache, and each measurement is seconds of the run's budget."""
     from .build import model_config
-    from .speed import measure_speed
+    from .speed import measure_speed, speed_key
+
+    seen: dict[str, float] = {}
 
     def speed(base: dict) -> float:
         cfg = resolve_config(None, flags, overrides, base=base)
         mcfg = model_config(cfg)
         settle_path(cfg, mcfg)
         threads = cfg.threads or default_threads(cfg.processes)
-        measured = measure_speed(cfg, mcfg, resolve_device(cfg.device), threads, cache_dir)
-        spent.append(measured.seconds)
-        return measured.images_per_s
+        device = resolve_device(cfg.device)
+        key = speed_key(cfg, mcfg, device, threads)
+        if key not in seen:
+            measured = measure_speed(cfg, mcfg, device, threads, cache_dir)
+            spent.append(measured.seconds)
+            seen[key] = measured.images_per_s
+        return seen[key]
 
     return speed
 

@@ -77,12 +77,18 @@ def run_key(cfg: RunConfig, img_size: tuple[int, int], threads: int) -> str:
     return json.dumps(parts, sort_keys=True, default=str)
 
 
+def speed_key(cfg: RunConfig, mcfg, device: torch.device, threads: int) -> str:
+    """What a measured speed is a speed of: the machine (``machine_key``) and the run (``run_key``). Runs of
+    one key cost the same a step, whatever else differs (a learning rate, say)."""
+    return f"{machine_key(device)} | {run_key(cfg, mcfg.img_size, threads)}"
+
+
 def measure_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, cache_dir: str | os.PathLike | None = None,
                   num_classes: int = 10) -> Speed:
     """The training speed of a run of ``cfg`` (its precision and channels-last settled) training the model
     ``mcfg`` on ``device``, each of its ``cfg.processes`` processes on ``threads`` threads: from the cache
     folder's ``speed.json`` when it holds this machine and run, else measured (and stored there)."""
-    key = f"{machine_key(device)} | {run_key(cfg, mcfg.img_size, threads)}"
+    key = speed_key(cfg, mcfg, device, threads)
     cache = Path(cache_dir) / SPEED_FILE if cache_dir is not None else None
     known = read_speeds(cache).get(key) if cache is not None else None
     if known is not None:
@@ -189,4 +195,4 @@ def store_speed(file: Path, key: str, images_per_s: float) -> None:
         pass
 
 
-__all__ = ["Speed", "measure_speed", "machine_key", "run_key", "read_speeds", "store_speed", "SPEED_FILE"]
+__all__ = ["Speed", "measure_speed", "machine_key", "run_key", "speed_key", "read_speeds", "store_speed", "SPEED_FILE"]
