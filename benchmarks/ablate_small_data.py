@@ -110,6 +110,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                              SHORT + ["batch_size=64", "optim.lr=0.006"]),
     "short-lr-4x-batch-64": ("the short budget's model at batch 64 and four times the learning rate (0.008)",
                              SHORT + ["batch_size=64", "optim.lr=0.008"]),
+    "short-lr-3x-batch-256": ("the short budget's model at batch 256 (half the steps, 128 a process) and three times "
+                              "the learning rate (0.006)", SHORT + ["batch_size=256", "optim.lr=0.006"]),
+    "short-lr-6x-batch-256": ("the short budget's model at batch 256 (half the steps, 128 a process) and six times "
+                              "the learning rate (0.012)", SHORT + ["batch_size=256", "optim.lr=0.012"]),
     "short-lr-3x-no-crop": ("the short budget's model at 3x the learning rate, no translations (flips alone)",
                             SHORT_LR3 + ["augment.crop=none"]),
     "short-lr-3x-warmup-10": ("the short budget's model at 3x the learning rate, warmup over 10% of the steps (not 3%)",

@@ -210,7 +210,7 @@ TTA = "time_to_accuracy.jsonl"
 # At the fewest epochs a higher learning rate pays most: at 2 epochs 0.002 read 73.92%, 0.004 75.84%, 0.006
 # 77.20%, 0.008 77.30%, 0.01 77.26% (ablate_small_data.py --epochs 2, seed 0's carve); the rise flattens at
 # 0.006. Each learning rate is a candidate of its own, chosen only where its table says it wins. Screened at 2
-# epochs and kept out, each losing in the time it takes: batch 64, a longer warmup, no label smoothing, Muon's
+# epochs and kept out, each losing in the time it takes: batch 64, batch 256, a longer warmup, no label smoothing, Muon's
 # momentum 0.9, no conv at 16x16, a wider tokenizer, 24-px images, identity-initialised convs; at 10 epochs the
 # short model with the EMA (86.08%, against 85.98% without)
 # (docs/experiments.md, "The budget in work").
