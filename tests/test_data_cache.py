@@ -14,6 +14,7 @@ import vitkit.data.folders as folders
 import vitkit.data.sets as sets
 from vitkit.cli.main import main
 from vitkit.core.errors import DataError
+from vitkit.core.progress import Progress
 from vitkit.data import open_dataset
 
 
@@ -150,9 +151,21 @@ def test_train_caches_under_xdg_cache_home_by_default(tmp_path, monkeypatch, cap
     assert list((tmp_path / "xdg" / "vitkit" / "decoded").glob("*.npz"))
 
 
+class _Tasks(Progress):
+    """Records the tasks an opening starts."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def begin(self, task):
+        self.names.append(task.what.split(" /")[0].split(" " + os.sep)[0])
+
+
 def _open_after(barrier, root, cache, out):
+    tasks = _Tasks()
     barrier.wait()
-    out.put(_open(root, cache).cache)
+    out.put((_open(root, cache, progress=tasks).cache, tasks.names))
 
 
 @pytest.mark.skipif(os.name != "posix", reason="the decode lock is an flock")
@@ -171,8 +184,10 @@ def test_processes_opening_one_folder_at_once_decode_it_once(tmp_path, monkeypat
     got = sorted(out.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(timeout=60)
-    # one decoded and stored; the other waited on its lock and read the entry (without it, both decoded)
-    assert got == ["miss", "shared"] and [p.exitcode for p in procs] == [0, 0]
+    # one decoded and stored; the other waited on its lock, saying so, and read the entry (without the lock,
+    # both decoded)
+    assert got == [("miss", ["decoding"]), ("shared", ["waiting while another process decodes"])]
+    assert [p.exitcode for p in procs] == [0, 0]
     assert len(list((cache / "decoded").glob("*.npz"))) == 1
     _no_decoding(monkeypatch)
     assert _open(root, cache).cache == "hit"

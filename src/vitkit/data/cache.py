@@ -112,12 +112,13 @@ class DecodeCache:
         return out
 
     @contextlib.contextmanager
-    def decoding(self, name: str):
+    def decoding(self, name: str, waiting: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
         """Hold the lock of ``name``'s folder and settings (an exclusive ``flock`` on ``<prefix>.lock`` beside
         the entries) while this process decodes what it missed, so that another process opening the same
-        folder waits and then reads the entry (``load`` again inside) rather than decoding it too. Where the
-        lock cannot be had (no ``fcntl``, a folder that cannot be written, a file system without locks), no
-        wait: each process decodes, as without a lock."""
+        folder waits and then reads the entry (``load`` again inside) rather than decoding it too; a process
+        that has to wait does so inside ``waiting()`` (a progress task saying so). Where the lock cannot be
+        had (no ``fcntl``, a folder that cannot be written, a file system without locks), no wait: each
+        process decodes, as without a lock."""
         try:
             import fcntl
         except ImportError:  # pragma: no cover - not on POSIX
@@ -126,8 +127,13 @@ class DecodeCache:
         fd = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.folder / f"{name.split('-', 1)[0]}.lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = os.open(self.folder / f"{name.split('-', 1)[0]}.lock",
+                         os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _NOFOLLOW, 0o644)  # a FIFO there: never waited on
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                with waiting():
+                    fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:
             if fd is not None:
                 os.close(fd)

@@ -207,7 +207,10 @@ def _decode_items(paths: list[Path], channels: int, in_memory: bool, o: OpenOpti
         if found is not None:
             o.cache_used.append("hit")
             return found
-        with o.cache.decoding(entry[0]):  # another process decoding the same folder: wait, then read it
+        waiting = functools.partial(o.progress.task, f"waiting while another process decodes {show_path(where)}"
+                                    + (f" ({part})" if part else ""), len(paths), unit="images", rate=False,
+                                    closing=False)  # shown while it waits; the run's loading line says the rest
+        with o.cache.decoding(entry[0], waiting):  # another process decoding the same folder: wait, then read it
             found = o.cache.load(*entry, len(paths), fits=fits)
             if found is None:
                 return _decode_now(paths, channels, kind, o, where, part, entry)
