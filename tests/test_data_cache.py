@@ -8,7 +8,7 @@ import stat
 
 import pytest
 import torch
-from helpers import FAST_TRAIN_ARGS, image_folder, noise_image
+from helpers import FAST_TRAIN_ARGS, image_folder, noise_image, tiny_run_config
 
 import vitkit.data.folders as folders
 import vitkit.data.sets as sets
@@ -191,3 +191,52 @@ def test_processes_opening_one_folder_at_once_decode_it_once(tmp_path, monkeypat
     assert len(list((cache / "decoded").glob("*.npz"))) == 1
     _no_decoding(monkeypatch)
     assert _open(root, cache).cache == "hit"
+
+
+def _rank_one(tmp_path, monkeypatch, rank_zero):
+    """Rank 1 of 2 on one machine opening ``image_folder`` data through ``loop.open_shared``, the collectives
+    played by ``rank_zero(call)``: what rank 0 sends at each all-gather (and does before it)."""
+    import vitkit.train.loop as loop
+    from vitkit.train.build import model_config
+    from vitkit.train.distributed import DistInfo
+
+    data = tmp_path / "data" if (tmp_path / "data").exists() else image_folder(tmp_path / "data", n=6, test=2)
+    cfg = tiny_run_config(data={"path": str(data), "val_fraction": 0.0})
+    mcfg = model_config(cfg)
+    calls = []
+    monkeypatch.setattr(loop, "all_gather_object", lambda obj, dist: calls.append(obj) or [rank_zero(len(calls)), obj])
+    return lambda: loop.open_shared(cfg, mcfg, lambda m: None, Progress(), tmp_path / "cache", DistInfo(1, 2, 1)), \
+        (cfg, mcfg), calls
+
+
+def test_the_processes_of_a_run_leave_a_miss_to_the_first_and_then_read_what_it_stored(tmp_path, monkeypatch):
+    from vitkit.train.build import open_data
+
+    decoded = []
+    pmap = folders._pmap
+    monkeypatch.setattr(folders, "_pmap", lambda *a: decoded.append(a[0]) or pmap(*a))
+    state = {}
+
+    def rank_zero(call):
+        if call == 2:  # rank 0 decodes and stores before it sends that it is done
+            assert decoded == []  # rank 1 decoded nothing while it waited
+            state["zero"] = open_data(*state["cfgs"], lambda m: None, cache_dir=tmp_path / "cache")
+            decoded.clear()
+            return None
+        return True  # rank 0 missed too
+
+    opening, state["cfgs"], calls = _rank_one(tmp_path, monkeypatch, rank_zero)
+    splits = opening()
+    assert calls == [True, None] and decoded == [] and splits.cache == "hit" and state["zero"].cache == "miss"
+    assert _same(splits, state["zero"])
+    # a filled cache: every process reads it at once, with one all-gather and no wait
+    again, _, calls = _rank_one(tmp_path, monkeypatch, lambda call: False)
+    assert again().cache == "hit" and calls == [False] and decoded == []
+
+
+def test_a_failure_of_the_first_process_to_open_the_data_is_an_error_on_the_others(tmp_path, monkeypatch):
+    said = "data/train/cat/0.png: not an image (cannot identify image file)"
+    opening, _, calls = _rank_one(tmp_path, monkeypatch, lambda call: True if call == 1 else said)
+    with pytest.raises(DataError, match=r"^data/train/cat/0\.png: not an image \(cannot identify image file\)$"):
+        opening()
+    assert calls == [True, None]

@@ -46,6 +46,11 @@ def user_cache() -> str:
     return os.path.expanduser(USER_CACHE)
 
 
+class CacheMiss(Exception):
+    """An opening told to read the cache only (``open_dataset(cached_only=True)``) found a part it would have
+    to decode: the message names the folder."""
+
+
 class DecodeCache:
     """Decoded image lists under ``folder``/decoded/: ``key`` names one, ``load`` reads it back (None on a
     miss or a damaged file), ``store`` writes it (a note on failure: a cache never fails a run)."""

@@ -62,6 +62,7 @@ def open_dataset(
     progress: Progress | None = None,
     short_side: int | None = None,
     cache_dir: str | os.PathLike | None = None,
+    cached_only: bool = False,
 ) -> DataSplits:
     """Open a dataset folder (layout detected from its content, or forced with ``fmt``).
 
@@ -77,7 +78,9 @@ def open_dataset(
     their short side is at most this; images of one size share a tensor, others are held as a
     ``RaggedImages`` store (or streamed). cache_dir: keep what decoding an image folder gave in this
     folder (``data.cache``; never inside the data folder) and read it back on the next opening; None = no
-    cache. ``DataSplits.cache`` says whether it was used.
+    cache. ``DataSplits.cache`` says whether it was used. cached_only: with ``cache_dir``, read only what the
+    cache holds: a part it would decode raises ``data.cache.CacheMiss`` (a distributed run's processes read a
+    filled cache side by side, and leave a miss to one of them).
     """
     if fmt is not None and fmt not in FORMATS:
         raise DataError(f"fmt: unknown dataset format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -88,7 +91,7 @@ def open_dataset(
     img_size = _check_sizes(img_size, short_side)
     cache = DecodeCache(cache_dir) if cache_dir is not None else None
     opts = OpenOptions(channels, img_size, strict, in_memory, max_pixels, num_workers, progress or Progress(),
-                 short_side, cache)
+                       short_side, cache, cached_only=cached_only and cache is not None)
 
     if path is None:
         if fmt not in (None, "demo"):

@@ -14,6 +14,7 @@ import torch
 from ..core.errors import DataError
 from ..core.hardware import usable_cpus
 from ..core.progress import Task
+from .cache import CacheMiss
 from .images import decode_array, header_size, pil_limits, short_side_size, show_path, walk_images
 from .ragged import RaggedImages
 from .sets import DataFacts, ImageSet, OpenOptions, list_entries
@@ -207,6 +208,8 @@ def _decode_items(paths: list[Path], channels: int, in_memory: bool, o: OpenOpti
         if found is not None:
             o.cache_used.append("hit")
             return found
+        if o.cached_only:
+            raise CacheMiss(f"{show_path(where)}{f' ({part})' if part else ''}: not in the cache {o.cache.folder}")
         waiting = functools.partial(o.progress.task, f"waiting while another process decodes {show_path(where)}"
                                     + (f" ({part})" if part else ""), len(paths), unit="images", rate=False,
                                     closing=False)  # shown while it waits; the run's loading line says the rest

@@ -181,6 +181,7 @@ class OpenOptions:
     progress: Progress
     short_side: int | None = None
     cache: DecodeCache | None = None
+    cached_only: bool = False  # a part the cache lacks raises CacheMiss instead of being decoded
     root: Path = Path(".")  # the dataset's folder, that cache keys name files relative to
     cache_used: list[str] = field(default_factory=list)  # 'hit' | 'shared' | 'miss' | 'uncached' of each part
     #   decoded with a cache

@@ -180,12 +180,13 @@ def check_views(cfg: RunConfig, mcfg: ViTConfig) -> None:
 
 # ============================================================================================== data
 def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progress: Progress | None = None,
-              cache_dir: str | Path | None = None):
+              cache_dir: str | Path | None = None, cached_only: bool = False):
     """The run's DataSplits with ``mcfg``'s channels. Image folders, which may mix sizes, keep whole images
     at a short side a little larger than the model's (``decode_short_side``), so that training crops are
     drawn from the whole image, unless data.img_size sets one size (shown on ``progress``; read back from
     ``cache_dir`` when it holds them). Data with neither a validation nor a test part gives 10% of its
-    training images to a validation split, so that the run reports an accuracy."""
+    training images to a validation split, so that the run reports an accuracy. ``cached_only``: what the
+    cache holds, else ``data.cache.CacheMiss`` (``open_dataset``)."""
     from ..data import open_dataset
 
     d = cfg.data
@@ -195,7 +196,7 @@ def open_data(cfg: RunConfig, mcfg: ViTConfig, say: Callable[[str], None], progr
         short = d.short_side or decode_short_side(mcfg.img_size, d.crop_pct)
     splits = open_dataset(d.path, d.format, channels=mcfg.in_chans, img_size=size, val_fraction=d.val_fraction,
                           seed=cfg.seed, strict=d.strict, in_memory=d.in_memory, progress=progress,
-                          short_side=short, cache_dir=cache_dir)
+                          short_side=short, cache_dir=cache_dir, cached_only=cached_only)
     if (line := held_out(splits, cfg.seed, where=str(d.path))) is not None:
         say(line)
     return splits

@@ -100,7 +100,7 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
     check_views(cfg, mcfg)
     loaded = None
     if splits is None:
-        splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir)
+        splits, loaded = load_data(cfg, mcfg, say, progress, cache_dir, dist)
         cfg = held_out_recorded(cfg, splits)
     classes = check_classes(splits, run_dir, saved["classes"] if saved is not None else None, say)
     model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
@@ -150,14 +150,48 @@ def run_path(cfg: RunConfig, mcfg, device: torch.device, images: int) -> FastPat
                          sharded=cfg.strategy == "fsdp")
 
 
-def load_data(cfg: RunConfig, mcfg, say: Callable[[str], None], progress: Progress, cache_dir) -> tuple:
-    """The run's data (``build.open_data``), and for the summary how long loading it took and whether the
-    decoded-image cache served it ('hit', 'miss' or 'off')."""
+def load_data(cfg: RunConfig, mcfg, say: Callable[[str], None], progress: Progress, cache_dir,
+              dist: DistInfo = DistInfo()) -> tuple:
+    """The run's data (``build.open_data``; the processes of a distributed run: ``open_shared``), and for the
+    summary how long loading it took and whether the decoded-image cache served it ('hit', 'miss' or 'off')."""
     t0 = time.perf_counter()
-    splits = open_data(cfg, mcfg, say, progress, cache_dir)
+    if dist.enabled and cache_dir is not None:
+        splits = open_shared(cfg, mcfg, say, progress, cache_dir, dist)
+    else:
+        splits = open_data(cfg, mcfg, say, progress, cache_dir)
     for note in splits.cache_notes:
         say(f"warning: {note}")
     return splits, {"data_seconds": round(time.perf_counter() - t0, 2), "data_cache": splits.cache}
+
+
+def open_shared(cfg: RunConfig, mcfg, say: Callable[[str], None], progress: Progress, cache_dir,
+                dist: DistInfo):
+    """A distributed run's data, decoded once a machine: every process first reads what the decoded-image cache
+    holds, side by side; where it lacks a part, the first process of each machine (local rank 0; on the first
+    machine, the one that shows the decoding) opens the data, decoding and storing it, while the others wait,
+    then they read what it stored (or, where it could not store it, decode for themselves). A failure to open
+    the data on one process is a one-line error on all of them, not a wait."""
+    from ..core.errors import DataError, VitkitError
+    from ..data.cache import CacheMiss
+
+    try:
+        splits = open_data(cfg, mcfg, say, progress, cache_dir, cached_only=True)
+    except CacheMiss:
+        splits = None
+    if not any(all_gather_object(splits is None, dist)):
+        return splits
+    failed = None
+    if splits is None and dist.local_rank == 0:
+        try:
+            splits = open_data(cfg, mcfg, say, progress, cache_dir)
+        except VitkitError as e:
+            failed = e
+    errors = [e for e in all_gather_object(None if failed is None else str(failed), dist) if e is not None]
+    if failed is not None:
+        raise failed
+    if errors:
+        raise DataError(errors[0])
+    return splits if splits is not None else open_data(cfg, mcfg, say, progress, cache_dir)
 
 
 def held_out_recorded(cfg: RunConfig, splits) -> RunConfig:
