@@ -12,10 +12,11 @@ its size and its modification time: a file touched, added, removed or renamed, o
 another key, and is decoded afresh. Entries are written atomically (``io.atomic``), so processes that
 race each write a whole file and the last rename wins; a file that is truncated or corrupt (its checksum
 does not match) is ignored and written again. Entries for an older state of the same folder and settings
-are removed when a new one is written. Processes that open the same folder at once (the ranks of a
-distributed run, on one machine) decode it once: the first to miss holds a lock on the entry
-(``decoding``) while it decodes and stores, and the others, waiting on it, then read what it stored,
-instead of each decoding the whole folder on the same cores.
+are removed when a new one is written. Processes that open the same folder at once (two runs on one
+machine) decode it once: the first to miss holds a lock on the entry (``decoding``) while it decodes and
+stores, and the others, waiting on it, then read what it stored, instead of each decoding the whole folder
+on the same cores. The processes of one distributed run take turns in a set order instead
+(``train.loop.open_shared``: the one that shows progress decodes).
 """
 
 from __future__ import annotations
