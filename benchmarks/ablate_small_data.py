@@ -129,6 +129,12 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                                    "optim.lr=0.006"]),
     "short-lr-3x-stem-96": ("the short budget's model at 3x the learning rate, a wider tokenizer: 96 channels at 16x16 and "
                             "192 at the grid (not 64 and 128)", SHORT_LR3 + ["model_args.stem_width=96"]),
+    "short-lr-3x-grid-2": ("the short budget's model at 3x the learning rate with the long model's second 3x3 conv at the "
+                           "8x8 grid (one at 16x16, no EMA)",
+                           ["model_args.stem_convs=2", "model_args.stem_early_convs=1", "ema=null", "optim.lr=0.006"]),
+    "short-lr-3x-early-2": ("the short budget's model at 3x the learning rate with the long model's second 3x3 conv at "
+                            "16x16 (one at the grid, no EMA)",
+                            ["model_args.stem_convs=1", "model_args.stem_early_convs=2", "ema=null", "optim.lr=0.006"]),
     "short-lr-3x-ema": ("the short budget's model at 3x the learning rate, with the long budget's EMA of the weights (0.999)",
                         ["model_args.stem_convs=1", "model_args.stem_early_convs=1", "optim.lr=0.006"]),
     "short-lr-3x-dirac": ("the short budget's model at 3x the learning rate, its tokenizer's 3x3 convs starting as "
