@@ -191,7 +191,9 @@ def run_vitkit(args, weights: str | None = None) -> dict:
     return {"val_acc": summary["val_acc"], "train_seconds": summary["train_seconds"], "epochs": summary["epochs"],
             "model": config["model"], "processes": config.get("processes"), "threads": config.get("threads"),
             "img_size": config.get("img_size"), "tune": config.get("tune") if weights else None,
-            "machine": summary.get("machine"), "recipe": config, "command": shlex.join(cmd[1:])}
+            "machine": summary.get("machine"), "data_seconds": summary.get("data_seconds"),
+            "data_cache": summary.get("data_cache"), "total_seconds": summary.get("total_seconds"),
+            "recipe": config, "command": shlex.join(cmd[1:])}
 
 
 # ============================================================================================== timm
