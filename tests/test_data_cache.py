@@ -159,7 +159,7 @@ class _Tasks(Progress):
         self.names = []
 
     def begin(self, task):
-        self.names.append(task.what.split(" /")[0].split(" " + os.sep)[0])
+        self.names.append(task.what.split(" " + os.sep)[0])
 
 
 def _open_after(barrier, root, cache, out):
@@ -193,9 +193,9 @@ def test_processes_opening_one_folder_at_once_decode_it_once(tmp_path, monkeypat
     assert _open(root, cache).cache == "hit"
 
 
-def _rank_one(tmp_path, monkeypatch, rank_zero):
-    """Rank 1 of 2 on one machine opening ``image_folder`` data through ``loop.open_shared``, the collectives
-    played by ``rank_zero(call)``: what rank 0 sends at each all-gather (and does before it)."""
+def _rank(tmp_path, monkeypatch, rank, first_sends):
+    """Rank ``rank`` of 2 on one machine opening ``image_folder`` data through ``loop.open_shared``, the other
+    rank played by ``first_sends()``: what it sends at the all-gather (and does before it)."""
     import vitkit.train.loop as loop
     from vitkit.train.build import model_config
     from vitkit.train.distributed import DistInfo
@@ -203,10 +203,10 @@ def _rank_one(tmp_path, monkeypatch, rank_zero):
     data = tmp_path / "data" if (tmp_path / "data").exists() else image_folder(tmp_path / "data", n=6, test=2)
     cfg = tiny_run_config(data={"path": str(data), "val_fraction": 0.0})
     mcfg = model_config(cfg)
-    calls = []
-    monkeypatch.setattr(loop, "all_gather_object", lambda obj, dist: calls.append(obj) or [rank_zero(len(calls)), obj])
-    return lambda: loop.open_shared(cfg, mcfg, lambda m: None, Progress(), tmp_path / "cache", DistInfo(1, 2, 1)), \
-        (cfg, mcfg), calls
+    sent = []
+    monkeypatch.setattr(loop, "all_gather_object", lambda obj, dist: sent.append(obj) or [first_sends(), obj])
+    return lambda: loop.open_shared(cfg, mcfg, lambda m: None, Progress(), tmp_path / "cache",
+                                    DistInfo(rank, 2, rank)), (cfg, mcfg), sent
 
 
 def test_the_processes_of_a_run_leave_a_miss_to_the_first_and_then_read_what_it_stored(tmp_path, monkeypatch):
@@ -217,26 +217,38 @@ def test_the_processes_of_a_run_leave_a_miss_to_the_first_and_then_read_what_it_
     monkeypatch.setattr(folders, "_pmap", lambda *a: decoded.append(a[0]) or pmap(*a))
     state = {}
 
-    def rank_zero(call):
-        if call == 2:  # rank 0 decodes and stores before it sends that it is done
-            assert decoded == []  # rank 1 decoded nothing while it waited
-            state["zero"] = open_data(*state["cfgs"], lambda m: None, cache_dir=tmp_path / "cache")
-            decoded.clear()
-            return None
-        return True  # rank 0 missed too
+    def rank_zero():  # rank 0 decodes and stores before it sends that it is done
+        assert decoded == []  # rank 1 decoded nothing while it waited
+        state["zero"] = open_data(*state["cfgs"], lambda m: None, cache_dir=tmp_path / "cache")
+        decoded.clear()
 
-    opening, state["cfgs"], calls = _rank_one(tmp_path, monkeypatch, rank_zero)
+    opening, state["cfgs"], sent = _rank(tmp_path, monkeypatch, 1, rank_zero)
     splits = opening()
-    assert calls == [True, None] and decoded == [] and splits.cache == "hit" and state["zero"].cache == "miss"
+    assert sent == [None] and decoded == [] and splits.cache == "hit" and state["zero"].cache == "miss"
     assert _same(splits, state["zero"])
-    # a filled cache: every process reads it at once, with one all-gather and no wait
-    again, _, calls = _rank_one(tmp_path, monkeypatch, lambda call: False)
-    assert again().cache == "hit" and calls == [False] and decoded == []
+    # a filled cache: every process reads it at once, and meets the others once
+    again, _, sent = _rank(tmp_path, monkeypatch, 1, lambda: None)
+    assert again().cache == "hit" and sent == [None] and decoded == []
+
+
+def test_the_first_process_of_a_run_opens_the_data_itself_decoding_what_the_cache_lacks(tmp_path, monkeypatch):
+    decoded = []
+    pmap = folders._pmap
+    monkeypatch.setattr(folders, "_pmap", lambda *a: decoded.append(a[0]) or pmap(*a))
+    from vitkit.data.cache import DecodeCache
+
+    keyed = []
+    key = DecodeCache.key
+    monkeypatch.setattr(DecodeCache, "key", lambda self, *a, **k: keyed.append(a[0]) or key(self, *a, **k))
+    opening, _, sent = _rank(tmp_path, monkeypatch, 0, lambda: None)
+    splits = opening()
+    # train/ and test/, each keyed (its files stat-ed) and decoded once
+    assert splits.cache == "miss" and decoded == ["decode", "decode"] and len(keyed) == 2 and sent == [None]
 
 
 def test_a_failure_of_the_first_process_to_open_the_data_is_an_error_on_the_others(tmp_path, monkeypatch):
     said = "data/train/cat/0.png: not an image (cannot identify image file)"
-    opening, _, calls = _rank_one(tmp_path, monkeypatch, lambda call: True if call == 1 else said)
+    opening, _, sent = _rank(tmp_path, monkeypatch, 1, lambda: said)
     with pytest.raises(DataError, match=r"^data/train/cat/0\.png: not an image \(cannot identify image file\)$"):
         opening()
-    assert calls == [True, None]
+    assert sent == [None]

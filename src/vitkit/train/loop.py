@@ -166,26 +166,22 @@ def load_data(cfg: RunConfig, mcfg, say: Callable[[str], None], progress: Progre
 
 def open_shared(cfg: RunConfig, mcfg, say: Callable[[str], None], progress: Progress, cache_dir,
                 dist: DistInfo):
-    """A distributed run's data, decoded once a machine: every process first reads what the decoded-image cache
-    holds, side by side; where it lacks a part, the first process of each machine (local rank 0; on the first
-    machine, the one that shows the decoding) opens the data, decoding and storing it, while the others wait,
-    then they read what it stored (or, where it could not store it, decode for themselves). A failure to open
-    the data on one process is a one-line error on all of them, not a wait."""
+    """A distributed run's data, decoded once a machine: the first process of each machine (local rank 0; on the
+    first machine, the one that shows the decoding) opens the data, reading the decoded-image cache or
+    decoding what it lacks and storing it, while the others read what the cache holds, side by side; where it
+    lacked a part, they open the data once the first is done, reading what it stored (or, where it could not
+    store it, decoding for themselves). A failure to open the data on one process is a one-line error on all
+    of them, not a wait."""
     from ..core.errors import DataError, VitkitError
     from ..data.cache import CacheMiss
 
+    splits, failed = None, None
     try:
-        splits = open_data(cfg, mcfg, say, progress, cache_dir, cached_only=True)
+        splits = open_data(cfg, mcfg, say, progress, cache_dir, cached_only=dist.local_rank != 0)
     except CacheMiss:
-        splits = None
-    if not any(all_gather_object(splits is None, dist)):
-        return splits
-    failed = None
-    if splits is None and dist.local_rank == 0:
-        try:
-            splits = open_data(cfg, mcfg, say, progress, cache_dir)
-        except VitkitError as e:
-            failed = e
+        pass
+    except VitkitError as e:
+        failed = e
     errors = [e for e in all_gather_object(None if failed is None else str(failed), dist) if e is not None]
     if failed is not None:
         raise failed
