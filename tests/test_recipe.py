@@ -359,7 +359,8 @@ def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
 
     speed, seen = rates(d2=500.0)
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed, where="this CPU (AVX2)")
-    assert [cfg["processes"] for cfg in seen] == [2] * len(SMALL_DATA_CANDIDATES)  # measured as the run trains
+    on_cpu = [c for c in SMALL_DATA_CANDIDATES if not c.accelerator]
+    assert [cfg["processes"] for cfg in seen] == [2] * len(on_cpu)  # measured as the run trains
     # the same speed for all: 3.0 epochs each; the table's best there is trained, its values over the recipe's
     best = max((c for c in SMALL_DATA_CANDIDATES if c.predict(3.0) is not None), key=lambda c: c.predict(3.0))
     assert best.name.startswith("short")  # the long model was not measured at so few epochs
@@ -396,6 +397,36 @@ def test_the_long_model_at_the_higher_rate_takes_the_middle_budgets(short_epochs
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed)
     assert f"; chose {chosen}:" in r.line
     assert r.base["optim"]["lr"] == (0.002 if chosen == "long" else 0.006)
+
+
+def test_on_a_gpu_the_wider_model_at_batch_512_is_a_candidate_where_its_epochs_reach_its_table():
+    wide = {c.name: c for c in SMALL_DATA_CANDIDATES}["wide-b512"]
+    assert wide.accelerator and wide.overrides["batch_size"] == 512 and wide.min_images == 20_480
+    seen = []
+
+    def speed(cfg):  # a GPU's steps are bound by their launches: a batch of 512, about 3x the images/s of 128
+        seen.append(cfg)
+        return 20_000.0 if cfg["batch_size"] == 512 else 6_000.0
+
+    r = choose_recipe(CIFAR, max_minutes=2, cpus=None, speed=speed, where="NVIDIA H200")
+    # 48 epochs of it (its 34.2-epoch 88.82% held) against 14.4 of the others (long-lr-3x's 87.60% held)
+    assert "measured on NVIDIA H200: short-lr-3x 6,000 img/s -> 14.4 epochs" in r.line
+    assert "; wide-b512 20,000 img/s -> 48.0 epochs (table: 88.8%); chose wide-b512: 4 blocks of width 192" in r.line
+    assert r.base["batch_size"] == 512 and r.base["optim"]["lr"] == 0.004 and r.base["ema"] == 0.999
+    assert r.base["model_args"] == {**SMALL_DATA["model_args"], "depth": 4, "embed_dim": 192, "num_heads": 3}
+    assert "processes" not in r.base  # one process on the GPU
+    r = choose_recipe(CIFAR, max_minutes=1, cpus=None, speed=speed)  # 24 epochs: its first segment's line
+    assert "wide-b512 20,000 img/s -> 24.0 epochs (table: 88.0%); chose wide-b512" in r.line
+    r = choose_recipe(CIFAR, max_minutes=0.4, cpus=None, speed=speed)  # 9.6 epochs: fewer than it was measured near
+    assert "wide-b512 20,000 img/s -> 9.6 epochs (table: none so few); chose short-lr-3x" in r.line
+    seen.clear()  # on the CPU it is never measured, however fast: a larger batch is no faster an image there
+    r = choose_recipe(CIFAR, max_minutes=30, cpus=2, speed=speed)
+    assert "wide-b512" not in r.line and seen and all(cfg["batch_size"] == 128 for cfg in seen)
+    for images in (20_479, 5_000):  # fewer than 40 batches of 512: its points had 87 steps an epoch
+        r = choose_recipe(DataFacts("folder", (32, 32), 3, images, 10), max_minutes=2, cpus=None, speed=speed)
+        assert "wide-b512" not in r.line and r.base["batch_size"] == 128
+    assert "; chose wide-b512" in choose_recipe(DataFacts("folder", (32, 32), 3, 20_480, 10), max_minutes=2,
+                                                cpus=None, speed=speed).line
 
 
 def test_photos_choose_their_resolution_by_work():

@@ -149,6 +149,12 @@ class Candidate:
     what: str
     overrides: dict
     points: tuple[tuple[float, float, str], ...]
+    accelerator: bool = False  # a candidate for a run on a GPU alone (a run on the CPU never measures it)
+    min_images: int = 0  # ... and for data of at least this many training images alone
+
+    def fits(self, on_cpu: bool, images: int) -> bool:
+        """Whether a run on the CPU (``on_cpu``) or a GPU, of ``images`` training images, may train it."""
+        return not (self.accelerator and on_cpu) and images >= self.min_images
 
     def predict(self, epochs: float) -> float | None:
         """The accuracy (%) expected after ``epochs``: linear in log epochs between the measured points, the
@@ -205,6 +211,7 @@ def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float
 
 ABLATE = "ablate_small_data.jsonl"
 TTA = "time_to_accuracy.jsonl"
+GPU = "gpu_budget.jsonl"
 # 'small-data': the short model (one 3x3 conv at each of the tokenizer's resolutions, no EMA) and the long one
 # (two at each, EMA 0.999, SMALL_DATA's own model_args)
 # At the fewest epochs a higher learning rate pays most: at 2 epochs 0.002 read 73.92%, 0.004 75.84%, 0.006
@@ -244,6 +251,21 @@ SMALL_DATA_CANDIDATES = (
         (10.0, 87.60, f"{ABLATE}: long-lr-3x, 10 epochs, seed 0"))),
     Candidate("long", "two 3x3 convs at each of the tokenizer's resolutions, EMA 0.999", {}, (
         (26.057, 88.68, f"{ABLATE}: early-conv-2, 30 min, seed 0"),)),
+    # On a GPU a step of these models is bound by its launches, not its arithmetic: at batch 128 an H200 trained the
+    # long model at about 5,600 images/s alone, where batch 512 takes about a quarter of the steps for the same
+    # images (44.7 epochs in 4 minutes against 13.2 at batch 128, side by side with 4 other runs), and a wider
+    # model costs it little more. Measured there (gpu_budget.jsonl: 4 blocks of width 192 at batch 512 read 88.16%
+    # at 25.6 epochs, 88.82% at 34.2; the long model at batch 512 88.36% at 44.7, width 192 at batch 1024 88.38% at
+    # 49.5, 6 blocks of width 256 at batch 512 87.64% at 24.0; docs/experiments.md, "On a GPU"). On a CPU a larger
+    # batch is no faster an image (batch 256: screened above) and this model costs about twice the long one an
+    # image, so no CPU budget here reaches the 20 epochs its table starts at: it is never measured there. Its
+    # points had 87 steps an epoch (45,000 images): data of fewer than 40 batches does not take it.
+    Candidate("wide-b512", "4 blocks of width 192 (3 heads), two 3x3 convs at each of the tokenizer's resolutions, "
+              "EMA 0.999, batch 512 at 2x the learning rate (0.004)",
+              {"batch_size": 512, "optim": {"lr": 0.004}, "model_args": {"depth": 4, "embed_dim": 192, "num_heads": 3}}, (
+        (25.598, 88.16, f"{GPU}: wide-4x192-b512, 4 min on an H200 beside 5 other runs, seed 0"),
+        (34.172, 88.82, f"{GPU}: wide-4x192-b512, 5 min on an H200 beside 3 other runs, seed 0")),
+              accelerator=True, min_images=40 * 512),
 )
 # 'photos': the training resolution and depth (PHOTO_SIZES' rows)
 PHOTO_CANDIDATES = (
@@ -314,7 +336,8 @@ def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, c
     procs = _processes(base, cpus, processes)  # before measuring: a step's cost depends on them
     minutes = base.get("max_minutes", 0)
     if minutes and speed is not None and model in (None, base["model"]):
-        choice = choose_by_work(SMALL_DATA_CANDIDATES, base, minutes * 60, facts.images, speed)
+        candidates = tuple(c for c in SMALL_DATA_CANDIDATES if c.fits(cpus is not None, facts.images))
+        choice = choose_by_work(candidates, base, minutes * 60, facts.images, speed)
         base = merge(base, copy.deepcopy(choice.candidate.overrides))
         clock += f"; {choice.line(where)}"
     elif 0 < minutes <= SHORT_MINUTES:
@@ -347,7 +370,8 @@ def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpu
     procs = _processes(base, cpus, processes)  # before measuring: a step's cost depends on them
     minutes = base.get("max_minutes", 0) if epochs is None else 0
     if minutes and speed is not None and model in (None, base["model"]):
-        choice = choose_by_work(PHOTO_CANDIDATES, base, minutes * 60, facts.images, speed)
+        candidates = tuple(c for c in PHOTO_CANDIDATES if c.fits(cpus is not None, facts.images))
+        choice = choose_by_work(candidates, base, minutes * 60, facts.images, speed)
         base = merge(base, copy.deepcopy(choice.candidate.overrides))
         clock += f"; {choice.line(where)}"
     else:
