@@ -5,23 +5,27 @@
 #     bash benchmarks/gpu_budget.sh CIFAR_TGZ [PHOTOS_TGZ] [OUT_DIR]      (default OUT_DIR runs/gpu_budget)
 #
 # CIFAR_TGZ: a tar.gz of CIFAR-10's training split as class folders (train/<class>/*.jpg), PHOTOS_TGZ one of a
-# photo set's (catsdogs/train/<class>/*.jpg). Both are unpacked under /tmp and decoded into a fresh cache.
-#   1. the rule alone: `vitkit train --data train --max-minutes $GPU_RULE_MINUTES` (default 1);
+# photo set's (catsdogs/train/<class>/*.jpg), e.g. `tar czf cifar10.tgz -C DIR train` (16 MB for CIFAR-10's
+# 50,000 JPEGs, 24 MB for catsdogs). Both are unpacked under /tmp and decoded into a fresh cache.
+#   1. the rule alone: `vitkit train --data train --max-minutes $GPU_RULE_MINUTES` (default 2: where the table trains
+#      wide-b512 if this GPU measures it at 8,500 images/s or more; 1 read 85.26% with long-lr-3x on an H200);
 #   2. then side by side on the one GPU, each bounded by $GPU_CAND_MINUTES (default 3.5), the CIFAR-10
 #      candidates below that $GPU_CANDIDATES names (their whole settings given, so the rule's own choice is
-#      overridden), the rule on the photos and photo candidates. Sharing the GPU slows each run, so they reach fewer epochs than alone; what each records is
-#      its epochs and its carve accuracy there (seed 0's carve of 10% of the images), which do not depend on
-#      the speed: the table's points.
-# Logs and one row per run (summary.jsonl, benchmarks/gpu_budget_rows.py) go to OUT_DIR. The runs on one H200:
-# results/gpu_budget/ (run1_*: the rule alone, then 6 side by side for 4 min; run2_*: 4 side by side for 5 min),
-# their rows in results/gpu_budget.jsonl.
+#      overridden), the rule on the photos and photo candidates. Sharing the GPU slows each run, so they
+#      reach fewer epochs than alone; what each records is its epochs and its carve accuracy there (seed 0's
+#      carve of 10% of the images), which do not depend on the speed: the table's points.
+# Logs and one row per run (summary.jsonl, benchmarks/gpu_budget_rows.py) go to OUT_DIR. The runs on one H200,
+# logs in results/gpu_budget/, rows in results/gpu_budget.jsonl:
+#   run1_*: GPU_RULE_MINUTES=1 GPU_CAND_MINUTES=4 bash benchmarks/gpu_budget.sh cifar10.tgz catsdogs.tgz
+#   run2_*: GPU_RULE_MINUTES=0 GPU_CAND_MINUTES=5 GPU_CANDIDATES="wide-4x192-b512 wide-6x256-b512
+#           wide-4x192-b1024 photos-128px-6-blocks" bash benchmarks/gpu_budget.sh cifar10.tgz catsdogs.tgz
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CIFAR=${1:?a tar.gz of CIFAR-10 train/<class>/*.jpg}
 PHOTOS=${2:-}
 OUT="${3:-runs/gpu_budget}"
 PY="${PYTHON:-python3}"
-RULE_MIN=${GPU_RULE_MINUTES:-1}
+RULE_MIN=${GPU_RULE_MINUTES:-2}
 CAND_MIN=${GPU_CAND_MINUTES:-3.5}
 WORK=${GPU_WORK:-/tmp/gpu_budget}
 mkdir -p "$OUT" "$WORK/data"
