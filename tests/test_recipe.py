@@ -28,7 +28,7 @@ from vitkit.train.recipe import (
     recipe_for,
 )
 
-CIFAR = DataFacts("folder", (32, 32), 3, 50_000, 10)
+CIFAR = DataFacts("folder", (32, 32), 3, 50_000, 10, scored=0)  # as probe_data reads CIFAR-10's class folders
 
 
 # ------------------------------------------------------------------------------------------- rules
@@ -138,8 +138,9 @@ def test_the_small_data_config_file_is_the_recipe():
 # ------------------------------------------------------------------------------------- the probe
 def test_probe_reads_folders_without_decoding_them(tmp_path):
     root = image_folder(tmp_path / "d", ("a", "b", "c"), n=5, test=2, size=40)
-    assert probe_data(root) == DataFacts("split-folder", (40, 40), 3, 15, 3)
-    assert probe_data(root / "train") == DataFacts("folder", (40, 40), 3, 15, 3)
+    # the images of its val/ and test/ are counted (2 a class in test/); class folders alone have none
+    assert probe_data(root) == DataFacts("split-folder", (40, 40), 3, 15, 3, scored=6)
+    assert probe_data(root / "train") == DataFacts("folder", (40, 40), 3, 15, 3, scored=0)
     (root / "train" / "a" / "0.png").write_bytes(b"not an image")  # unreadable files are passed over
     assert probe_data(root / "train").images == 15
 
@@ -150,12 +151,16 @@ def test_probe_reads_array_formats(tmp_path):
     for i in (1, 2):
         data = {b"data": np.zeros((7, 3072), np.uint8), b"labels": [0] * 7}
         (cifar / f"data_batch_{i}").write_bytes(pickle.dumps(data))
-    assert probe_data(tmp_path) == DataFacts("cifar10", (32, 32), 3, 14, 10)
+    assert probe_data(tmp_path) == DataFacts("cifar10", (32, 32), 3, 14, 10, scored=0)
+    (cifar / "test_batch").write_bytes(pickle.dumps({b"data": np.zeros((5, 3072), np.uint8), b"labels": [1] * 5}))
+    assert probe_data(tmp_path).scored == 5
     mnist = tmp_path / "mnist"
     mnist.mkdir()
     (mnist / "train-images-idx3-ubyte").write_bytes(idx_bytes(np.zeros((9, 28, 28))))
     (mnist / "train-labels-idx1-ubyte").write_bytes(idx_bytes(np.zeros(9)))
-    assert probe_data(mnist) == DataFacts("mnist", (28, 28), 1, 9, 10)
+    assert probe_data(mnist) == DataFacts("mnist", (28, 28), 1, 9, 10, scored=0)
+    (mnist / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(np.zeros(4)))
+    assert probe_data(mnist).scored == 4
 
 
 def test_a_run_that_names_another_model_trains_it_at_its_own_sizes():
@@ -307,6 +312,8 @@ from vitkit.train.recipe import (  # noqa: E402
     SMALL_DATA_CANDIDATES,
     Candidate,
     choose_by_work,
+    end_seconds,
+    work_images,
 )
 
 TABLE = Candidate("t", "a table", {}, ((2.0, 70.0, "x"), (8.0, 80.0, "x"), (32.0, 85.0, "x")))
@@ -336,22 +343,45 @@ def rates(**by_depth):
 def test_the_budget_in_epochs_chooses_the_candidate_with_the_best_measured_accuracy():
     short = Candidate("short", "cheap", {"model_args": {"depth": 1}}, ((2.0, 70.0, "x"), (10.0, 84.0, "x")))
     long = Candidate("long", "dear", {"model_args": {"depth": 2}}, ((10.0, 83.0, "x"), (30.0, 89.0, "x")))
-    base = {"model_args": {"depth": 0, "embed_dim": 8}, "ema": 0.9}
+    base = {"model_args": {"depth": 0, "embed_dim": 8}, "ema": 0.9, "plots": False}  # nothing after the last step
     speed, seen = rates(d1=100.0, d2=50.0)
-    pick = choose_by_work((short, long), base, seconds=100, images=2_000, speed=speed)
+    pick = choose_by_work((short, long), base, seconds=100, images=2_000, speed=speed, clock=lambda: 0.0)
     assert (pick.candidate.name, pick.epochs, pick.predicted) == ("short", {"short": 5.0, "long": 2.5},
                                                                   {"short": pytest.approx(70 + 14 * np.log(2.5) / np.log(5)),
                                                                    "long": None})
-    assert seen == [{"model_args": {"depth": 1, "embed_dim": 8}, "ema": 0.9},
-                    {"model_args": {"depth": 2, "embed_dim": 8}, "ema": 0.9}] and base["model_args"]["depth"] == 0
-    pick = choose_by_work((short, long), base, seconds=1_000, images=2_000, speed=rates(d1=100.0, d2=50.0)[0])
+    assert seen == [{"model_args": {"depth": 1, "embed_dim": 8}, "ema": 0.9, "plots": False},
+                    {"model_args": {"depth": 2, "embed_dim": 8}, "ema": 0.9, "plots": False}]
+    assert base["model_args"]["depth"] == 0
+    pick = choose_by_work((short, long), base, seconds=1_000, images=2_000, speed=rates(d1=100.0, d2=50.0)[0],
+                          clock=lambda: 0.0)
     assert pick.candidate.name == "long"  # 50 epochs of short hold at 84%; 25 of long read 88.0%
-    slow = choose_by_work((long, short), base, seconds=10, images=2_000, speed=rates(d1=100.0, d2=50.0)[0])
+    slow = choose_by_work((long, short), base, seconds=10, images=2_000, speed=rates(d1=100.0, d2=50.0)[0],
+                          clock=lambda: 0.0)
     assert slow.candidate.name == "short"  # measured at no so few epochs: the one measured at the fewest
     line = pick.line("this CPU (AVX2)")
-    assert line == ("measured on this CPU (AVX2): short 100 img/s -> 50.0 epochs (table: 84.0%); "
-                    "long 50 img/s -> 25.0 epochs (table: 88.0%); chose long: dear")
-    assert slow.line("x").startswith("measured on x: long 50 img/s -> 0.2 epochs (table: none so few); short")
+    assert line == ("measured on this CPU (AVX2), epochs of 2,000 images: short 100 img/s -> 50.0 epochs (table: "
+                    "84.0%); long 50 img/s -> 25.0 epochs (table: 88.0%); chose long: dear")
+    assert slow.line("x").startswith("measured on x, epochs of 2,000 images: long 50 img/s -> 0.2 epochs (table: "
+                                     "none so few); short")
+
+
+def test_the_epochs_are_those_the_budget_leaves_after_measuring_and_the_end():
+    one = Candidate("one", "one", {}, ((1.0, 50.0, "x"),))
+    ticks = iter([100.0, 110.0])  # measuring took 10 s of the budget
+    cfg = {"tta": True, "tta_shift": 1}  # 6 views of each scored image, each a third of a step's time an image
+    pick = choose_by_work((one,), cfg, seconds=300, images=4_500, speed=lambda c: 150.0, scored=500,
+                          clock=ticks.__next__)
+    end = 500 * 6 / 3 / 150.0 + 2.0  # the views, and the plots
+    assert end_seconds(cfg, 150.0, 500) == pytest.approx(end)
+    assert pick.epochs["one"] == pytest.approx(150.0 * (300 - 10 - end) / 4_500)
+    assert end_seconds({"tta": False, "plots": False}, 150.0, 500) == pytest.approx(500 / 3 / 150.0)
+    assert end_seconds({"tta": True}, 150.0, 0) == 2.0  # flips alone, nothing scored: the plots
+    short = choose_by_work((one,), cfg, seconds=5, images=10, speed=lambda c: 150.0, scored=500, clock=lambda: 0.0)
+    assert short.epochs["one"] == 0.0  # an end longer than the budget leaves no epochs, never fewer than none
+    # the images: a run whose data has no val or test part trains on 90% and scores the 10% it holds out
+    assert work_images(DataFacts("folder", (32, 32), 3, 50_000, 10, scored=0)) == (45_000, 5_000)
+    assert work_images(DataFacts("split-folder", (32, 32), 3, 50_000, 10, scored=10_000)) == (50_000, 10_000)
+    assert work_images(DataFacts("folder", (32, 32), 3, 50_000, 10)) == (50_000, 0)  # not counted
 
 
 def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
@@ -361,12 +391,15 @@ def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed, where="this CPU (AVX2)")
     on_cpu = [c for c in SMALL_DATA_CANDIDATES if not c.accelerator]
     assert [cfg["processes"] for cfg in seen] == [2] * len(on_cpu)  # measured as the run trains
-    # the same speed for all: 3.0 epochs each; the table's best there is trained, its values over the recipe's
-    best = max((c for c in SMALL_DATA_CANDIDATES if c.predict(3.0) is not None), key=lambda c: c.predict(3.0))
+    # the same speed for all: the 5 minutes less the end's 6 views of the 5,000 held out (20 s) and the plots
+    # (2 s), over the 45,000 images trained on: 3.1 epochs each; the table's best there is trained
+    e = 500.0 * (300 - 5_000 * 6 / 3 / 500.0 - 2.0) / 45_000
+    best = max((c for c in on_cpu if c.predict(e) is not None), key=lambda c: c.predict(e))
     assert best.name.startswith("short")  # the long model was not measured at so few epochs
     assert r.base == merge(dict(copy.deepcopy(SMALL_DATA), max_minutes=5, epochs=CLOCK_EPOCHS, processes=2),
                            copy.deepcopy(best.overrides))
-    assert f"measured on this CPU (AVX2): {SMALL_DATA_CANDIDATES[0].name} 500 img/s -> 3.0 epochs (table: " in r.line
+    assert (f"measured on this CPU (AVX2), epochs of 45,000 images: {SMALL_DATA_CANDIDATES[0].name} 500 img/s -> "
+            f"{e:.1f} epochs (table: ") in r.line and f"{e:.1f}" == "3.1"
     assert f"; chose {best.name}: {best.what}; 2 processes on the CPU" in r.line
     speed, _ = rates(d2=5_000.0)  # a fast machine: 30 epochs in 5 minutes
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed)
@@ -409,14 +442,15 @@ def test_on_a_gpu_the_wider_model_at_batch_512_is_a_candidate_where_its_epochs_r
         return 20_000.0 if cfg["batch_size"] == 512 else 6_000.0
 
     r = choose_recipe(CIFAR, max_minutes=2, cpus=None, speed=speed, where="NVIDIA H200")
-    # 48 epochs of it (its 34.2-epoch 88.82% held) against 14.4 of the others (long-lr-3x's 87.60% held)
-    assert "measured on NVIDIA H200: short-lr-3x 6,000 img/s -> 14.4 epochs" in r.line
-    assert "; wide-b512 20,000 img/s -> 48.0 epochs (table: 88.8%); chose wide-b512: 4 blocks of width 192" in r.line
+    # 52 epochs of it (its 34.2-epoch 88.82% held) against 15.5 of the others (long-lr-3x's 87.60% held): the
+    # 2 minutes less the end (6 views of 5,000 images at a third of a step's time, and the plots), of 45,000
+    assert "measured on NVIDIA H200, epochs of 45,000 images: short-lr-3x 6,000 img/s -> 15.5 epochs" in r.line
+    assert "; wide-b512 20,000 img/s -> 52.2 epochs (table: 88.8%); chose wide-b512: 4 blocks of width 192" in r.line
     assert r.base["batch_size"] == 512 and r.base["optim"]["lr"] == 0.004 and r.base["ema"] == 0.999
     assert r.base["model_args"] == {**SMALL_DATA["model_args"], "depth": 4, "embed_dim": 192, "num_heads": 3}
     assert "processes" not in r.base  # one process on the GPU
-    r = choose_recipe(CIFAR, max_minutes=1, cpus=None, speed=speed)  # 24 epochs: its first segment's line
-    assert "wide-b512 20,000 img/s -> 24.0 epochs (table: 88.0%); chose wide-b512" in r.line
+    r = choose_recipe(CIFAR, max_minutes=0.85, cpus=None, speed=speed)  # 21.6 epochs: its first segment's line
+    assert "wide-b512 20,000 img/s -> 21.6 epochs (table: 87.8%); chose wide-b512" in r.line
     r = choose_recipe(CIFAR, max_minutes=0.4, cpus=None, speed=speed)  # 9.6 epochs: fewer than it was measured near
     assert "wide-b512 20,000 img/s -> 9.6 epochs (table: none so few); chose short-lr-3x" in r.line
     seen.clear()  # on the CPU it is never measured, however fast: a larger batch is no faster an image there

@@ -127,11 +127,12 @@ def describe_cifar(root: Path, fmt: str) -> DataFacts:
     root = sub if sub.is_dir() else root  # the folder the official tarball unpacks to
     if fmt == "cifar10":
         parts = sorted(p for p in root.iterdir() if p.name.startswith("data_batch_"))
-        labels_key, classes = "labels", 10
+        labels_key, classes, test = "labels", 10, root / "test_batch"
     else:
-        parts, labels_key, classes = [root / "train"], "fine_labels", 100
+        parts, labels_key, classes, test = [root / "train"], "fine_labels", 100, root / "test"
     images = sum(len(safe_unpickle(p).get(labels_key, [])) for p in parts if p.is_file())
-    return DataFacts(fmt, (32, 32), 3, images, classes)
+    scored = len(safe_unpickle(test).get(labels_key, [])) if test.is_file() else 0
+    return DataFacts(fmt, (32, 32), 3, images, classes, scored=scored)
 
 
 __all__ = ["CIFAR_DIRS", "safe_unpickle", "open_cifar", "describe_cifar"]

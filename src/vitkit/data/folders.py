@@ -252,10 +252,14 @@ def _decoded_fits(channels: int, o: OpenOptions, h: int, w: int, c: int) -> bool
 # ---------------------------------------------------------------------------- describing a folder
 def describe_folder(root: Path, fmt: str) -> DataFacts:
     """The DataFacts of class folders at ``root`` (a split folder: its train/): the images counted, the size
-    and channels of a few headers spread over the classes."""
-    if fmt == "split-folder":
-        root = next(d for d in _subfolders(root) if d.name.lower() == "train")
-    return _probe_folder(root, fmt)
+    and channels of a few headers spread over the classes, and the images of a split folder's val/ and test/
+    (class folders alone have none)."""
+    if fmt != "split-folder":
+        return dataclasses.replace(_probe_folder(root, fmt), scored=0)
+    by = {d.name.lower(): d for d in _subfolders(root)}
+    parts = [next((by[n] for n in names if n in by), None) for names in (VAL_NAMES, TEST_NAMES)]
+    scored = sum(len(walk_images(d)) for part in parts if part is not None for d in _subfolders(part))
+    return dataclasses.replace(_probe_folder(by["train"], fmt), scored=scored)
 
 
 def _subfolders(root: Path) -> list[Path]:

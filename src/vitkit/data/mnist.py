@@ -84,9 +84,10 @@ def open_mnist(root: Path, fmt: str, o: OpenOptions):
 def describe_mnist(root: Path) -> DataFacts:
     labels = [p for p in root.iterdir() if "idx1" in p.name.lower() and not p.name.lower().startswith(("t10k", "test"))]
     images = [p for p in root.iterdir() if "idx3" in p.name.lower() and not p.name.lower().startswith(("t10k", "test"))]
+    tests = [p for p in root.iterdir() if "idx1" in p.name.lower() and p.name.lower().startswith(("t10k", "test"))]
     n = len(read_idx(labels[0], 1)) if labels else 0
     size = tuple(read_idx(images[0], 3).shape[1:]) if images else (28, 28)
-    return DataFacts("mnist", size, 1, n, 10)
+    return DataFacts("mnist", size, 1, n, 10, scored=len(read_idx(tests[0], 1)) if tests else 0)
 
 
 __all__ = ["IDX_RE", "read_idx", "open_mnist", "describe_mnist"]

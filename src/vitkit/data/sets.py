@@ -164,6 +164,8 @@ class DataFacts:
     channels: int  # 1 (grey) or 3
     images: int  # training images (train/ of a split folder; the training batches or files)
     classes: int
+    scored: int | None = None  # the images of its own validation and test parts (0: it has none, so a run holds
+    #   out data.splits.HELD_OUT of its training images to score; None: not counted)
 
     def describe(self) -> str:
         kind = "grey" if self.channels == 1 else "RGB"

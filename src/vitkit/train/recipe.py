@@ -32,12 +32,15 @@ from __future__ import annotations
 import copy
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import DataError
 from ..data.datasets import DataFacts, probe_data
+from ..data.splits import HELD_OUT
+from .budget import FORWARD_SHARE, PLOT_SECONDS, eval_views
 from .config import merge
 
 SMALL_SIDE = 64  # images whose longer side is at most this many pixels are "small" (rules 1 and 2)
@@ -175,12 +178,14 @@ class Candidate:
 @dataclass(frozen=True)
 class WorkChoice:
     """What ``choose_by_work`` chose: the candidate, the epochs each candidate would reach and the accuracy
-    its table predicts there (None: fewer epochs than it was measured at), and the images per second."""
+    its table predicts there (None: fewer epochs than it was measured at), the images per second, and the
+    images of an epoch."""
 
     candidate: Candidate
     epochs: dict[str, float]
     predicted: dict[str, float | None]
     images_per_s: dict[str, float]
+    images: int = 0
 
     def line(self, where: str) -> str:
         """What the run's first line says of the choice: the measured speeds, the epochs, the choice."""
@@ -189,24 +194,53 @@ class WorkChoice:
             p = self.predicted[name]
             parts.append(f"{name} {self.images_per_s[name]:,.0f} img/s -> {e:.1f} epochs"
                          + (f" (table: {p:.1f}%)" if p is not None else " (table: none so few)"))
-        return f"measured on {where}: {'; '.join(parts)}; chose {self.candidate.name}: {self.candidate.what}"
+        return (f"measured on {where}, epochs of {self.images:,} images: {'; '.join(parts)}; chose "
+                f"{self.candidate.name}: {self.candidate.what}")
+
+
+def end_seconds(cfg: dict, images_per_s: float, scored: int) -> float:
+    """The seconds a run of ``cfg`` (a recipe's dict), training at ``images_per_s``, is expected to spend after
+    its last step: scoring ``scored`` images in its test-time views, each view at FORWARD_SHARE of a training
+    step's time an image, and drawing its plots (as ``budget.RunBudget`` reckons them before it has timed
+    them; without its safety margin: this is the expected time, not a bound)."""
+    views = eval_views(bool(cfg.get("tta", False)), int(cfg.get("tta_shift") or 0))
+    plots = PLOT_SECONDS if cfg.get("plots", True) else 0.0
+    return scored * views * FORWARD_SHARE / max(images_per_s, 1e-9) + plots
 
 
 def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float, images: int,
-                   speed: Callable[[dict], float]) -> WorkChoice:
-    """The candidate that ``seconds`` of training on ``images`` images buys the best accuracy with: each
-    candidate's speed (``speed(config)``: images per second of ``base`` with its overrides) turned into
-    epochs, and those into the accuracy its points predict. Where no candidate was measured at so few epochs,
-    the one measured at the fewest."""
-    rates = {c.name: speed(merge(copy.deepcopy(base), copy.deepcopy(c.overrides))) for c in candidates}
-    epochs = {c.name: rates[c.name] * seconds / max(images, 1) for c in candidates}
+                   speed: Callable[[dict], float], scored: int = 0,
+                   clock: Callable[[], float] = time.perf_counter) -> WorkChoice:
+    """The candidate that ``seconds`` of a budget buys the best accuracy with, training on ``images`` images
+    an epoch and scoring ``scored`` at the end: each candidate's speed (``speed(config)``: images per second
+    of ``base`` with its overrides) turned into the epochs that the budget leaves it once measuring (timed
+    by ``clock``) and its end's evaluation (``end_seconds``) are taken out, and those into the accuracy its
+    points predict. Where no candidate was measured at so few epochs, the one measured at the fewest."""
+    start = clock()
+    configs = {c.name: merge(copy.deepcopy(base), copy.deepcopy(c.overrides)) for c in candidates}
+    rates = {name: speed(cfg) for name, cfg in configs.items()}
+    left = seconds - (clock() - start)
+    epochs = {name: rates[name] * max(left - end_seconds(configs[name], rates[name], scored), 0.0) / max(images, 1)
+              for name in configs}
     predicted = {c.name: c.predict(epochs[c.name]) for c in candidates}
     ranked = [c for c in candidates if predicted[c.name] is not None]
     if ranked:
         best = max(ranked, key=lambda c: predicted[c.name])
     else:
         best = min(candidates, key=lambda c: min(e for e, _, _ in c.points))
-    return WorkChoice(best, epochs, predicted, rates)
+    return WorkChoice(best, epochs, predicted, rates, images)
+
+
+def work_images(facts: DataFacts) -> tuple[int, int]:
+    """(the images a run on data of ``facts`` trains on an epoch, the images it scores at its end): where the
+    data has no validation or test part the run holds out HELD_OUT of its training images and scores those
+    (``data.splits.held_out``); where the parts were not counted, the training images and none."""
+    if facts.scored is None:
+        return facts.images, 0
+    if facts.scored == 0:
+        carve = round(facts.images * HELD_OUT)
+        return facts.images - carve, carve
+    return facts.images, facts.scored
 
 
 ABLATE = "ablate_small_data.jsonl"
@@ -337,7 +371,8 @@ def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, c
     minutes = base.get("max_minutes", 0)
     if minutes and speed is not None and model in (None, base["model"]):
         candidates = tuple(c for c in SMALL_DATA_CANDIDATES if c.fits(cpus is not None, facts.images))
-        choice = choose_by_work(candidates, base, minutes * 60, facts.images, speed)
+        images, scored = work_images(facts)
+        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored)
         base = merge(base, copy.deepcopy(choice.candidate.overrides))
         clock += f"; {choice.line(where)}"
     elif 0 < minutes <= SHORT_MINUTES:
@@ -371,7 +406,8 @@ def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpu
     minutes = base.get("max_minutes", 0) if epochs is None else 0
     if minutes and speed is not None and model in (None, base["model"]):
         candidates = tuple(c for c in PHOTO_CANDIDATES if c.fits(cpus is not None, facts.images))
-        choice = choose_by_work(candidates, base, minutes * 60, facts.images, speed)
+        images, scored = work_images(facts)
+        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored)
         base = merge(base, copy.deepcopy(choice.candidate.overrides))
         clock += f"; {choice.line(where)}"
     else:
@@ -461,5 +497,6 @@ def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: flo
 __all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",
            "SMALL_SIDE", "SMALL_IMAGES", "laid_over_model", "SAID_KEYS",
            "SMALL_DATA_MINUTES", "CLOCK_EPOCHS", "SHORT_MINUTES", "SHORT_RUN", "CPU_PROCESSES",
-           "AMX_PRECISION", "Candidate", "WorkChoice", "choose_by_work", "SMALL_DATA_CANDIDATES", "PHOTO_CANDIDATES",
+           "AMX_PRECISION", "Candidate", "WorkChoice", "choose_by_work", "end_seconds", "work_images",
+           "SMALL_DATA_CANDIDATES", "PHOTO_CANDIDATES",
            "REACH"]
