@@ -165,12 +165,17 @@ def clock_run(data: str, minutes: float, seed: int, out: Path, extra: list[str] 
     """`vitkit train --data DATA --max-minutes MINUTES --seed SEED` into ``out``, validated on SEED's carve of
     VAL_FRACTION, with ``extra`` arguments (also used by ablate_small_data.py and processes_threads.py):
     (exit code, the --json summary or None when it failed, the command). ``command``: the subcommand and its
-    positional arguments (e.g. ("finetune", WEIGHTS))."""
+    positional arguments (e.g. ("finetune", WEIGHTS)). The summary keeps the run's first line as "first_line"
+    (the recipe it chose, the speed it measured and the epochs it expected) where it printed one."""
     cmd = [sys.executable, "-m", "vitkit", *command, "--data", data, "--max-minutes", str(minutes),
-           "--seed", str(seed), "--set", f"data.val_fraction={VAL_FRACTION}", "--out", str(out), "--json", "--quiet",
-           *extra]
+           "--seed", str(seed), "--set", f"data.val_fraction={VAL_FRACTION}", "--out", str(out), "--json",
+           "--progress-every", "600", *extra]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
-    summary = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None
+    lines = p.stdout.strip().splitlines()
+    summary = json.loads(lines[-1]) if p.returncode == 0 else None
+    first = next((line for line in lines if line.startswith(("recipe ", "fine-tuning"))), None)
+    if summary is not None and first is not None:
+        summary["first_line"] = first
     return p.returncode, summary, cmd
 
 
@@ -193,7 +198,7 @@ def run_vitkit(args, weights: str | None = None) -> dict:
             "img_size": config.get("img_size"), "tune": config.get("tune") if weights else None,
             "machine": summary.get("machine"), "data_seconds": summary.get("data_seconds"),
             "data_cache": summary.get("data_cache"), "total_seconds": summary.get("total_seconds"),
-            "recipe": config, "command": shlex.join(cmd[1:])}
+            "first_line": summary.get("first_line"), "recipe": config, "command": shlex.join(cmd[1:])}
 
 
 # ============================================================================================== timm
