@@ -147,6 +147,28 @@ def test_the_demo_says_first_what_its_budget_is_in_epochs_on_this_machine(tmp_pa
     assert not capsys.readouterr().out.startswith("measured on")
 
 
+def test_the_budget_in_epochs_counts_the_images_trained_on_in_the_time_left(tmp_path, capsys):
+    """The first line's epochs: of the images the run trains on (a folder with no val or test part holds out 10%),
+    in the budget less the end's scoring of the held-out images (``recipe.end_seconds``)."""
+    from vitkit.train.recipe import end_seconds
+
+    data = image_folder(tmp_path / "data", n=20, test=1) / "train"  # class folders alone: 40 images, 4 held out
+    argv = ["train", "--data", str(data), "--recipe", "none", "--max-minutes", "5", "--epochs", "1", "--nproc", "1",
+            "--threads", "1", "--device", "cpu", "--batch-size", "8", "--set", "plots=false", "--cache-dir",
+            str(tmp_path / "cache")]
+    assert main([*argv, "--out", str(tmp_path / "a"), "--quiet"]) == 0  # measures, keeps the speed in the cache
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0  # reads it: no budget goes to measuring
+    first = capsys.readouterr().out.splitlines()[0]
+    rate = float(first.split("measured on this CPU (")[1].split(": ")[1].split(" img/s")[0].replace(",", ""))
+    epochs = float(first.split(" -> ")[1].split(" epochs")[0])
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["max_minutes"] == 5  # nothing taken for measuring
+    want = rate * (300 - end_seconds(config, rate, 4)) / 36
+    assert epochs == pytest.approx(want, abs=0.06 + want * 1e-3), first  # the line's rounding, and the rate's
+    assert epochs > 1.09 * rate * 300 / 40  # not the whole budget over all 40 images: 40 / 36 of that, less the end
+
+
 def test_a_fine_tune_bounded_by_the_clock_chooses_its_mode_at_its_measured_speed(tmp_path, capsys):
     """A fine-tune with --max-minutes measures the whole model training (its weights unread: the same cost),
     says so first, and its mode 'auto' weighs that speed, not the FLOP estimate."""

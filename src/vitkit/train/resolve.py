@@ -115,9 +115,13 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     path = settle_path(cfg, mcfg)
     check_one_step_fits(cfg, mcfg)
     measured = None
-    images = functools.cache(lambda: _training_images(cfg))  # the data probed once, and only where it is needed
+    work = functools.cache(lambda: _work_images(cfg))  # the data probed once, and only where it is needed
+
+    def images() -> int | None:
+        return None if work() is None else work()[0]
+
     if measuring is None and speed_wanted(req, cfg, mcfg, images):
-        measured = say_speed(cfg, mcfg, notes, req.cache_dir, images())
+        measured = say_speed(cfg, mcfg, notes, req.cache_dir, images(), 0 if work() is None else work()[1])
     if cfg.tune == "auto":
         from .tune import settle_tune
 
@@ -187,7 +191,7 @@ def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig, images: Calla
     """Whether a run whose recipe measured nothing should measure its own speed to say what its budget is in
     epochs: a new run bounded by the clock, from scratch or fine-tuning (whose mode, 'auto', is then chosen
     at the measured speed), of a model small enough (SMALL_MODEL_FLOPS) that a few of its steps take a
-    second or two on a CPU. ``images``: the training images (``_training_images``), asked last."""
+    second or two on a CPU. ``images``: the training images (``_work_images``), asked last."""
     from ..infer.fastpath import vit_flops
 
     partial = cfg.init_from and cfg.tune not in ("auto", "full")  # --tune last or probe: the whole model's speed
@@ -198,14 +202,17 @@ def speed_wanted(req: RunRequest, cfg: RunConfig, mcfg: ViTConfig, images: Calla
 
 
 def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str | None,
-              images: int | None) -> float:
+              images: int | None, scored: int = 0) -> float:
     """Measure the run's speed (``train.speed``; a fine-tune's: the whole model training), take the time
     from its budget and say, first, what the budget is in epochs of ``images`` training images (in place:
-    ``cfg`` and ``notes``); the images a second measured."""
+    ``cfg`` and ``notes``): in the time it leaves once measuring and the end's scoring of ``scored`` images
+    (``recipe.end_seconds``) are taken out, as a recipe counts its candidates'. The images a second measured."""
+    from .recipe import end_seconds
     from .speed import measure_speed
 
     speed = measure_speed(cfg, mcfg, resolve_device(cfg.device), cfg.threads, cache_dir)
-    epochs = speed.images_per_s * cfg.max_minutes * 60 / (images or 1)
+    left = cfg.max_minutes * 60 - speed.seconds - end_seconds(cfg.to_dict(), speed.images_per_s, scored)
+    epochs = speed.images_per_s * max(left, 0.0) / (images or 1)
     whole = " training the whole model" if cfg.init_from else ""
     line = (f"measured on {device_words(cfg.device)}: {speed.images_per_s:,.0f} img/s{whole} -> {epochs:.1f} epochs "
             f"in {cfg.max_minutes:g} min" + (f" (the run's {cfg.epochs} epochs end it sooner)" if epochs > cfg.epochs
@@ -257,17 +264,17 @@ def _model(cfg: RunConfig, resume_dir: Path | None) -> tuple:
     return model_config(cfg, init, resume_from), init
 
 
-def _training_images(cfg: RunConfig) -> int | None:
-    """The training images of the run's data (the built-in digits where it names none), as its probe counts
-    them (None where it cannot tell)."""
+def _work_images(cfg: RunConfig) -> tuple[int, int] | None:
+    """(the images the run trains on an epoch, the images it scores at its end) of its data (the built-in
+    digits where it names none), as its probe counts them (``recipe.work_images``; None where it cannot tell)."""
     from ..core.errors import DataError
     from ..data.datasets import DEMO_DIR
-    from .recipe import probe_data
+    from .recipe import probe_data, work_images
 
     try:
         if cfg.data.path is None:
-            return probe_data(DEMO_DIR, "demo").images
-        return probe_data(cfg.data.path, cfg.data.format).images
+            return work_images(probe_data(DEMO_DIR, "demo"))
+        return work_images(probe_data(cfg.data.path, cfg.data.format))
     except DataError:
         return None  # the run opens the data and says what is wrong
 
