@@ -287,16 +287,19 @@ SMALL_DATA_CANDIDATES = (
         (26.057, 88.68, f"{ABLATE}: early-conv-2, 30 min, seed 0"),)),
     # On a GPU a step of these models is bound by its launches, not its arithmetic: at batch 128 an H200 trained the
     # long model at about 5,600 images/s alone, where batch 512 takes about a quarter of the steps for the same
-    # images (44.7 epochs in 4 minutes against 13.2 at batch 128, side by side with 4 other runs), and a wider
-    # model costs it little more. Measured there (gpu_budget.jsonl: 4 blocks of width 192 at batch 512 read 88.16%
-    # at 25.6 epochs, 88.82% at 34.2; the long model at batch 512 88.36% at 44.7, width 192 at batch 1024 88.38% at
-    # 49.5, 6 blocks of width 256 at batch 512 87.64% at 24.0; docs/experiments.md, "On a GPU"). On a CPU a larger
-    # batch is no faster an image (batch 256: screened above) and this model costs about twice the long one an
-    # image, so no CPU budget here reaches the 20 epochs its table starts at: it is never measured there. Its
-    # points had 87 steps an epoch (45,000 images): data of fewer than 40 batches does not take it.
+    # images (44.7 epochs in 4 minutes against 13.2 at batch 128, each beside 5 other runs). A wider model costs
+    # more there too (4 blocks of width 192 reached 25.6 epochs beside them), but learns more an epoch. Measured
+    # there (gpu_budget.jsonl: 4 blocks of width 192 at batch 512 read 88.16% at 25.6 epochs, 88.82% at 34.2; the
+    # long model at batch 512 88.36% at 44.7, width 192 at batch 1024 88.38% at 49.5, 6 blocks of width 256 at batch
+    # 512 87.64% at 24.0; docs/experiments.md, "On a GPU"). On a CPU a larger batch is no faster an image (batch
+    # 256: screened above), and this model's blocks do 7.3 times the long model's matrix products (a long step's
+    # 23% on an AVX2 CPU: about 2.5 times its step, estimated), so no CPU budget here reaches the 20 epochs its
+    # table starts at: it is never measured there. Its points had 87 steps an epoch (45,000 images): data of
+    # fewer than 40 batches does not take it.
     Candidate("wide-b512", "4 blocks of width 192 (3 heads), two 3x3 convs at each of the tokenizer's resolutions, "
               "EMA 0.999, batch 512 at 2x the learning rate (0.004)",
-              {"batch_size": 512, "optim": {"lr": 0.004}, "model_args": {"depth": 4, "embed_dim": 192, "num_heads": 3}}, (
+              {"batch_size": 512, "optim": {"lr": 0.004},
+               "model_args": {"depth": 4, "embed_dim": 192, "num_heads": 3}}, (
         (25.598, 88.16, f"{GPU}: wide-4x192-b512, 4 min on an H200 beside 5 other runs, seed 0"),
         (34.172, 88.82, f"{GPU}: wide-4x192-b512, 5 min on an H200 beside 3 other runs, seed 0")),
               accelerator=True, min_images=40 * 512),
