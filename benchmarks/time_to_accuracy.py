@@ -166,16 +166,15 @@ def clock_run(data: str, minutes: float, seed: int, out: Path, extra: list[str] 
     VAL_FRACTION, with ``extra`` arguments (also used by ablate_small_data.py and processes_threads.py):
     (exit code, the --json summary or None when it failed, the command). ``command``: the subcommand and its
     positional arguments (e.g. ("finetune", WEIGHTS)). The summary keeps the run's first line as "first_line"
-    (the recipe it chose, the speed it measured and the epochs it expected) where it printed one."""
+    (the recipe it chose, or the speed it measured and the epochs it expected)."""
     cmd = [sys.executable, "-m", "vitkit", *command, "--data", data, "--max-minutes", str(minutes),
            "--seed", str(seed), "--set", f"data.val_fraction={VAL_FRACTION}", "--out", str(out), "--json",
            "--progress-every", "600", *extra]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     lines = p.stdout.strip().splitlines()
     summary = json.loads(lines[-1]) if p.returncode == 0 else None
-    first = next((line for line in lines if line.startswith(("recipe ", "fine-tuning"))), None)
-    if summary is not None and first is not None:
-        summary["first_line"] = first
+    if summary is not None and len(lines) > 1:
+        summary["first_line"] = lines[0]
     return p.returncode, summary, cmd
 
 

@@ -58,6 +58,14 @@ def open_folder(root: Path, fmt: str, o: OpenOptions):
     return train, None, None, skipped
 
 
+def _split_parts(by: dict[str, Path]) -> dict[str, Path]:
+    """The folders of a split folder's validation and test parts ('val', 'test'), where it has them, from its
+    subfolders by lower-cased name: the first of VAL_NAMES, and of TEST_NAMES, that is there."""
+    found = {kind: next((by[n] for n in names if n in by), None) for kind, names in (("val", VAL_NAMES),
+                                                                                     ("test", TEST_NAMES))}
+    return {kind: d for kind, d in found.items() if d is not None}
+
+
 def open_split_folder(root: Path, fmt: str, o: OpenOptions):
     skipped: list[tuple[str, str]] = []
     dirs, files = list_entries(root)
@@ -65,13 +73,7 @@ def open_split_folder(root: Path, fmt: str, o: OpenOptions):
     if "train" not in by:
         raise DataError(f"{show_path(root)}: no train/ folder (a split-folder dataset has train/ and val/ or test/)")
     classes, items = _class_items(by["train"], None, skipped)
-    parts = {}
-    for kind, names in (("val", VAL_NAMES), ("test", TEST_NAMES)):
-        for n in names:
-            if n in by:
-                _, its = _class_items(by[n], classes, skipped)
-                parts[kind] = its
-                break
+    parts = {kind: _class_items(d, classes, skipped)[1] for kind, d in _split_parts(by).items()}
     # one size for all parts: decide it from train, then hold val/test to it
     train = _materialize(items, classes, o, skipped, where=by["train"])
     o2 = dataclasses.replace(o, channels=train.channels, img_size=None if o.short_side else o.img_size or train.size,
@@ -257,8 +259,7 @@ def describe_folder(root: Path, fmt: str) -> DataFacts:
     if fmt != "split-folder":
         return dataclasses.replace(_probe_folder(root, fmt), scored=0)
     by = {d.name.lower(): d for d in _subfolders(root)}
-    parts = [next((by[n] for n in names if n in by), None) for names in (VAL_NAMES, TEST_NAMES)]
-    scored = sum(len(walk_images(d)) for part in parts if part is not None for d in _subfolders(part))
+    scored = sum(len(walk_images(d)) for part in _split_parts(by).values() for d in _subfolders(part))
     return dataclasses.replace(_probe_folder(by["train"], fmt), scored=scored)
 
 

@@ -185,7 +185,7 @@ class WorkChoice:
     epochs: dict[str, float]
     predicted: dict[str, float | None]
     images_per_s: dict[str, float]
-    images: int = 0
+    images: int
 
     def line(self, where: str) -> str:
         """What the run's first line says of the choice: the measured speeds, the epochs, the choice."""
