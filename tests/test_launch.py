@@ -157,6 +157,54 @@ def test_rank_0_killed_alone_is_reported(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == ["vitkit: error: process 0 of 2 failed (killed by SIGKILL)"]
 
 
+def test_the_launcher_s_sigterm_over_a_crash_records_the_crash(tmp_path):
+    # A peer died: this process's collective failed, and the launcher's SIGTERM (Terminated) raised while
+    # that crash was on its way out. The crash is recorded with its traceback, the process ends with exit
+    # code 1 and prints nothing, and a later SIGTERM is ignored (the process is ending).
+    from vitkit.cli.main import Terminated
+
+    error_file = tmp_path / "error.json"
+    before = signal.getsignal(signal.SIGTERM)
+    ended = None
+    try:
+        with launch_mod.errors_recorded(str(error_file)):
+            try:
+                raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+            except RuntimeError:
+                raise Terminated
+    except BaseException as e:  # noqa: BLE001 - a Terminated let through must fail the test, not stop pytest
+        ended = e
+    finally:
+        ignored = signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        signal.signal(signal.SIGTERM, before)
+    assert isinstance(ended, SystemExit) and ended.code == 1, repr(ended)
+    assert ignored
+    record = json.loads(error_file.read_text())
+    assert record["message"] == "RuntimeError: Connection closed by peer [127.0.0.1]:1234"
+    assert record["traceback"].startswith("Traceback (most recent call last)")
+    assert "RuntimeError: Connection closed by peer" in record["traceback"]
+
+
+def test_a_stop_alone_or_over_a_vitkit_error_is_not_a_crash(tmp_path):
+    from vitkit.cli.main import Terminated
+
+    error_file = tmp_path / "error.json"
+    with pytest.raises(Terminated):  # SIGTERM with nothing failing: the command's own stop
+        with launch_mod.errors_recorded(str(error_file)):
+            raise Terminated
+    assert not error_file.exists()
+    with pytest.raises(KeyboardInterrupt):  # a stop over a vitkit error: not recorded as a crash
+        with launch_mod.errors_recorded(str(error_file)):
+            try:
+                raise ConfigError("--data /x: no such folder")
+            except ConfigError:
+                raise KeyboardInterrupt
+    assert not error_file.exists()
+    with pytest.raises(RuntimeError):  # not launched (no error file): a crash goes on as it is
+        with launch_mod.errors_recorded(None):
+            raise RuntimeError("boom")
+
+
 def test_a_launched_run_reports_what_its_checkpoint_scores(tmp_path):
     """BatchNorm statistics move on each rank with its own batches; the accuracy and loss a 2-process
     run reports are those of the checkpoint it saves (rank 0's buffers), as `vitkit eval` finds them."""

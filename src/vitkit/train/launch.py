@@ -301,19 +301,40 @@ def errors_recorded(error_file: str | None):
     """Record (``record_error``) a VitkitError that ends this launched process, and let it go on. Any
     other exception (a crash; in a distributed run most often the loss of another process, which the
     collective it waited in reports in many lines) is recorded with its traceback and ends the process
-    with exit code 1 without printing it: the launcher's report says in one line what happened."""
+    with exit code 1 without printing it: the launcher's report says in one line what happened.
+
+    When one process dies, the launcher stops the others with SIGTERM, which may reach this one while its
+    own crash (the lost peer) is on its way out, after training's handlers are gone: the signal then
+    raises over the crash. The crash is what ended the process, so it is the one recorded, and SIGTERM is
+    ignored from then on: the process is ending, and a line of its own would only add to the launcher's."""
     try:
         yield
     except VitkitError as e:
         record_error(error_file, str(e))
         raise
-    except Exception as e:  # noqa: BLE001 - reported by the launcher
-        if not error_file:
+    except BaseException as e:  # noqa: BLE001 - a crash is reported by the launcher
+        crash = _crash_of(e)
+        if not error_file or crash is None:
             raise
+        with contextlib.suppress(ValueError, OSError):  # ValueError: not the main thread
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         import traceback
 
-        record_error(error_file, f"{type(e).__name__}: {_first_line(e)[:200]}", traceback.format_exc())
+        trace = "".join(traceback.format_exception(type(crash), crash, crash.__traceback__))
+        record_error(error_file, f"{type(crash).__name__}: {_first_line(crash)[:200]}", trace)
         raise SystemExit(1) from None
+
+
+def _crash_of(e: BaseException) -> BaseException | None:
+    """The crash that ``e`` is or ended: ``e`` itself where it is an exception other than a vitkit error; the
+    exception a stop (SIGTERM's Terminated, Ctrl-C) interrupted on its way out; else None."""
+    if isinstance(e, Exception):
+        return None if isinstance(e, VitkitError) else e
+    if isinstance(e, KeyboardInterrupt):
+        inner = e.__context__
+        if isinstance(inner, Exception) and not isinstance(inner, VitkitError):
+            return inner
+    return None
 
 
 FAILURE_LOG = "failure.log"  # in the run folder: the tracebacks of processes that crashed, appended per failure
