@@ -378,6 +378,10 @@ def test_the_epochs_are_those_the_budget_leaves_after_measuring_and_the_end():
     assert end_seconds({"tta": True}, 150.0, 0) == 2.0  # flips alone, nothing scored: the plots
     short = choose_by_work((one,), cfg, seconds=5, images=10, speed=lambda c: 150.0, scored=500, clock=lambda: 0.0)
     assert short.epochs["one"] == 0.0  # an end longer than the budget leaves no epochs, never fewer than none
+    # the run's own --no-tta (and plots=false) count for the end over the recipe's values; other keys do not
+    mine = choose_by_work((one,), cfg, seconds=300, images=4_500, speed=lambda c: 150.0, scored=500,
+                          clock=lambda: 0.0, end={"tta": False, "plots": False, "max_minutes": 1})
+    assert mine.epochs["one"] == pytest.approx(150.0 * (300 - 500 / 3 / 150.0) / 4_500)
     # the images: a run whose data has no val or test part trains on 90% and scores the 10% it holds out
     assert work_images(DataFacts("folder", (32, 32), 3, 50_000, 10, scored=0)) == (45_000, 5_000)
     assert work_images(DataFacts("split-folder", (32, 32), 3, 50_000, 10, scored=10_000)) == (50_000, 10_000)
@@ -483,3 +487,19 @@ def test_every_measured_point_is_a_row_of_the_results_file_it_cites(candidates):
             flat = [r.get("vitkit", r) for r in rows]
             assert any(abs(r.get("epochs", -1) - epochs) < 1e-3 and abs(r["val_acc"] * 100 - acc) < 0.01
                        for r in flat), (c.name, source, epochs, acc)
+
+
+def test_the_run_s_own_end_values_reach_the_recipe(monkeypatch):
+    """``resolve.data_recipe`` hands the flags and overrides to the recipe as its ``end`` (--no-tta, plots)."""
+    from vitkit.train import recipe as recipe_mod
+    from vitkit.train import resolve
+
+    seen = {}
+
+    def fake(*args, **kw):
+        seen.update(kw)
+        return recipe_mod.Recipe("default", "x", {})
+
+    monkeypatch.setattr(recipe_mod, "recipe_for", fake)
+    resolve.data_recipe("somewhere", None, {"tta": False, "max_minutes": 5}, ["plots=false"])
+    assert seen["end"]["tta"] is False and seen["end"]["plots"] is False

@@ -198,6 +198,9 @@ class WorkChoice:
                 f"{self.candidate.name}: {self.candidate.what}")
 
 
+END_KEYS = ("tta", "tta_shift", "plots")  # the values ``end_seconds`` reads
+
+
 def end_seconds(cfg: dict, images_per_s: float, scored: int) -> float:
     """The seconds a run of ``cfg`` (a recipe's dict), training at ``images_per_s``, is expected to spend after
     its last step: scoring ``scored`` images in its test-time views, each view at FORWARD_SHARE of a training
@@ -210,18 +213,20 @@ def end_seconds(cfg: dict, images_per_s: float, scored: int) -> float:
 
 def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float, images: int,
                    speed: Callable[[dict], float], scored: int = 0,
-                   clock: Callable[[], float] = time.perf_counter) -> WorkChoice:
+                   clock: Callable[[], float] = time.perf_counter, end: dict | None = None) -> WorkChoice:
     """The candidate that ``seconds`` of a budget buys the best accuracy with, training on ``images`` images
     an epoch and scoring ``scored`` at the end: each candidate's speed (``speed(config)``: images per second
     of ``base`` with its overrides) turned into the epochs that the budget leaves it once measuring (timed
     by ``clock``) and its end's evaluation (``end_seconds``) are taken out, and those into the accuracy its
-    points predict. Where no candidate was measured at so few epochs, the one measured at the fewest."""
+    points predict. Where no candidate was measured at so few epochs, the one measured at the fewest. ``end``:
+    the run's own values of what the end costs (END_KEYS: --no-tta, --tta-shift, plots), over each candidate's."""
     start = clock()
     configs = {c.name: merge(copy.deepcopy(base), copy.deepcopy(c.overrides)) for c in candidates}
     rates = {name: speed(cfg) for name, cfg in configs.items()}
     left = seconds - (clock() - start)
-    epochs = {name: rates[name] * max(left - end_seconds(configs[name], rates[name], scored), 0.0) / max(images, 1)
-              for name in configs}
+    own = {k: v for k, v in (end or {}).items() if k in END_KEYS}
+    epochs = {name: rates[name] * max(left - end_seconds({**configs[name], **own}, rates[name], scored), 0.0)
+              / max(images, 1) for name in configs}
     predicted = {c.name: c.predict(epochs[c.name]) for c in candidates}
     ranked = [c for c in candidates if predicted[c.name] is not None]
     if ranked:
@@ -333,7 +338,7 @@ class Recipe:
 def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: int | None = None,
                   cpus: int | None = None, processes: int | None = None, model: str | None = None,
                   cpu_bf16: str | None = None, speed: Callable[[dict], float] | None = None,
-                  where: str = "this machine") -> Recipe:
+                  where: str = "this machine", end: dict | None = None) -> Recipe:
     """The recipe for data described by ``facts`` (the rules in the module docstring). ``max_minutes`` and
     ``epochs``: the run's own budget, if given (None: not given; they win over the recipe's). ``cpus``: the
     CPUs a run on the CPU may use (None: the run trains on a GPU), for the processes (CPU_PROCESSES).
@@ -344,8 +349,8 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
     ``core.hardware.cpu_bf16_kind`` answers) when the run trains on the CPU; with AMX, 'small-data'
     trains in bf16 (AMX_PRECISION). ``speed``: images per second of a run of a config (a dict), measured on
     the run's device (``where`` names it): a run bounded by the clock then trains the recipe's candidate that
-    its budget in epochs buys the best accuracy with (``choose_by_work``); None: by the minutes alone (at most
-    SHORT_MINUTES: SHORT_RUN; the photos: PHOTO_SIZES)."""
+    its budget in epochs buys the best accuracy with (``choose_by_work``, told the run's own ``end`` values);
+    None: by the minutes alone (at most SHORT_MINUTES: SHORT_RUN; the photos: PHOTO_SIZES)."""
     small = max(facts.size) <= SMALL_SIDE
     if small and facts.channels == 1:
         base: dict = {}
@@ -353,9 +358,9 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
         return Recipe("digits", f"{facts.describe()}: grey images of at most {SMALL_SIDE} px take the demo's "
                       f"digits model (the defaults){clock}", base)
     if small and facts.images <= SMALL_IMAGES:
-        return _small_data(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where)
+        return _small_data(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where, end)
     if not small:
-        return _photos(facts, max_minutes, epochs, cpus, processes, model, speed, where)
+        return _photos(facts, max_minutes, epochs, cpus, processes, model, speed, where, end)
     base = {"model_args": {"in_chans": facts.channels}}  # the data's channels, not the demo model's
     clock = f"; {_clock(base, max_minutes, epochs, 0)}" if max_minutes else ""
     return Recipe("default", f"{facts.describe()}: more than {SMALL_IMAGES:,} images, for which no recipe is "
@@ -363,7 +368,8 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
                   f"weights){clock}", base)
 
 
-def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where) -> Recipe:
+def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where,
+                end=None) -> Recipe:
     """The 'small-data' recipe for ``facts`` (``choose_recipe``'s arguments)."""
     base = copy.deepcopy(SMALL_DATA)
     clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
@@ -375,7 +381,7 @@ def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, c
     if minutes and speed is not None and model in (None, base["model"]):
         candidates = tuple(c for c in SMALL_DATA_CANDIDATES if c.fits(cpus is not None, facts.images))
         images, scored = work_images(facts)
-        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored)
+        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored, end=end)
         base = merge(base, copy.deepcopy(choice.candidate.overrides))
         clock += f"; {choice.line(where)}"
     elif 0 < minutes <= SHORT_MINUTES:
@@ -399,7 +405,8 @@ def _processes(base: dict, cpus: int | None, processes: int | None) -> str:
 
 
 def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpus: int | None,
-            processes: int | None, model: str | None, speed=None, where: str = "this machine") -> Recipe:
+            processes: int | None, model: str | None, speed=None, where: str = "this machine",
+            end: dict | None = None) -> Recipe:
     """The 'photos' recipe for ``facts``: PHOTOS at the resolution and depth its budget buys the best accuracy
     with (``choose_by_work`` over PHOTO_CANDIDATES), or without a speed, PHOTO_SIZES' by the minutes."""
     base = copy.deepcopy(PHOTOS)
@@ -410,7 +417,7 @@ def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpu
     if minutes and speed is not None and model in (None, base["model"]):
         candidates = tuple(c for c in PHOTO_CANDIDATES if c.fits(cpus is not None, facts.images))
         images, scored = work_images(facts)
-        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored)
+        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored, end=end)
         base = merge(base, copy.deepcopy(choice.candidate.overrides))
         clock += f"; {choice.line(where)}"
     else:
@@ -483,7 +490,7 @@ def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_mi
 def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: float | None = None,
                epochs: int | None = None, cpus: int | None = None, processes: int | None = None,
                model: str | None = None, cpu_bf16: str | None = None, speed: Callable[[dict], float] | None = None,
-               where: str = "this machine", batch_size: int | None = None) -> Recipe:
+               where: str = "this machine", batch_size: int | None = None, end: dict | None = None) -> Recipe:
     """The recipe for the data at ``path``: ``probe_data`` then ``choose_recipe``. Data that cannot be
     inspected gets 'default', and the run that opens it says what is wrong in its own words. A given
     ``batch_size`` larger than all the images measures no speed (a measurement holds one such batch in
@@ -494,12 +501,12 @@ def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: flo
         return Recipe("default", f"the data could not be inspected ({e}); the defaults")
     if batch_size is not None and batch_size > facts.images:
         speed = None
-    return choose_recipe(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where)
+    return choose_recipe(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where, end)
 
 
 __all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",
            "SMALL_SIDE", "SMALL_IMAGES", "laid_over_model", "SAID_KEYS",
            "SMALL_DATA_MINUTES", "CLOCK_EPOCHS", "SHORT_MINUTES", "SHORT_RUN", "CPU_PROCESSES",
-           "AMX_PRECISION", "Candidate", "WorkChoice", "choose_by_work", "end_seconds", "work_images",
+           "AMX_PRECISION", "Candidate", "WorkChoice", "choose_by_work", "end_seconds", "END_KEYS", "work_images",
            "SMALL_DATA_CANDIDATES", "PHOTO_CANDIDATES",
            "REACH"]

@@ -424,7 +424,8 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
                         cpus=cpus, processes=_whole(given.get("processes")),
                         model=model if isinstance(model, str) else None,
                         cpu_bf16=cpu_bf16_kind() if cpus is not None else None, speed=speed,
-                        where=device_words(given.get("device")), batch_size=_whole(given.get("batch_size")))
+                        where=device_words(given.get("device")), batch_size=_whole(given.get("batch_size")),
+                        end=given)
     name = given.get("optim.name")
     if name is not None and name != "muon" and "optim.muon_convs" not in given:  # another optimizer than the
         recipe.base.get("optim", {}).pop("muon_convs", None)  # recipe's Muon: none of Muon's own settings
