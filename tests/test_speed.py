@@ -64,6 +64,24 @@ def test_the_processes_train_together_each_on_its_share_of_the_batch(monkeypatch
     assert seen == [(4, 1, 4, 1)]
 
 
+def test_a_held_measurement_takes_exactly_the_steps_it_is_given(monkeypatch):
+    """``process_speed(..., steps=n)`` (benchmarks/speed_measurement.py, where the ranks of a group must take the
+    same steps) times n steps after the warm-up ones, however long they take; without it, MIN_STEPS to MAX_STEPS."""
+    import vitkit.train.speed as speed
+    from vitkit.train.trainer import Trainer
+
+    calls = []
+    real = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda self, batch: calls.append(1) or real(self, batch))
+    cfg, mcfg = tiny(batch_size=8, processes=2)
+    assert speed.process_speed(cfg, mcfg, torch.device("cpu"), 1, 10, steps=7) > 0
+    assert len(calls) == speed.WARMUP_STEPS + 7
+    calls.clear()
+    monkeypatch.setattr(speed, "MIN_SECONDS", 0.0)
+    speed.process_speed(cfg, mcfg, torch.device("cpu"), 1, 10)
+    assert len(calls) == speed.WARMUP_STEPS + speed.MIN_STEPS
+
+
 def test_candidates_whose_steps_cost_the_same_are_measured_once_on_a_busy_machine(tmp_path, monkeypatch):
     import vitkit.train.speed as speed
     from vitkit.train.resolve import data_recipe

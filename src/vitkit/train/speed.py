@@ -108,36 +108,47 @@ def machine_quiet() -> bool:
     return load_average() < 0.5 * usable_cpus()
 
 
-def process_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, num_classes: int) -> float:
-    """Images per second of one process's training steps (its share of the batch) on ``threads`` threads."""
+def process_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, num_classes: int,
+                  dist=None, steps: int | None = None) -> float:
+    """Images per second of one process's training steps (its share of the batch) on ``threads`` threads.
+    ``dist``: the steps of one rank of that many processes training together (DDP; the caller started
+    their process group), where the measurement is a process alone. ``steps``: exactly that many timed
+    steps (as all of a group's ranks must take), where the measurement takes MIN_STEPS to MAX_STEPS."""
     from .build import build_model
     from .distributed import DistInfo
     from .trainer import Trainer
 
+    dist = dist or DistInfo()
     per_process = max(cfg.batch_size // max(cfg.processes, 1), 1)
-    step_cfg = RunConfig.from_dict({**cfg.to_dict(), "batch_size": per_process, "processes": 1, "loggers": [],
-                                    "max_minutes": None, "epochs": 1, "ema": cfg.ema, "init_from": None,
+    step_cfg = RunConfig.from_dict({**cfg.to_dict(), "batch_size": per_process * dist.world_size,
+                                    "processes": dist.world_size, "loggers": [], "max_minutes": None, "epochs": 1,
+                                    "ema": cfg.ema, "init_from": None,
                                     "tune": "full"})  # a fine-tune's model, its weights unread: the same cost
     classes = [str(i) for i in range(max(num_classes, 2))]
     images = random_set(per_process, classes, mcfg.in_chans, mcfg.img_size)
+    data = images if not dist.enabled else random_set(per_process * dist.world_size, classes, mcfg.in_chans,
+                                                      mcfg.img_size)  # a batch for every rank to shard
     old_threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, 1))
     try:
         with torch.random.fork_rng(devices=[]), tempfile.TemporaryDirectory(prefix="vitkit-speed-") as tmp:
             model = build_model(step_cfg, mcfg, classes)
-            trainer = Trainer(step_cfg, model, images, tmp, dist=DistInfo(), device=device, precision=cfg.precision,
+            trainer = Trainer(step_cfg, model, data, tmp, dist=dist, device=device, precision=cfg.precision,
                               channels_last=cfg.channels_last, log=lambda m: None)
             with contextlib.closing(trainer):
-                return timed_steps(trainer, images, per_process, device)
+                if steps is None:
+                    return timed_steps(trainer, images, per_process, device)
+                return timed_steps(trainer, images, per_process, device, steps=steps)
     finally:
         torch.set_num_threads(old_threads)
 
 
-def timed_steps(trainer, images: ImageSet, batch: int, device: torch.device) -> float:
-    """Images per second of ``trainer``'s steps on the batch ``images`` (after WARMUP_STEPS untimed ones)."""
+def timed_steps(trainer, images: ImageSet, batch: int, device: torch.device, steps: int | None = None) -> float:
+    """Images per second of ``trainer``'s steps on the batch ``images`` (after WARMUP_STEPS untimed ones):
+    MIN_STEPS to MAX_STEPS of them, until MIN_SECONDS have passed, or exactly ``steps``."""
     step = (images.images, images.labels)
     done, start = 0, 0.0
-    for i in range(WARMUP_STEPS + MAX_STEPS):
+    for i in range(WARMUP_STEPS + (MAX_STEPS if steps is None else steps)):
         if i == WARMUP_STEPS:
             sync(device)
             start = time.perf_counter()
@@ -145,7 +156,7 @@ def timed_steps(trainer, images: ImageSet, batch: int, device: torch.device) -> 
         trainer.optimizer_step()
         if i >= WARMUP_STEPS:
             done += 1
-            if done >= MIN_STEPS and time.perf_counter() - start >= MIN_SECONDS:
+            if steps is None and done >= MIN_STEPS and time.perf_counter() - start >= MIN_SECONDS:
                 break
     sync(device)
     return done * batch / max(time.perf_counter() - start, 1e-9)

@@ -1,0 +1,153 @@
+"""How well the budget's speed measurement stands for the run's own training speed on this CPU.
+
+    python benchmarks/speed_measurement.py [--candidate short-lr-3x] [--steps 60] [--rounds 2]
+
+A clock-bounded run measures one process's steps alone, for about a second (train/speed.py
+``process_speed``), and counts its processes as that many times as fast. Here, side by side, one layout
+after the other in each round, each in fresh processes on random images of the candidate's size:
+
+  - measured: the measurement as a run takes it (one process alone, 3 to 20 steps, at least 1 s), x2;
+  - alone: one process alone for --steps steps, x2 (the same measurement held longer);
+  - two at once: two independent processes at the same time, --steps steps each, summed (do the
+    processes slow each other: shared cores, memory bandwidth, a host's hyperthreads?);
+  - ddp: the run's two processes training together (DDP over gloo, one batch each), summed (what the
+    gradients' all-reduce, DDP's broadcast of rank 0's buffers before every forward, the step's flags and
+    the waits for the slower rank cost);
+  - ddp, no buffer broadcast: the same without DDP's broadcast of the buffers (``broadcast_buffers``
+    off), which no training step reads: what that one collective a step costs.
+
+Prints images per second and each layout against `alone` in the same round, and appends one record a
+round to benchmarks/results/speed_measurement.jsonl, with the CPU's instruction set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from vitkit.core.hardware import cpu_capability  # noqa: E402
+from vitkit.train.build import model_config  # noqa: E402
+from vitkit.train.config import merge, resolve_config  # noqa: E402
+from vitkit.train.recipe import SMALL_DATA, SMALL_DATA_CANDIDATES  # noqa: E402
+from vitkit.train.resolve import settle_path  # noqa: E402
+from vitkit.train.speed import machine_key  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "speed_measurement.jsonl"
+PROCESSES = 2  # as a clock-bounded run on a CPU of 2 or more cores trains
+
+
+def config(name: str):
+    cand = {c.name: c for c in SMALL_DATA_CANDIDATES}[name]
+    base = merge(copy.deepcopy(SMALL_DATA), copy.deepcopy(cand.overrides))
+    base["processes"] = PROCESSES
+    cfg = resolve_config(None, {}, [], base=base)
+    mcfg = model_config(cfg)
+    settle_path(cfg, mcfg)
+    return cfg, mcfg
+
+
+def worker(name: str, rank: int, world: int, steps: int | None, port: int, out, broadcast: bool = True) -> None:
+    """One process's images per second: alone (world 1) or as rank ``rank`` of a DDP group of ``world``
+    (``broadcast``: DDP broadcasting rank 0's buffers before every forward, as a run's DDP does)."""
+    import warnings
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from vitkit.train.distributed import DistInfo, process_group
+    from vitkit.train.speed import process_speed
+
+    if not broadcast:  # torch's newer name for it where it has it (the older one is deprecated there)
+        import inspect
+
+        key = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+               else "broadcast_buffers")
+        wrap = DDP.__init__
+
+        def without_broadcast(self, *a, **k):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                wrap(self, *a, **{**k, key: False})
+
+        DDP.__init__ = without_broadcast
+
+    torch.set_num_threads(1)  # as each of a run's processes trains
+    cfg, mcfg = config(name)
+    dist = DistInfo(rank, world, rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    with process_group(dist, torch.device("cpu")):
+        out.put(process_speed(cfg, mcfg, torch.device("cpu"), 1, 10, dist=dist, steps=steps))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def layout(name: str, kind: str, steps: int) -> float:
+    """Images per second of all the processes of one layout together."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    if kind == "measured":
+        jobs = [(0, 1, None)]
+    elif kind == "alone":
+        jobs = [(0, 1, steps)]
+    elif kind == "two at once":
+        jobs = [(0, 1, steps), (0, 1, steps)]
+    else:  # ddp, with or without the buffers' broadcast
+        jobs = [(r, PROCESSES, steps) for r in range(PROCESSES)]
+    ddp = kind.startswith("ddp")
+    procs = [ctx.Process(target=worker, args=(name, rank, world, n, port if ddp else free_port(), out,
+                                              kind != "ddp, no buffer broadcast"))
+             for rank, world, n in jobs]
+    for p in procs:
+        p.start()
+    rates = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    if kind in ("measured", "alone"):
+        return rates[0] * PROCESSES  # as a run counts its processes
+    return sum(rates)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--candidate", default="short-lr-3x", help="a small-data candidate (train/recipe.py)")
+    ap.add_argument("--steps", type=int, default=60, help="timed steps of the held layouts (default 60)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--results", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    emulated = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+                if k in os.environ}
+    kinds = ("measured", "alone", "two at once", "ddp", "ddp, no buffer broadcast")
+    for r in range(args.rounds):
+        rates = {}
+        for kind in kinds:
+            rates[kind] = layout(args.candidate, kind, args.steps)
+        for kind in kinds:
+            print(f"round {r + 1}: {kind:<26} {rates[kind]:7.0f} img/s  {rates[kind] / rates['alone']:.2f}x alone",
+                  flush=True)
+        record = {"candidate": args.candidate, "round": r + 1, "steps": args.steps, "processes": PROCESSES,
+                  "images_per_s": {k: round(v, 1) for k, v in rates.items()},
+                  "vs_alone": {k: round(v / rates["alone"], 3) for k, v in rates.items()},
+                  "cpu_isa": cpu_capability(), "emulated": emulated, "machine": machine_key(torch.device("cpu")),
+                  "torch": torch.__version__, "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                  "command": "python benchmarks/speed_measurement.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+        with open(args.results, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
