@@ -57,7 +57,7 @@ def test_the_processes_train_together_each_on_its_share_of_the_batch(monkeypatch
     import vitkit.train.speed as speed
 
     seen = []
-    monkeypatch.setattr(speed, "timed_steps", lambda trainer, images, batch, device: seen.append(
+    monkeypatch.setattr(speed, "timed_steps", lambda trainer, images, batch, device, steps: seen.append(
         (trainer.cfg.batch_size, trainer.cfg.processes, len(images), torch.get_num_threads())) or 100.0)
     cfg, mcfg = tiny(batch_size=8, processes=2)
     assert measure_speed(cfg, mcfg, torch.device("cpu"), threads=1).images_per_s == 200.0

@@ -136,9 +136,7 @@ def process_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, num_
             trainer = Trainer(step_cfg, model, data, tmp, dist=dist, device=device, precision=cfg.precision,
                               channels_last=cfg.channels_last, log=lambda m: None)
             with contextlib.closing(trainer):
-                if steps is None:
-                    return timed_steps(trainer, images, per_process, device)
-                return timed_steps(trainer, images, per_process, device, steps=steps)
+                return timed_steps(trainer, images, per_process, device, steps)
     finally:
         torch.set_num_threads(old_threads)
 
