@@ -23,7 +23,6 @@ round to benchmarks/results/speed_measurement.jsonl, with the CPU's instruction 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import multiprocessing as mp
 import os
@@ -37,24 +36,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from vitkit.core.hardware import cpu_capability  # noqa: E402
-from vitkit.train.build import model_config  # noqa: E402
-from vitkit.train.config import merge, resolve_config  # noqa: E402
-from vitkit.train.recipe import SMALL_DATA, SMALL_DATA_CANDIDATES  # noqa: E402
-from vitkit.train.resolve import settle_path  # noqa: E402
 from vitkit.train.speed import machine_key  # noqa: E402
 
+from step_profile import PROCESSES, config  # noqa: E402  (benchmarks/ is on sys.path; the candidate as a run trains it)
+
 RESULTS = Path(__file__).resolve().parent / "results" / "speed_measurement.jsonl"
-PROCESSES = 2  # as a clock-bounded run on a CPU of 2 or more cores trains
-
-
-def config(name: str):
-    cand = {c.name: c for c in SMALL_DATA_CANDIDATES}[name]
-    base = merge(copy.deepcopy(SMALL_DATA), copy.deepcopy(cand.overrides))
-    base["processes"] = PROCESSES
-    cfg = resolve_config(None, {}, [], base=base)
-    mcfg = model_config(cfg)
-    settle_path(cfg, mcfg)
-    return cfg, mcfg
 
 
 def worker(name: str, rank: int, world: int, steps: int | None, port: int, out, broadcast: bool = True) -> None:
