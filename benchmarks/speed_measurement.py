@@ -94,10 +94,8 @@ def layout(name: str, kind: str, steps: int) -> float:
         jobs = [(0, 1, steps), (0, 1, steps)]
     else:  # ddp, with or without the buffers' broadcast
         jobs = [(r, PROCESSES, steps) for r in range(PROCESSES)]
-    ddp = kind.startswith("ddp")
-    procs = [ctx.Process(target=worker, args=(name, rank, world, n, port if ddp else free_port(), out,
-                                              kind != "ddp, no buffer broadcast"))
-             for rank, world, n in jobs]
+    procs = [ctx.Process(target=worker, args=(name, rank, world, n, port, out, kind != "ddp, no buffer broadcast"))
+             for rank, world, n in jobs]  # a process alone starts no group: the port is the DDP pair's
     for p in procs:
         p.start()
     rates = [out.get() for _ in procs]
