@@ -5,7 +5,7 @@ same training budget, on the same validation carve, one after the other in one r
                                          [--baselines resnet18,vit_tiny] [--size PX]
                                          [--timm-python .venv-ref/bin/python] [--branch vitkit]
                                          [--results FILE] [--weights W [--img-size PX]]
-                                         [--more-seeds 1,2]
+                                         [--more-seeds 1,2] [--test DIR] [--set KEY=VALUE ...]
 
 vitkit: `vitkit train --data DATA --max-minutes M --seed S --set data.val_fraction=0.1`, i.e. whatever
 recipe vitkit picks for DATA by itself (its resolved config.json is recorded as its recipe).
@@ -41,6 +41,12 @@ how far one run may fall from it.
 --seed S --set data.val_fraction=0.1 [--img-size PX]` (what it trains, probe / last blocks / full, chosen by
 vitkit's own rule and recorded), and reports its lead over vitkit's run from scratch and over each baseline
 (`--baselines none`: no timm run).
+
+--test DIR also scores vitkit's run on held-out images, after it ends and outside its budget: `vitkit eval RUN
+--data DIR --split all`, with the test-time views the run scored with (`test_acc` and `test_views` in its
+record), for data whose carve reads high (near-duplicates across it, as traffic signs' tracks of one sign).
+--set KEY=VALUE (repeatable) lays a config value over vitkit's choice, as `vitkit train --set` does: to measure
+what the default gains over one of its parts turned off, by the same command.
 
 Timings are only comparable within one run on an otherwise idle machine.
 """
@@ -100,6 +106,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timm-python", default=str(ROOT / ".venv-ref" / "bin" / "python"),
                    help="a Python with timm (default: .venv-ref, which benchmarks/parity.sh makes)")
     p.add_argument("--out", default=None, help="folder for the vitkit run (default: a temporary one)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config value laid over vitkit's choice (vitkit train --set), repeatable")
+    p.add_argument("--test", default=None, metavar="DIR", help="also score vitkit's run on these held-out images "
+                   "(all of them), after the run")
     p.add_argument("--results", default=str(RESULTS), help="the JSON-lines file the record is appended to "
                    f"(default {RESULTS.relative_to(ROOT)})")
     p.add_argument("--branch", choices=("both", "vitkit", "timm"), default="both",
@@ -184,6 +194,7 @@ def run_vitkit(args, weights: str | None = None) -> dict:
     name = "run" if weights is None else "finetune"
     out = Path(args.out or tempfile.mkdtemp(prefix="tta_vitkit_")) / name
     extra = ["--threads", str(args.threads)] if args.threads else []  # threads per process; else vitkit's choice
+    extra += [arg for item in getattr(args, "overrides", []) for arg in ("--set", item)]
     command: tuple[str, ...] = ("train",)
     if weights is not None:
         command = ("finetune", weights)
@@ -192,12 +203,24 @@ def run_vitkit(args, weights: str | None = None) -> dict:
     if code != 0:
         sys.exit(f"vitkit run failed (exit code {code}): {shlex.join(cmd)}")
     config = json.loads((out / "config.json").read_text())
-    return {"val_acc": summary["val_acc"], "train_seconds": summary["train_seconds"], "epochs": summary["epochs"],
+    held_out = held_out_score(out, args.test) if args.test and weights is None else {}
+    return {**held_out, "val_acc": summary["val_acc"], "train_seconds": summary["train_seconds"], "epochs": summary["epochs"],
             "model": config["model"], "processes": config.get("processes"), "threads": config.get("threads"),
             "img_size": config.get("img_size"), "tune": config.get("tune") if weights else None,
             "machine": summary.get("machine"), "data_seconds": summary.get("data_seconds"),
             "data_cache": summary.get("data_cache"), "total_seconds": summary.get("total_seconds"),
             "first_line": summary.get("first_line"), "recipe": config, "command": shlex.join(cmd[1:])}
+
+
+def held_out_score(run: Path, data: str) -> dict:
+    """`vitkit eval RUN --data DATA --split all`: the run's top-1 on those images and the views it scored."""
+    cmd = [sys.executable, "-m", "vitkit", "eval", str(run), "--data", data, "--split", "all", "--json", "--quiet"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    if p.returncode != 0:
+        sys.exit(f"vitkit eval failed (exit code {p.returncode}): {shlex.join(cmd)}")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    return {"test_acc": res["top1"], "test_images": res["num_images"],
+            "test_views": {k: res[k] for k in ("tta", "tta_shift", "tta_flip")}, "test_data": data}
 
 
 # ============================================================================================== timm
@@ -333,7 +356,8 @@ def main(argv=None) -> None:
     names = (args.baselines if args.baselines is not None else default_baselines(args.data)) if with_timm else []
     vk = run_vitkit(args)
     print(f"vitkit ({vk['model']}): val accuracy {vk['val_acc'] * 100:.2f}% after {vk['train_seconds']:.0f} s "
-          f"({vk['epochs']:.2f} epochs)", flush=True)
+          f"({vk['epochs']:.2f} epochs)" + (f"; held-out {vk['test_acc'] * 100:.2f}% ({args.test})"
+                                             if "test_acc" in vk else ""), flush=True)
     ft = run_vitkit(args, args.weights) if args.weights else None
     if ft is not None:
         print(f"vitkit finetune {args.weights} ({ft['tune']}, {ft['img_size']} px): val accuracy "
