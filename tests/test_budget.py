@@ -53,9 +53,9 @@ def slow_eval(monkeypatch):
     its time little changed by other work on the machine (the training steps are as they are)."""
     real = trainer_module.model_logits
 
-    def slow(model, x, tta=False, shift=0):
-        time.sleep(0.001 * len(x) * eval_views(tta, shift))
-        return real(model, x, tta, shift)
+    def slow(model, x, tta=False, shift=0, flip=True):
+        time.sleep(0.001 * len(x) * eval_views(tta, shift, flip))
+        return real(model, x, tta, shift, flip)
 
     monkeypatch.setattr(trainer_module, "model_logits", slow)
 

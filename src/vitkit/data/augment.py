@@ -40,6 +40,9 @@ class AugmentConfig:
     rrc_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # random resized crop: range of the crop's aspect ratio w/h
     pad: int = 4  # pad-and-crop: pixels of zero padding on every side before the random crop
     hflip: float = 0.5  # probability of a horizontal flip (use 0 for digits and text)
+    mirror_check: bool = False  # before training, check on the training images whether mirroring keeps an image's
+    #   class (data.mirror: a linear classifier scores them as they are and mirrored); where it does not, train
+    #   with hflip 0 and score test-time views without mirror images (tta_flip false). The recipes set it
     flip_mode: Literal["random", "alternate"] = "random"  # 'random': each image is flipped with probability
     #   hflip at every visit; 'alternate' (hflip > 0): a random half of the images is flipped in the first
     #   epoch and each image is flipped in every other epoch from then on, so consecutive epochs see both

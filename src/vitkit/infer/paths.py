@@ -123,18 +123,20 @@ def shifted_views(x: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tens
     return padded[..., :h, :w], padded[..., 2 * shift:2 * shift + h, 2 * shift:2 * shift + w]
 
 
-def model_logits(model: nn.Module, x: torch.Tensor, tta: bool = False, shift: int = 0) -> torch.Tensor:
-    """The model's logits for the input batch ``x`` (B, C, H, W). ``tta``: test-time flip augmentation,
-    the mean of the logits of each image and of its left-right mirror (two forward passes). ``shift`` (with
-    ``tta``): also two copies of the batch moved ``shift`` px diagonally (``shifted_views``), each flip-averaged
-    too; the result is half the flip average of ``x`` and a quarter of each copy's (six forward passes, the
-    weights of airbench's mirror-and-translate evaluation)."""
+def model_logits(model: nn.Module, x: torch.Tensor, tta: bool = False, shift: int = 0,
+                 flip: bool = True) -> torch.Tensor:
+    """The model's logits for the input batch ``x`` (B, C, H, W). ``tta``: test-time views, by default flip
+    augmentation, the mean of the logits of each image and of its left-right mirror (two forward passes).
+    ``shift`` (with ``tta``): also two copies of the batch moved ``shift`` px diagonally (``shifted_views``), each
+    flip-averaged too; the result is half the flip average of ``x`` and a quarter of each copy's (six forward
+    passes, the weights of airbench's mirror-and-translate evaluation). ``flip`` False: no mirror images (for data
+    whose mirror images change class), so ``x`` alone, or with ``shift`` its copies at the same weights (three)."""
     if not tta:
         return model(x)
-    logits = (model(x) + model(x.flip(-1))) / 2
+    logits = (model(x) + model(x.flip(-1))) / 2 if flip else model(x)
     if shift:
         a, b = shifted_views(x, shift)
-        logits = logits / 2 + (model_logits(model, a, True) + model_logits(model, b, True)) / 4
+        logits = logits / 2 + (model_logits(model, a, True, 0, flip) + model_logits(model, b, True, 0, flip)) / 4
     return logits
 
 

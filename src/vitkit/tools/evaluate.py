@@ -109,6 +109,7 @@ def evaluate(
     progress: Progress | None = None,
     tta: bool | None = None,
     tta_shift: int | None = None,
+    tta_flip: bool | None = None,
     precision: str = "auto",
     engine: str = "auto",
 ) -> dict:
@@ -117,7 +118,8 @@ def evaluate(
     logits of each image and its mirror (``infer.paths.model_logits``); None: as a run directory's run
     scored (its ``tta``; that of the run a checkpoint in a run directory comes from), else not.
     ``tta_shift``: with ``tta``, also views moved this many px diagonally (0: none); None: as that run
-    scored when ``tta`` is too, else 0.
+    scored when ``tta`` is too, else 0. ``tta_flip`` False: views without mirror images (for data whose mirror
+    images change class); None: as that run scored, else with them.
 
     ``val_fraction`` and ``seed`` (default: a run directory's seed, else 0) carve a val part for
     split='val' from data without one. Unreadable images are skipped and listed in ``skipped`` as
@@ -136,7 +138,7 @@ def evaluate(
     if not model.cfg.num_classes:
         raise ConfigError("model: has no classification head (num_classes=0); nothing to evaluate")
     data, data_format, own, seed = _source(model_or_path, data, data_format, split, seed)
-    tta, tta_shift = _tta_views(model_or_path, tta, tta_shift)
+    tta, tta_shift, tta_flip = _tta_views(model_or_path, tta, tta_shift, tta_flip)
     where = "built-in demo set" if data is None else str(data)
     progress = progress or Progress()
     splits = _open(data, data_format, model, strict, max_pixels, progress)
@@ -146,7 +148,8 @@ def evaluate(
     path = inference_path(model, next(model.parameters()).device, precision, len(ds), engine, batch_size)
     net = apply_path(model, path)
     with progress.task(f"evaluating {where} ({split})", len(ds), unit="images") as task:
-        tally = _score(model, net, path, ds, remap, batch_size, strict, skipped, task, tta, tta_shift)
+        tally = _score(model, net, path, ds, remap, batch_size, strict, skipped, task, tta, tta_shift,
+                       tta_flip)
     if tally.n == 0:
         raise DataError(f"{where}: no image of the {split!r} split could be read ({len(skipped)} skipped)")
     names = label_names(model)
@@ -157,6 +160,7 @@ def evaluate(
         split=split,
         tta=tta,
         tta_shift=tta_shift,
+        tta_flip=tta_flip,
         scored=f"{scored}: {'all' if tally.n == len(ds) else f'{tally.n} of'} {len(ds)} images",
         fast_path=path_taken(path, net),
         num_images=tally.n,
@@ -196,8 +200,9 @@ def _run_config(model_or_path):
     return checked_run_config(read_run_config(path), run_file)
 
 
-def _tta_views(model_or_path, tta: bool | None, shift: int | None) -> tuple[bool, int]:
-    """The test-time views to score, (tta, tta_shift): those given, and for the ones not given (None) those the
+def _tta_views(model_or_path, tta: bool | None, shift: int | None,
+               flip: bool | None = None) -> tuple[bool, int, bool]:
+    """The test-time views to score, (tta, tta_shift, tta_flip): those given, and for the ones not given (None) those the
     run that made ``model_or_path`` scored with (a run directory's, or that of the run directory a checkpoint,
     its last/ or best/, lies in); no TTA for anything else. A shift without flips is a ConfigError."""
     run = _run_config(model_or_path)
@@ -211,7 +216,9 @@ def _tta_views(model_or_path, tta: bool | None, shift: int | None) -> tuple[bool
         raise ConfigError(f"--tta-shift: must be >= 0 px (0 = flips only), got {shift}")
     if shift and not tta:
         raise ConfigError(f"--tta-shift: {shift} px adds translated views to test-time flips; it needs --tta")
-    return tta, shift
+    if flip is None:
+        flip = run.tta_flip if run is not None else True
+    return tta, shift, bool(flip)
 
 
 def _choose(splits, split: str | None, where: str, run, val_fraction: float, seed: int):
@@ -247,10 +254,10 @@ def _choose(splits, split: str | None, where: str, run, val_fraction: float, see
 
 # ---------------------------------------------------------------------------------------- scoring
 def _score(model, net, path: FastPath, ds, remap, batch_size: int, strict: bool, skipped: list[dict],
-           task: Task, tta: bool = False, tta_shift: int = 0) -> Tally:
+           task: Task, tta: bool = False, tta_shift: int = 0, tta_flip: bool = True) -> Tally:
     """Run ``net`` (``model`` as ``path`` runs it) over ``ds`` batch by batch through the model's own
-    preprocessing, counting in a Tally (and the images on the progress ``task``); ``tta``, ``tta_shift``:
-    the test-time views (``infer.paths.model_logits``).
+    preprocessing, counting in a Tally (and the images on the progress ``task``); ``tta``, ``tta_shift``,
+    ``tta_flip``: the test-time views (``infer.paths.model_logits``).
 
     Streamed files are decoded in 4 threads; one that fails to decode is skipped and listed in ``skipped``
     (with ``strict`` it raises).
@@ -276,7 +283,7 @@ def _score(model, net, path: FastPath, ds, remap, batch_size: int, strict: bool,
                 y = remap[y]
             x = eval_batch(move_batch(imgs, dev), cfg.img_size, model.preprocess)
             with autocast(dev, path.precision):
-                logits = model_logits(net, x, tta, tta_shift)
+                logits = model_logits(net, x, tta, tta_shift, tta_flip)
             tally.add(logits.float(), y, idx)
             task.update(min(start + batch_size, len(ds)))
     return tally

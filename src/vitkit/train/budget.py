@@ -34,21 +34,31 @@ END_MARGIN = 1.25  # the end's forward passes over their timed estimate, a margi
 END_TOLERANCE = 0.05  # of the budget: how far past the time left the planned end may run before fewer views
 
 
-def eval_views(tta: bool, shift: int) -> int:
+def eval_views(tta: bool, shift: int, flip: bool = True) -> int:
     """The forward passes that scoring an image takes (``infer.paths.model_logits``): 1, 2 with test-time
-    flips, 6 with flips and shifted copies."""
-    return (6 if shift else 2) if tta else 1
+    flips, 6 with flips and shifted copies; without the flips (``flip`` False) 1, or 3 with shifted copies."""
+    if not tta:
+        return 1
+    return (3 if shift else 1) * (2 if flip else 1)
 
 
-def fewer_views(tta: bool, shift: int) -> list[tuple[bool, int]]:
+def fewer_views(tta: bool, shift: int, flip: bool = True) -> list[tuple[bool, int]]:
     """(tta, shift) settings from these views down to one view, most first."""
-    options = [(tta, shift), (tta, 0), (False, 0)]
-    return [o for i, o in enumerate(options) if o not in options[:i] and eval_views(*o) <= eval_views(tta, shift)]
+    out, counts = [], set()
+    for o in [(tta, shift), (tta, 0), (False, 0)]:
+        if (n := eval_views(*o, flip)) not in counts:
+            out.append(o)
+            counts.add(n)
+    return out
 
 
-def views_words(tta: bool, shift: int) -> str:
-    """'6 views (flips and shifted copies)', '2 views (flips)', '1 view'."""
-    return {6: "6 views (flips and shifted copies)", 2: "2 views (flips)"}.get(eval_views(tta, shift), "1 view")
+def views_words(tta: bool, shift: int, flip: bool = True) -> str:
+    """'6 views (flips and shifted copies)', '2 views (flips)', '3 views (shifted copies)', '1 view'."""
+    if not tta or eval_views(tta, shift, flip) == 1:
+        return "1 view"
+    if not flip:
+        return "3 views (the image and shifted copies)"
+    return "6 views (flips and shifted copies)" if shift else "2 views (flips)"
 
 
 class RunBudget:

@@ -177,6 +177,9 @@ class RunConfig:
     tta_shift: int = 0  # with tta, also score two copies of each image moved this many px diagonally (up-left
     #   and down-right, edges by reflection), each flip-averaged: six forward passes (infer.paths.model_logits);
     #   0 = the flips only; without tta it scores nothing (so that --no-tta turns a recipe's views off whole)
+    tta_flip: bool = True  # with tta, the views include each one's mirror image; False: the image alone, and with
+    #   tta_shift its two shifted copies (three forward passes), for data whose mirror images change class
+    #   (augment.mirror_check)
     bn_recalibrate: bool | None = None  # when training ends, re-estimate the final model's BatchNorm statistics on
     #   training images prepared as they are evaluated (train/precise_bn.py); None = auto: where training
     #   cropped at random scales (augment.crop 'rrc'), as measured; a model without BatchNorm is unchanged

@@ -106,6 +106,7 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
     model = prepare_model(cfg, mcfg, classes, splits.train, resume_from, say, init)
     if loaded is not None and (loaded["data_cache"] != "off" or loaded["data_seconds"] >= 1):
         say(loaded_line(splits, loaded, cache_dir))  # when it took a while, or the cache was involved
+    cfg = mirror_checked(cfg, splits.train, say, dist)
     if path is None or dist.enabled:  # each rank's own device; rank 0's config (main_config)
         path = run_path(cfg, mcfg, device, len(splits.train))
     parts = dict(val_set=splits.val, test_set=splits.test, dist=dist, device=device, precision=path.precision,
@@ -197,6 +198,27 @@ def held_out_recorded(cfg: RunConfig, splits) -> RunConfig:
     if not splits.held_out or splits.held_out == cfg.data.val_fraction:
         return cfg
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, val_fraction=splits.held_out))
+
+
+def mirror_checked(cfg: RunConfig, images, say: Callable[[str], None], dist: DistInfo = DistInfo()) -> RunConfig:
+    """``cfg`` as the mirror check leaves it (augment.mirror_check; ``data.mirror``): where mirroring the training
+    ``images`` changes their class, with no flips in training (augment.hflip 0) and test-time views without
+    mirror images (tta_flip false), so that config.json says so; a line saying what the check found. Rank 0
+    checks, and every rank takes its answer. Fewer than ``data.mirror.MIN_IMAGES`` images are too few to tell:
+    the flips are kept, unsaid."""
+    from ..data.mirror import MIN_IMAGES, mirror_check
+
+    flips = cfg.augment.hflip > 0 or (cfg.tta and cfg.tta_flip)
+    if not cfg.augment.mirror_check or not flips or len(images) < MIN_IMAGES:
+        return cfg
+
+    found = broadcast_object(mirror_check(images, cfg.seed) if dist.is_main else None, dist)
+    if not found.refuses:
+        say(f"mirror check: flips kept: {found.describe()}")
+        return cfg
+    say(f"mirror check: mirroring changes the class, so no flips in training or in the test-time views: "
+        f"{found.describe()}")
+    return dataclasses.replace(cfg, augment=dataclasses.replace(cfg.augment, hflip=0.0), tta_flip=False)
 
 
 def loaded_line(splits, loaded: dict, cache_dir) -> str:

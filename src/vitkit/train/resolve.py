@@ -429,6 +429,8 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
     name = given.get("optim.name")
     if name is not None and name != "muon" and "optim.muon_convs" not in given:  # another optimizer than the
         recipe.base.get("optim", {}).pop("muon_convs", None)  # recipe's Muon: none of Muon's own settings
+    if {"augment.hflip", "augment.flip_mode", "tta_flip"} & set(given):  # the run's own flips: no check overrules them
+        recipe.base.get("augment", {}).pop("mirror_check", None)
     return laid_over_model(recipe, model, set(given)), sum(spent) if spent else None
 
 

@@ -80,10 +80,10 @@ def main_log(log: Callable[[str], None] | None, dist: DistInfo) -> Callable[[str
 @torch.no_grad()
 def evaluate_split(model, images, device: torch.device, precision: str = "fp32", batch_size: int = 256,
                    dist: DistInfo = DistInfo(), tta: bool = False, confusion: bool = False,
-                   tta_shift: int = 0) -> dict:
+                   tta_shift: int = 0, tta_flip: bool = True) -> dict:
     """Loss and top-1 accuracy of ``model`` on an ImageSet (sharded over processes, summed); ``tta``: of
-    the mean logits of each image and its mirror, and with ``tta_shift`` of its shifted copies too
-    (``infer.paths.model_logits``). ``confusion``: also the
+    the mean logits of each image and its mirror (not with ``tta_flip`` False), and with ``tta_shift`` of its
+    shifted copies too (``infer.paths.model_logits``). ``confusion``: also the
     confusion matrix, (K, K) int64 counts (rows: true class, columns: predicted)."""
     base = ckpt_io.unwrap(model)
     was_training = base.training
@@ -94,7 +94,7 @@ def evaluate_split(model, images, device: torch.device, precision: str = "fp32",
     for x, y in eval_batches(images, base.cfg.img_size, base.preprocess, device, batch_size, shard):
         y = y.to(device)
         with autocast(device, precision):
-            logits = model_logits(base, x, tta, tta_shift)
+            logits = model_logits(base, x, tta, tta_shift, tta_flip)
         tally.add(logits.float(), y)
     sums = tally.sums()  # loss sum, correct, count: on the CPU (collectives_for)
     all_reduce_sum(sums, dist)
@@ -372,7 +372,7 @@ class Trainer:
         views = self.views_that_fit(self.budget.seconds - self.budget.outside - step, *self.planned)
         if self.budget.settled():
             self.planned = views
-        return self.end_seconds(eval_views(*views)) + step
+        return self.end_seconds(eval_views(*views, self.cfg.tta_flip)) + step
 
     @torch.no_grad()
     def time_forward(self) -> None:
@@ -400,8 +400,8 @@ class Trainer:
 
     def views_that_fit(self, seconds: float, tta: bool, shift: int) -> tuple[bool, int]:
         """(tta, tta_shift): the most of these test-time views whose end fits ``seconds``, else one view."""
-        options = fewer_views(tta, shift)
-        return next((o for o in options if self.end_seconds(eval_views(*o)) <= seconds), options[-1])
+        options = fewer_views(tta, shift, self.cfg.tta_flip)
+        return next((o for o in options if self.end_seconds(eval_views(*o, self.cfg.tta_flip)) <= seconds), options[-1])
 
     def end_seconds(self, views: int) -> float:
         """The estimated seconds of ``complete`` scoring ``views`` views an image: the BatchNorm re-estimation,
@@ -425,7 +425,7 @@ class Trainer:
         the time left, the most that fit (rank 0 decides), with a line saying so; a line when one overruns."""
         asked = (self.tta, self.tta_shift)
         if self.plan is not None:  # a replay, bound by no clock, scores the views its run scored
-            self.tta, self.tta_shift = next((o for o in fewer_views(*asked) if eval_views(*o) == self.plan.views),
+            self.tta, self.tta_shift = next((o for o in fewer_views(*asked, self.cfg.tta_flip) if eval_views(*o, self.cfg.tta_flip) == self.plan.views),
                                             asked)
             self.views_cut = (self.tta, self.tta_shift) != asked
             return
@@ -434,11 +434,11 @@ class Trainer:
         left = self.budget.seconds - self.wall_seconds()
         allowed = left + END_TOLERANCE * self.budget.seconds
         self.tta, self.tta_shift = broadcast_object(self.views_that_fit(allowed, *self.planned), self.dist)
-        need = self.end_seconds(eval_views(self.tta, self.tta_shift))
+        need = self.end_seconds(eval_views(self.tta, self.tta_shift, self.cfg.tta_flip))
         self.views_cut = (self.tta, self.tta_shift) != asked
         if self.views_cut:
-            self.say(f"budget: evaluating with {views_words(self.tta, self.tta_shift)} rather than "
-                     f"{views_words(*asked)}, about {need:.1f} s for the {max(left, 0):.1f} s left")
+            self.say(f"budget: evaluating with {views_words(self.tta, self.tta_shift, self.cfg.tta_flip)} rather than "
+                     f"{views_words(*asked, self.cfg.tta_flip)}, about {need:.1f} s for the {max(left, 0):.1f} s left")
         elif need > allowed:
             self.say(f"warning: budget: the evaluation takes about {need:.1f} s, past the {max(left, 0):.1f} s left")
 
@@ -600,7 +600,7 @@ class Trainer:
         t0 = time.perf_counter()
         r = self._score(model, self.val_set)
         if self.budget is not None:
-            self.budget.timed_eval(time.perf_counter() - t0, len(self.val_set) * eval_views(self.tta, self.tta_shift))
+            self.budget.timed_eval(time.perf_counter() - t0, len(self.val_set) * eval_views(self.tta, self.tta_shift, self.cfg.tta_flip))
         improved = r["acc"] > st.best_acc
         if improved:
             st.best_acc, st.best_step = r["acc"], st.step
@@ -663,7 +663,7 @@ class Trainer:
                          "train_seconds": round(st.seconds, 2), "device": self.device.type,
                          "precision": self.precision, "processes": self.dist.world_size}
         if self.views_cut:  # fewer test-time views, for the budget
-            summary["eval_views"] = eval_views(self.tta, self.tta_shift)
+            summary["eval_views"] = eval_views(self.tta, self.tta_shift, self.cfg.tta_flip)
         if self.val_set is not None:
             last = st.history[-1] if st.history else None  # the epoch's validation, when the run ended with it
             scored = last is not None and last["step"] == st.step and not calibrated
@@ -721,7 +721,8 @@ class Trainer:
 
     def _score(self, model: nn.Module, images, confusion: bool = False) -> dict:
         return evaluate_split(model, images, self.device, self.precision, self.eval_batch_size, self.dist,
-                              self.tta, confusion=confusion, tta_shift=self.tta_shift)
+                              self.tta, confusion=confusion, tta_shift=self.tta_shift,
+                              tta_flip=self.cfg.tta_flip)
 
     def _load_best(self) -> nn.Module:
         barrier(self.dist)  # rank 0 has written best/

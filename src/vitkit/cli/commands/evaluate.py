@@ -36,14 +36,19 @@ def register(p):
     p.add_argument("--tta-shift", type=int, default=None, metavar="PX", help="with --tta, also score two copies of "
                    "each image moved PX px diagonally, each flip-averaged (six forward passes; default: as the run "
                    "scored, else 0)")
+    p.add_argument("--tta-flip", action=argparse.BooleanOptionalAction, default=None, help="with --tta, score each "
+                   "view's mirror image too; --no-tta-flip: without them, for data whose mirror images change class "
+                   "(default: as the run scored, else with them)")
     add_precision_flag(p)
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line")
     add_progress_flags(p)
 
 
-def tta_words(tta: bool, shift: int) -> str:
-    """The test-time views scored, as the summary line's tail: '' without TTA."""
-    return (f", flip TTA with {shift}-px shifts" if shift else ", flip TTA") if tta else ""
+def tta_words(tta: bool, shift: int, flip: bool = True) -> str:
+    """The test-time views scored, as the summary line's tail: '' without TTA (or without flips and shifts)."""
+    if not tta or not (flip or shift):
+        return ""
+    return (f", flip TTA with {shift}-px shifts" if flip else f", TTA of {shift}-px shifts") if shift else ", flip TTA"
 
 
 def run(args) -> int:
@@ -56,14 +61,14 @@ def run(args) -> int:
     res = evaluate(args.checkpoint, data=args.data, data_format=args.data_format, split=args.split,
                    batch_size=args.batch_size, out=args.out, device=args.device, num_worst=args.worst,
                    strict=args.strict, max_pixels=max_pixels(args), tta=args.tta,
-                   tta_shift=args.tta_shift, precision=args.precision,
+                   tta_shift=args.tta_shift, tta_flip=args.tta_flip, precision=args.precision,
                    engine=args.engine, progress=cli_progress(args.quiet, args.progress_every))
     for item in res["skipped"]:  # the library shows its paths already (data.images.show_path)
         print(f"vitkit: warning: skipped {printable(item['path'])}: {printable(item['reason'])}", file=sys.stderr)
     if args.json:
         print(json_line(res))
         return 0
-    print(f"{res['data']} ({res['format']}), {res['scored']}" + tta_words(res["tta"], res["tta_shift"])
+    print(f"{res['data']} ({res['format']}), {res['scored']}" + tta_words(res["tta"], res["tta_shift"], res["tta_flip"])
           + (f" ({res['skipped_files']} unreadable file(s) skipped)" if res["skipped_files"] else ""))
     print(f"ran {res['fast_path']}")
     print(f"loss {res['loss']:.4f}   top-1 {100 * res['top1']:.2f}%   top-{res['top5_k']} {100 * res['top5']:.2f}%   "
