@@ -308,3 +308,23 @@ def test_damaged_files_only_ever_raise_data_error(tmp_path):
                 assert str(e).startswith(f"{f}: ") and "\n" not in str(e), str(e)
                 outcomes["error"] += 1
     assert outcomes["ok"] > 20 and outcomes["error"] > 100
+
+
+def test_small_images_enlarged_to_a_square_read_whole_whatever_their_sizes(tmp_path):
+    """An image enlarged to the evaluation's size: where the scale computed back gives its binding side a hair
+    more than it has (13x13 -> 73x73; 30x33 -> 73x73, as 7% of GTSRB's test photos), the crop box stays inside
+    it, and every such image is read, none skipped as corrupt."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.data.images import decode_array
+
+    g = np.random.default_rng(0)
+    for w, h in [(13, 13), (30, 33), (13, 22), (47, 45), (25, 31), (119, 118)]:
+        px = g.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        Image.fromarray(px).save(tmp_path / f"{w}x{h}.png")
+        for out in (64, 73, 224):
+            a = decode_array(tmp_path / f"{w}x{h}.png", 3, None, size=(out, out))
+            assert a.shape == (out, out, 3), (w, h, out)
+    whole = np.array(Image.open(tmp_path / "13x13.png").resize((73, 73), Image.BICUBIC))
+    assert np.array_equal(decode_array(tmp_path / "13x13.png", 3, None, size=(73, 73)), whole)  # a square: all of it

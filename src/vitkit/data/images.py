@@ -233,11 +233,13 @@ def _convert(im, channels: int, path: Path):
 
 
 def _fit_box(w: int, h: int, out_h: int, out_w: int) -> tuple[float, float, float, float]:
-    """Source box (left, top, right, bottom) of a centre crop with the output's aspect ratio."""
+    """Source box (left, top, right, bottom) of a centre crop with the output's aspect ratio, within the image:
+    the side that binds spans it whole (its width or height computed back from the scale can differ from it in
+    the last bit, and Pillow refuses a box a hair outside the image)."""
     scale = max(out_h / h, out_w / w)  # resize so the short side (in aspect terms) covers the output
-    cw, ch = out_w / scale, out_h / scale
-    left, top = (w - cw) / 2, (h - ch) / 2
-    return left, top, left + cw, top + ch
+    cw, ch = min(out_w / scale, w), min(out_h / scale, h)
+    left, top = max((w - cw) / 2, 0.0), max((h - ch) / 2, 0.0)
+    return left, top, min(left + cw, w), min(top + ch, h)
 
 
 def short_side_size(h: int, w: int, short_side: int) -> tuple[int, int]:
