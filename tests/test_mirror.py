@@ -179,3 +179,19 @@ def test_a_recipe_checks_unless_the_run_sets_its_own_flips(tmp_path):
     for given in (["augment.hflip=0.5"], ["tta_flip=true"], ["augment.flip_mode=random"]):
         own = resolve_run(RunRequest(data=str(data), flags=flags, overrides=given, out=str(tmp_path / "r2")))
         assert own.cfg.augment.mirror_check is False, given
+
+
+def test_a_finetune_checks_too_unless_the_run_sets_its_own_flips(tmp_path):
+    from helpers import image_folder, tiny_model
+
+    from vitkit.io import checkpoint as ckpt_io
+    from vitkit.train.resolve import RunRequest, resolve_run
+
+    data = image_folder(tmp_path / "data", n=4, test=1)
+    ckpt_io.save(tiny_model(num_classes=2), tmp_path / "w")
+    flags = {"epochs": 1, "threads": 1, "device": "cpu"}
+    run = resolve_run(RunRequest(data=str(data), weights=str(tmp_path / "w"), flags=flags, out=str(tmp_path / "r")))
+    assert run.cfg.augment.mirror_check is True and run.cfg.augment.hflip == 0.5
+    own = resolve_run(RunRequest(data=str(data), weights=str(tmp_path / "w"), flags=flags,
+                                 overrides=["augment.hflip=0.3"], out=str(tmp_path / "r2")))
+    assert own.cfg.augment.mirror_check is False and own.cfg.augment.hflip == 0.3

@@ -426,5 +426,6 @@ FINETUNE_DEFAULTS: dict[str, Any] = {
     "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "clip_grad": 1.0},
     "schedule": {"decay": "cosine", "warmup_fraction": 0.1, "warmup_steps": 0},
     "data": {"val_fraction": 0.1},
-    "augment": {"crop": "rrc", "rrc_scale": [0.35, 1.0], "hflip": 0.5, "pad": 4, "label_smoothing": 0.0},
+    "augment": {"crop": "rrc", "rrc_scale": [0.35, 1.0], "hflip": 0.5, "mirror_check": True, "pad": 4,
+                "label_smoothing": 0.0},  # flips where mirroring keeps the class (data/mirror.py)
 }

@@ -205,11 +205,12 @@ def mirror_checked(cfg: RunConfig, images, say: Callable[[str], None], dist: Dis
     ``images`` changes their class, with no flips in training (augment.hflip 0) and test-time views without
     mirror images (tta_flip false), so that config.json says so; a line saying what the check found. Rank 0
     checks, and every rank takes its answer. Fewer than ``data.mirror.MIN_IMAGES`` images are too few to tell:
-    the flips are kept, unsaid."""
+    the flips are kept, unsaid; a linear probe (tune 'probe') trains on features of the images unflipped, and
+    checks nothing."""
     from ..data.mirror import MIN_IMAGES, mirror_check
 
     flips = cfg.augment.hflip > 0 or (cfg.tta and cfg.tta_flip)
-    if not cfg.augment.mirror_check or not flips or len(images) < MIN_IMAGES:
+    if not cfg.augment.mirror_check or not flips or len(images) < MIN_IMAGES or cfg.tune == "probe":
         return cfg
 
     found = broadcast_object(mirror_check(images, cfg.seed) if dist.is_main else None, dist)

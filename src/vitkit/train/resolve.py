@@ -364,6 +364,16 @@ def plain_base(data: str | None, data_format: str | None) -> dict:
     return {"model_args": {"in_chans": facts.channels}}
 
 
+FLIP_KEYS = ("augment.hflip", "augment.flip_mode", "tta_flip")  # a run that sets one of these chose its own flips
+
+
+def own_flips(base: dict, given: dict) -> None:
+    """``base`` (in place) without its mirror check where the run sets its own flips (FLIP_KEYS): no check
+    overrules what the run was told."""
+    if set(FLIP_KEYS) & set(given):
+        base.get("augment", {}).pop("mirror_check", None)
+
+
 def finetune_base(flags: dict, overrides: list[str]) -> tuple[dict, str | None]:
     """The fine-tuning defaults (FINETUNE_DEFAULTS), and the line that says how the run's length is set:
     given ``--max-minutes`` and no ``--epochs``, the clock ends the run (CLOCK_EPOCHS epochs, the schedule
@@ -372,6 +382,7 @@ def finetune_base(flags: dict, overrides: list[str]) -> tuple[dict, str | None]:
 
     base = copy.deepcopy(FINETUNE_DEFAULTS)
     given = _given(flags, overrides)
+    own_flips(base, given)
     minutes = _number(given.get("max_minutes"))
     if not minutes or given.get("epochs") is not None:
         return base, None
@@ -429,8 +440,7 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
     name = given.get("optim.name")
     if name is not None and name != "muon" and "optim.muon_convs" not in given:  # another optimizer than the
         recipe.base.get("optim", {}).pop("muon_convs", None)  # recipe's Muon: none of Muon's own settings
-    if {"augment.hflip", "augment.flip_mode", "tta_flip"} & set(given):  # the run's own flips: no check overrules them
-        recipe.base.get("augment", {}).pop("mirror_check", None)
+    own_flips(recipe.base, given)
     return laid_over_model(recipe, model, set(given)), sum(spent) if spent else None
 
 
