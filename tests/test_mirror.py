@@ -195,3 +195,22 @@ def test_a_finetune_checks_too_unless_the_run_sets_its_own_flips(tmp_path):
     own = resolve_run(RunRequest(data=str(data), weights=str(tmp_path / "w"), flags=flags,
                                  overrides=["augment.hflip=0.3"], out=str(tmp_path / "r2")))
     assert own.cfg.augment.mirror_check is False and own.cfg.augment.hflip == 0.3
+
+
+def test_images_read_from_their_files_are_checked_on_a_smaller_sample(tmp_path, monkeypatch):
+    from PIL import Image
+
+    import vitkit.data.mirror as mirror
+
+    images = arrows(160)
+    paths = []
+    for i in range(len(images)):
+        image, _ = images.get(i)
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(image.permute(1, 2, 0).numpy()).save(paths[-1])
+    streamed = ImageSet(labels=images.labels, classes=images.classes, images=None, paths=paths, size=(32, 32),
+                        channels=3)
+    monkeypatch.setattr(mirror, "MAX_STREAMED", 120)
+    found = mirror.mirror_check(streamed)
+    assert not streamed.in_memory and found.images == 120 and found.refuses
+    assert mirror.mirror_check(images).images == 160  # in memory: up to MAX_IMAGES

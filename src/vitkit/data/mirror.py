@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 SIDE = 16  # images are compared at SIDE x SIDE
 MAX_IMAGES = 10_000  # at most this many images are checked (a seeded sample): about half a second on two cores
-MAX_STREAMED = 4_000  # ... where the images are decoded from their files on demand
+MAX_STREAMED = 2_000  # ... where the images are decoded from their files on demand (a few seconds of large photos)
 MIN_IMAGES = 100  # fewer images than this are too few to tell: flips are kept
 FOLDS = 5
 RIDGE = 1e-2  # the ridge penalty, per image
