@@ -312,7 +312,7 @@ def test_damaged_files_only_ever_raise_data_error(tmp_path):
 
 def test_small_images_enlarged_to_a_square_read_whole_whatever_their_sizes(tmp_path):
     """An image enlarged to the evaluation's size: where the scale computed back gives its binding side a hair
-    more than it has (13x13 -> 73x73; 30x33 -> 73x73, as 7% of GTSRB's test photos), the crop box stays inside
+    more than it has (13x13 -> 73x73; 30x33 -> 73x73, as 8% of GTSRB's test photos), the crop box stays inside
     it, and every such image is read, none skipped as corrupt."""
     import numpy as np
     from PIL import Image
