@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import TINY_MODEL, tiny_run_config
 
-from vitkit.data.mirror import KEPT_MIN, MIN_IMAGES, Z_MIN, MirrorCheck, features, mirror_check
+from vitkit.data.mirror import KEPT_MIN, MIN_IMAGES, Z_MIN, MirrorCheck, features, mirror_check, mirrored
 from vitkit.data.sets import DataSplits, ImageSet
 from vitkit.infer.paths import model_logits, shifted_views
 from vitkit.train.budget import eval_views, fewer_views, views_words
@@ -91,6 +91,12 @@ def test_features_are_area_averaged_and_standardised_per_image():
     assert f.shape == (3, 3 * 16 * 16) and torch.allclose(f, want, atol=1e-5)
     ragged = features([x[0], x[1, :, :24]])  # images of different sizes: each to 16x16 alone
     assert torch.allclose(ragged[0], want[0], atol=1e-5) and ragged.shape == (2, 768)
+    # the mirror images' features are the features' grid flipped, at sizes that divide into 16 and not
+    for size in (32, 37, 50):
+        y = torch.randint(0, 256, (4, 3, size, size + 3), dtype=torch.uint8)
+        assert torch.allclose(features(y.flip(-1)), mirrored(features(y), 3), atol=1e-5), size
+    grey = torch.randint(0, 256, (2, 1, 28, 28), dtype=torch.uint8)
+    assert torch.allclose(features(grey.flip(-1)), mirrored(features(grey), 1), atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------- views without mirrors

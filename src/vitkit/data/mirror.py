@@ -83,21 +83,20 @@ def features(images) -> torch.Tensor:
     return x / (x.std(1, keepdim=True) + 1.0)  # +1 on the 0..255 scale: a flat image stays near zero
 
 
-def _mirror_features(images) -> torch.Tensor:
-    if isinstance(images, torch.Tensor):
-        return features(images.flip(-1))
-    return features([im.flip(-1) for im in images])
+def mirrored(plain: torch.Tensor, channels: int) -> torch.Tensor:
+    """``features`` of the mirror images, from those of the images: area averaging and the per-image standardising
+    commute with a left-right flip, so the features' SIDE x SIDE grid is flipped, nothing computed again."""
+    return plain.view(len(plain), channels, SIDE, SIDE).flip(-1).flatten(1)
 
 
-def check_arrays(plain: torch.Tensor, mirrored: torch.Tensor, labels: torch.Tensor, classes: list[str],
+def check_arrays(plain: torch.Tensor, channels: int, labels: torch.Tensor, classes: list[str],
                  seed: int = 0) -> MirrorCheck:
-    """The check on features already computed (``features``) of images and of their mirror images, with their
-    integer ``labels``: a ridge classifier fitted on the plain features of all folds but one, scored on the held
-    fold's plain and mirrored features."""
+    """The check on the ``features`` of images of ``channels`` channels, with their integer ``labels``: a ridge
+    classifier fitted on the features of all folds but one, scored on the held fold's as they are and mirrored."""
     n, k = len(labels), len(classes)
     ones = torch.ones(n, 1)
     a = torch.cat([plain, ones], 1).double()
-    m = torch.cat([mirrored, ones], 1).double()
+    m = torch.cat([mirrored(plain, channels), ones], 1).double()
     targets = F.one_hot(labels.long(), k).double()
     fold = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) % FOLDS
     grams = [a[fold == f].T @ a[fold == f] for f in range(FOLDS)]
@@ -117,24 +116,20 @@ def check_arrays(plain: torch.Tensor, mirrored: torch.Tensor, labels: torch.Tens
     z = (lost - gained) / math.sqrt(lost + gained) if lost + gained else 0.0
     chance = float(torch.bincount(labels.long(), minlength=k).max()) / max(n, 1)
     return MirrorCheck(n, float(right.double().mean()), float(right_m.double().mean()), chance, z,
-                       _worst_pair(labels, pred_plain, pred_mirror, classes))
+                       _worst_pair(labels.long(), pred_plain, pred_mirror, classes))
 
 
 def _worst_pair(labels, pred_plain, pred_mirror, classes) -> tuple[str, str, float] | None:
     """(a, b, share): the class a and other class b where the share of a's mirrored images taken for b most
     exceeds that of a's images as they are."""
     k = len(classes)
-    count = torch.bincount(labels.long(), minlength=k).clamp(min=1).double()
-    plain = torch.zeros(k, k, dtype=torch.float64).index_put_((labels, pred_plain), torch.ones(len(labels),
-                                                               dtype=torch.float64), accumulate=True)
-    mirror = torch.zeros(k, k, dtype=torch.float64).index_put_((labels, pred_mirror), torch.ones(len(labels),
-                                                                dtype=torch.float64), accumulate=True)
+    count = torch.bincount(labels, minlength=k).clamp(min=1).double()
+    plain = torch.bincount(labels * k + pred_plain, minlength=k * k).view(k, k).double()  # confusion counts
+    mirror = torch.bincount(labels * k + pred_mirror, minlength=k * k).view(k, k).double()
     more = (mirror - plain) / count[:, None]
     more.fill_diagonal_(-1.0)
-    best = int(more.argmax())
-    a, b = divmod(best, k)
-    share = float(mirror[a, b] / count[a])
-    return (classes[a], classes[b], share) if more[a, b] > 0 else None
+    a, b = divmod(int(more.argmax()), k)
+    return (classes[a], classes[b], float(mirror[a, b] / count[a])) if more[a, b] > 0 else None
 
 
 def mirror_check(images, seed: int = 0) -> MirrorCheck:
@@ -143,15 +138,14 @@ def mirror_check(images, seed: int = 0) -> MirrorCheck:
     n = len(images)
     cap = MAX_IMAGES if images.in_memory else MAX_STREAMED
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:cap] if n > cap else torch.arange(n)
-    plain, mirrored, labels = [], [], []
+    plain, labels = [], []
     for chunk in idx.split(2048):
         x, y = images.get_batch(chunk)
         plain.append(features(x))
-        mirrored.append(_mirror_features(x))
         labels.append(y)
-    return check_arrays(torch.cat(plain), torch.cat(mirrored), torch.cat(labels), list(images.classes), seed)
+    return check_arrays(torch.cat(plain), images.channels, torch.cat(labels), list(images.classes), seed)
 
 
-__all__ = ["MirrorCheck", "mirror_check", "check_arrays", "features", "SIDE", "MAX_IMAGES", "MAX_STREAMED",
+__all__ = ["MirrorCheck", "mirror_check", "check_arrays", "features", "mirrored", "SIDE", "MAX_IMAGES", "MAX_STREAMED",
            "MIN_IMAGES",
            "KEPT_MIN", "Z_MIN", "FOLDS", "RIDGE"]

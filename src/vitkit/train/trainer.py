@@ -372,7 +372,7 @@ class Trainer:
         views = self.views_that_fit(self.budget.seconds - self.budget.outside - step, *self.planned)
         if self.budget.settled():
             self.planned = views
-        return self.end_seconds(eval_views(*views, self.cfg.tta_flip)) + step
+        return self.end_seconds(self.views(*views)) + step
 
     @torch.no_grad()
     def time_forward(self) -> None:
@@ -398,10 +398,14 @@ class Trainer:
             base.train(was_training)
         self.budget.timed_eval(time.perf_counter() - t0, size * self.dist.world_size)
 
+    def views(self, tta: bool, shift: int) -> int:
+        """The forward passes an image's scoring takes with these views, mirrored or not as the run scores."""
+        return eval_views(tta, shift, self.cfg.tta_flip)
+
     def views_that_fit(self, seconds: float, tta: bool, shift: int) -> tuple[bool, int]:
         """(tta, tta_shift): the most of these test-time views whose end fits ``seconds``, else one view."""
         options = fewer_views(tta, shift, self.cfg.tta_flip)
-        return next((o for o in options if self.end_seconds(eval_views(*o, self.cfg.tta_flip)) <= seconds), options[-1])
+        return next((o for o in options if self.end_seconds(self.views(*o)) <= seconds), options[-1])
 
     def end_seconds(self, views: int) -> float:
         """The estimated seconds of ``complete`` scoring ``views`` views an image: the BatchNorm re-estimation,
@@ -425,8 +429,8 @@ class Trainer:
         the time left, the most that fit (rank 0 decides), with a line saying so; a line when one overruns."""
         asked = (self.tta, self.tta_shift)
         if self.plan is not None:  # a replay, bound by no clock, scores the views its run scored
-            self.tta, self.tta_shift = next((o for o in fewer_views(*asked, self.cfg.tta_flip) if eval_views(*o, self.cfg.tta_flip) == self.plan.views),
-                                            asked)
+            options = fewer_views(*asked, self.cfg.tta_flip)
+            self.tta, self.tta_shift = next((o for o in options if self.views(*o) == self.plan.views), asked)
             self.views_cut = (self.tta, self.tta_shift) != asked
             return
         if self.budget is None:
@@ -434,11 +438,12 @@ class Trainer:
         left = self.budget.seconds - self.wall_seconds()
         allowed = left + END_TOLERANCE * self.budget.seconds
         self.tta, self.tta_shift = broadcast_object(self.views_that_fit(allowed, *self.planned), self.dist)
-        need = self.end_seconds(eval_views(self.tta, self.tta_shift, self.cfg.tta_flip))
+        need = self.end_seconds(self.views(self.tta, self.tta_shift))
         self.views_cut = (self.tta, self.tta_shift) != asked
         if self.views_cut:
-            self.say(f"budget: evaluating with {views_words(self.tta, self.tta_shift, self.cfg.tta_flip)} rather than "
-                     f"{views_words(*asked, self.cfg.tta_flip)}, about {need:.1f} s for the {max(left, 0):.1f} s left")
+            flip = self.cfg.tta_flip
+            self.say(f"budget: evaluating with {views_words(self.tta, self.tta_shift, flip)} rather than "
+                     f"{views_words(*asked, flip)}, about {need:.1f} s for the {max(left, 0):.1f} s left")
         elif need > allowed:
             self.say(f"warning: budget: the evaluation takes about {need:.1f} s, past the {max(left, 0):.1f} s left")
 
@@ -600,7 +605,7 @@ class Trainer:
         t0 = time.perf_counter()
         r = self._score(model, self.val_set)
         if self.budget is not None:
-            self.budget.timed_eval(time.perf_counter() - t0, len(self.val_set) * eval_views(self.tta, self.tta_shift, self.cfg.tta_flip))
+            self.budget.timed_eval(time.perf_counter() - t0, len(self.val_set) * self.views(self.tta, self.tta_shift))
         improved = r["acc"] > st.best_acc
         if improved:
             st.best_acc, st.best_step = r["acc"], st.step
@@ -663,7 +668,7 @@ class Trainer:
                          "train_seconds": round(st.seconds, 2), "device": self.device.type,
                          "precision": self.precision, "processes": self.dist.world_size}
         if self.views_cut:  # fewer test-time views, for the budget
-            summary["eval_views"] = eval_views(self.tta, self.tta_shift, self.cfg.tta_flip)
+            summary["eval_views"] = self.views(self.tta, self.tta_shift)
         if self.val_set is not None:
             last = st.history[-1] if st.history else None  # the epoch's validation, when the run ended with it
             scored = last is not None and last["step"] == st.step and not calibrated
