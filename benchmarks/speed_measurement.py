@@ -14,7 +14,11 @@ after the other in each round, each in fresh processes on random images of the c
     gradients' all-reduce, DDP's broadcast of rank 0's buffers before every forward, the step's flags and
     the waits for the slower rank cost);
   - ddp, no buffer broadcast: the same without DDP's broadcast of the buffers (``broadcast_buffers``
-    off), which no training step reads: what that one collective a step costs.
+    off), which no training step reads: what that one collective a step costs;
+  - ddp, Muon unshared: the pair with each process orthogonalising every matrix itself, as runs did before
+    the processes shared Muon's work out (``MuonAdamW.share_work``).
+
+``--layouts`` picks some of them (measured, alone, two, ddp, ddp-no-broadcast, ddp-unshared; default all).
 
 Prints images per second and each layout against `alone` in the same round, and appends one record a
 round to benchmarks/results/speed_measurement.jsonl, with the CPU's instruction set.
@@ -41,11 +45,15 @@ from vitkit.train.speed import machine_key  # noqa: E402
 from step_profile import PROCESSES, config  # noqa: E402  (benchmarks/ is on sys.path; the candidate as a run trains it)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "speed_measurement.jsonl"
+LAYOUTS = {"measured": "measured", "alone": "alone", "two": "two at once", "ddp": "ddp",
+           "ddp-no-broadcast": "ddp, no buffer broadcast", "ddp-unshared": "ddp, Muon unshared"}
 
 
-def worker(name: str, rank: int, world: int, steps: int | None, port: int, out, broadcast: bool = True) -> None:
+def worker(name: str, rank: int, world: int, steps: int | None, port: int, out, broadcast: bool = True,
+           shared: bool = True) -> None:
     """One process's images per second: alone (world 1) or as rank ``rank`` of a DDP group of ``world``
-    (``broadcast``: DDP broadcasting rank 0's buffers before every forward, as a run's DDP does)."""
+    (``broadcast``: DDP broadcasting rank 0's buffers before every forward, as a run's DDP does; ``shared``:
+    the processes sharing Muon's orthogonalisations out, as a run's do)."""
     import warnings
 
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -66,6 +74,11 @@ def worker(name: str, rank: int, world: int, steps: int | None, port: int, out, 
                 wrap(self, *a, **{**k, key: False})
 
         DDP.__init__ = without_broadcast
+
+    if not shared:
+        from vitkit.train.optim import MuonAdamW
+
+        MuonAdamW.share_work = lambda self, *a: None  # every process computes every update itself
 
     torch.set_num_threads(1)  # as each of a run's processes trains
     cfg, mcfg = config(name)
@@ -92,9 +105,10 @@ def layout(name: str, kind: str, steps: int) -> float:
         jobs = [(0, 1, steps)]
     elif kind == "two at once":
         jobs = [(0, 1, steps), (0, 1, steps)]
-    else:  # ddp, with or without the buffers' broadcast
+    else:  # ddp, with or without the buffers' broadcast or Muon's shared work
         jobs = [(r, PROCESSES, steps) for r in range(PROCESSES)]
-    procs = [ctx.Process(target=worker, args=(name, rank, world, n, port, out, kind != "ddp, no buffer broadcast"))
+    procs = [ctx.Process(target=worker, args=(name, rank, world, n, port, out, kind != "ddp, no buffer broadcast",
+                                              kind != "ddp, Muon unshared"))
              for rank, world, n in jobs]  # a process alone starts no group: the port is the DDP pair's
     for p in procs:
         p.start()
@@ -111,11 +125,17 @@ def main(argv=None) -> None:
     ap.add_argument("--candidate", default="short-lr-3x", help="a small-data candidate (train/recipe.py)")
     ap.add_argument("--steps", type=int, default=60, help="timed steps of the held layouts (default 60)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help="which layouts, comma-separated (default all)")
     ap.add_argument("--results", default=str(RESULTS))
     args = ap.parse_args(argv)
     emulated = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
                 if k in os.environ}
-    kinds = ("measured", "alone", "two at once", "ddp", "ddp, no buffer broadcast")
+    picked = args.layouts.split(",")
+    unknown = [k for k in picked if k not in LAYOUTS]
+    if unknown or "alone" not in picked:
+        ap.error(f"--layouts: {', '.join(unknown) or 'alone is needed'} (known: {', '.join(LAYOUTS)}; 'alone' is "
+                 "what the others are counted against)")
+    kinds = tuple(LAYOUTS[k] for k in picked)
     for r in range(args.rounds):
         rates = {}
         for kind in kinds:

@@ -47,9 +47,11 @@ def assert_runs_as_one_process(common: list[str], tmp_path, run) -> None:
         assert torch.allclose(a[k], b[k], atol=1e-5), k
 
 
-def test_two_launched_processes_match_one(tmp_path, capsys):
+@pytest.mark.parametrize("optim", ["adamw", "muon"])  # Muon: the processes share its orthogonalisations out
+def test_two_launched_processes_match_one(tmp_path, capsys, optim):
     data = image_folder(tmp_path / "data")
-    common = ["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "2", "--set", "log_every=1", "--json"]
+    common = ["train", "--data", str(data), *FAST, *PLAIN, "--epochs", "2", "--set", "log_every=1", "--json",
+              "--set", f"optim.name={optim}"]
     r = vitkit(*common, "--nproc", "2", "--out", str(tmp_path / "two"))
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])

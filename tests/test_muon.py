@@ -93,3 +93,65 @@ def test_a_run_with_muon_learns_and_resumes_exactly(tmp_path):
     a, b = vitkit.load(tmp_path / "whole" / "last"), vitkit.load(tmp_path / "part" / "last")
     for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(x, y), k
+
+
+class _TwoRanks:
+    """An in-place sum over two threads standing for two processes (an all-reduce): each adds its tensor,
+    both wait, both read the total."""
+
+    def __init__(self):
+        import threading
+
+        self.barrier, self.parts = threading.Barrier(2), {}
+
+    def sum(self, rank: int):
+        def reduce(t: torch.Tensor) -> None:
+            self.parts[rank] = t.clone()
+            self.barrier.wait()
+            t.copy_(self.parts[0] + self.parts[1])
+            self.barrier.wait()  # both have read the parts before the next step writes them
+        return reduce
+
+
+def test_two_processes_share_the_orthogonalisations_and_step_as_one_bit_for_bit():
+    import threading
+
+    from vitkit.train.optim import owners
+
+    model = vitkit.create_model("vit_test", num_classes=3, stem="conv", patch_size=4, stem_width=8)
+    cfg = RunConfig.from_dict({"optim": {"name": "muon", "muon_convs": True, "weight_decay": 0.05}}).optim
+    copies = [copy_of(model) for _ in range(3)]  # one alone, and two ranks
+    opts = [build_optimizer(m, cfg) for m in copies]
+    ranks = _TwoRanks()
+    for rank in (0, 1):
+        opts[1 + rank].share_work(rank, 2, ranks.sum(rank))
+    done = {0: 0, 1: 0}  # the orthogonalisations each rank computed
+
+    def steps(i: int) -> None:
+        for step in range(3):
+            _grads(list(copies[i].parameters()), step)  # the same gradients everywhere, as after DDP's all-reduce
+            opts[i].step()
+
+    threads = [threading.Thread(target=steps, args=(i,)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    steps(0)
+    for t in threads:
+        t.join()
+    for (k, a), b, c in zip(copies[0].state_dict().items(), copies[1].state_dict().values(),
+                            copies[2].state_dict().values()):
+        assert torch.equal(a, b) and torch.equal(a, c), k
+    shapes = [p.flatten(1).shape for g in opts[0].param_groups if g["muon"] for p in g["params"]]
+    for who in owners(shapes, 2):
+        done[who] += 1
+    assert done[0] > 0 and done[1] > 0  # each rank computes a share
+    cost = [0, 0]
+    for s, who in zip(shapes, owners(shapes, 2)):
+        cost[who] += min(s) ** 2 * max(s)
+    assert max(cost) <= 0.5 * sum(cost) + max(min(s) ** 2 * max(s) for s in shapes)  # balanced to one matrix
+
+
+def copy_of(model):
+    import copy
+
+    return copy.deepcopy(model)

@@ -7,6 +7,7 @@ Each group carries ``lr_scale``; the schedule sets ``group["lr"] = lr(step) * gr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -58,10 +59,14 @@ class _PerParameter(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is not None:
                     self.update(p, group)
+        self.finish()
         return loss
 
     def update(self, p: torch.Tensor, group: dict) -> None:
         raise NotImplementedError
+
+    def finish(self) -> None:
+        """What the step does once every parameter's ``update`` has run (nothing, unless overridden)."""
 
 
 class Lion(_PerParameter):
@@ -113,7 +118,8 @@ class MuonAdamW(_PerParameter):
 
     Muon: momentum m = mu * m + (1 - mu) * g; the Nesterov update g + mu * (m - g) orthogonalised
     (``orthogonalize``) and scaled by 0.2 * sqrt(max(rows, cols)), so that its RMS matches AdamW's (Liu et al.
-    2025, "Muon is scalable"): both kinds take the same learning rate and decoupled weight decay.
+    2025, "Muon is scalable"): both kinds take the same learning rate and decoupled weight decay. Data-parallel
+    processes share the orthogonalisations out between them (``share_work``).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -121,20 +127,51 @@ class MuonAdamW(_PerParameter):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0, momentum=momentum,
                                       ns_steps=ns_steps, muon=False))
         self.ns_dtype = ns_dtype
+        self.rank, self.world, self.sum = 0, 1, None  # one process orthogonalises every matrix (share_work)
+        self.pending: list[tuple[torch.Tensor, dict]] = []  # the step's Muon parameters, until ``finish``
+
+    def share_work(self, rank: int, world: int, sum_: Callable[[torch.Tensor], object]) -> None:
+        """Split the orthogonalisations between ``world`` processes whose gradients are the same (data-parallel,
+        after their all-reduce): this one (``rank``) computes its share of the matrices' updates, and ``sum_``
+        (an in-place all-reduce sum over the processes) gives every process all of them, each computed once.
+        The updates are those one process computes alone, bit for bit (every other process adds zeros)."""
+        self.rank, self.world, self.sum = rank, world, sum_
 
     def update(self, p: torch.Tensor, group: dict) -> None:
-        (self._muon if group["muon"] else self._adamw)(p, group)
+        if group["muon"]:
+            self.pending.append((p, group))  # all of the step's matrices together, in ``finish``
+        else:
+            self._adamw(p, group)
 
-    def _muon(self, p: torch.Tensor, group: dict) -> None:
-        state = self.state[p]
-        if not state:
-            state["momentum_buffer"] = torch.zeros_like(p)
-        buf, mu = state["momentum_buffer"], group["momentum"]
-        buf.lerp_(p.grad, 1 - mu)
-        matrix = p.grad.lerp(buf, mu).flatten(1)  # a conv's filters as (out, in * kh * kw)
-        update = orthogonalize(matrix, group["ns_steps"], self.ns_dtype).view_as(p)
-        p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.add_(update, alpha=-group["lr"] * 0.2 * math.sqrt(max(matrix.shape)))
+    def finish(self) -> None:
+        pairs, self.pending = self.pending, []
+        if pairs:
+            self._muon(pairs)
+
+    def _muon(self, pairs: list[tuple[torch.Tensor, dict]]) -> None:
+        """Muon's step for these (parameter, group) pairs: each process its share of the orthogonalisations
+        (``owners``), then the updates summed over the processes, when the work is shared."""
+        owner = owners([p.flatten(1).shape for p, _ in pairs], self.world)
+        updates = []
+        for (p, group), who in zip(pairs, owner):
+            state = self.state[p]
+            if not state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf, mu = state["momentum_buffer"], group["momentum"]
+            buf.lerp_(p.grad, 1 - mu)
+            if who == self.rank:
+                matrix = p.grad.lerp(buf, mu).flatten(1)  # a conv's filters as (out, in * kh * kw)
+                updates.append(orthogonalize(matrix, group["ns_steps"], self.ns_dtype).reshape(-1))
+            else:
+                updates.append(torch.zeros(p.numel(), dtype=p.dtype, device=p.device))
+        if self.world > 1:
+            flat = torch.cat(updates)
+            self.sum(flat)
+            updates = list(flat.split([p.numel() for p, _ in pairs]))
+        for (p, group), update in zip(pairs, updates):
+            rows, cols = p.flatten(1).shape
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            p.add_(update.view(p.shape), alpha=-group["lr"] * 0.2 * math.sqrt(max(rows, cols)))
 
     def _adamw(self, p: torch.Tensor, group: dict) -> None:
         state = self.state[p]
@@ -148,6 +185,18 @@ class MuonAdamW(_PerParameter):
         denom = (v / (1 - b2 ** t)).sqrt_().add_(group["eps"])
         p.mul_(1 - group["lr"] * group["weight_decay"])
         p.addcdiv_(m, denom, value=-group["lr"] / (1 - b1 ** t))
+
+
+def owners(shapes: list[torch.Size], world: int) -> list[int]:
+    """Which of ``world`` processes orthogonalises each matrix of these shapes: the largest first, each to the
+    process with the least work so far (a Newton-Schulz iteration of an (m, n) matrix costs about
+    min(m, n)^2 * max(m, n)); the same answer on every process."""
+    load = [0] * world
+    out = [0] * len(shapes)
+    for i in sorted(range(len(shapes)), key=lambda k: (-min(shapes[k]) ** 2 * max(shapes[k]), k)):
+        out[i] = min(range(world), key=lambda r: (load[r], r))
+        load[out[i]] += min(shapes[i]) ** 2 * max(shapes[i])
+    return out
 
 
 def muon_groups(groups: list[dict], convs: bool = False) -> list[dict]:
@@ -199,4 +248,4 @@ def follow_param_layout(optimizer: torch.optim.Optimizer) -> None:
 
 
 __all__ = ["param_groups", "build_optimizer", "layer_id", "Lion", "MuonAdamW", "muon_groups", "orthogonalize",
-           "follow_param_layout"]
+           "follow_param_layout", "owners"]

@@ -50,7 +50,7 @@ from .ema import EMA
 from .fsdp import full_optimizer_state, full_tensor, full_weights, load_optimizer_state, plain_copy, shard_model
 from .loader import BatchLoader, loader_workers, micro_batches
 from .metrics import CONFUSION_LOGGERS, MetricsLog, StepWindow, open_loggers, write_plots
-from .optim import build_optimizer, follow_param_layout
+from .optim import MuonAdamW, build_optimizer, follow_param_layout
 from .precise_bn import CALIBRATION_IMAGES, batchnorms, recalibrate_bn
 from .replay import CLOCK_KEY, PLAN_KEY, Plan
 from .schedule import Schedule
@@ -179,6 +179,8 @@ class Trainer:
         self.sharded = cfg.strategy == "fsdp"
         self.net = self._wrap(model)  # sharding replaces the parameters: the optimizer and the EMA follow it
         self.optimizer = build_optimizer(model, cfg.optim, device.type)
+        if isinstance(self.optimizer, MuonAdamW) and dist.enabled and not self.sharded:  # the same gradients everywhere
+            self.optimizer.share_work(dist.rank, dist.world_size, lambda t: all_reduce_sum(t, dist))
         self.ema = EMA(model, cfg.ema) if cfg.ema else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.generator = torch.Generator(device=device)
