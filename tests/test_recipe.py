@@ -446,7 +446,7 @@ def test_on_a_gpu_the_wider_model_at_batch_512_is_a_candidate_where_its_epochs_r
         return 20_000.0 if cfg["batch_size"] == 512 else 6_000.0
 
     r = choose_recipe(CIFAR, max_minutes=2, cpus=None, speed=speed, where="NVIDIA H200")
-    # 52 epochs of it (its 34.2-epoch 88.82% held) against 15.5 of the others (long-lr-3x's 87.60% held): the
+    # 52 epochs of it (its 34.2-epoch 88.82% held) against 15.5 of the others (long-lr-3x's about 88.3%): the
     # 2 minutes less the end (6 views of 5,000 images at a third of a step's time, and the plots), of 45,000
     assert "measured on NVIDIA H200, epochs of 45,000 images: short-lr-3x 6,000 img/s -> 15.5 epochs" in r.line
     assert "; wide-b512 20,000 img/s -> 52.2 epochs (table: 88.8%); chose wide-b512: 4 blocks of width 192" in r.line
