@@ -4,7 +4,7 @@ them, as one process did alone, and each process's share, as ``optim.owners`` sp
 all-reduce that gives every process the updates (gloo, two processes, a tensor of the candidate's Muon
 parameters).
 
-    python benchmarks/muon_share.py [--candidates long-lr-3x,short-lr-3x] [--seconds 3]
+    python benchmarks/muon_share.py [--candidates long-lr-3x,short-lr-3x] [--seconds 3] [--rounds 200]
 
 The end-to-end pair, shared against unshared, is benchmarks/speed_measurement.py's
 ``--layouts alone,ddp,ddp-unshared``. Appends one record a candidate to benchmarks/results/muon_share.jsonl,
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from vitkit.core.hardware import cpu_capability  # noqa: E402
 from vitkit.train.build import build_model  # noqa: E402
-from vitkit.train.optim import build_optimizer, orthogonalize, owners  # noqa: E402
+from vitkit.train.optim import build_optimizer, matrix_shape, orthogonalize, owners  # noqa: E402
 from vitkit.train.speed import machine_key  # noqa: E402
 
 from step_profile import PROCESSES, config  # noqa: E402  (benchmarks/ is on sys.path; the candidate as a run trains it)
@@ -36,15 +36,15 @@ from step_profile import PROCESSES, config  # noqa: E402  (benchmarks/ is on sys
 RESULTS = Path(__file__).resolve().parent / "results" / "muon_share.jsonl"
 
 
-def muon_shapes(name: str) -> list[torch.Size]:
+def muon_shapes(name: str) -> list[tuple[int, int]]:
     """The (rows, cols) of the candidate's Muon matrices (a conv's filters flattened), as its optimizer holds them."""
     cfg, mcfg = config(name)
     model = build_model(cfg, mcfg, [str(i) for i in range(10)])
     opt = build_optimizer(model, cfg.optim)
-    return [p.flatten(1).shape for g in opt.param_groups if g["muon"] for p in g["params"]]
+    return [matrix_shape(p) for g in opt.param_groups if g["muon"] for p in g["params"]]
 
 
-def ns_ms(shapes: list[torch.Size], seconds: float) -> float:
+def ns_ms(shapes: list[tuple[int, int]], seconds: float) -> float:
     """Milliseconds of one step's Newton-Schulz iterations over matrices of ``shapes``, on one thread."""
     mats = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
     for m in mats:
@@ -57,7 +57,7 @@ def ns_ms(shapes: list[torch.Size], seconds: float) -> float:
     return 1000 * (time.perf_counter() - start) / n
 
 
-def reduce_worker(rank: int, numel: int, seconds: float, port: int, out) -> None:
+def reduce_worker(rank: int, numel: int, rounds: int, port: int, out) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -66,30 +66,23 @@ def reduce_worker(rank: int, numel: int, seconds: float, port: int, out) -> None
     t = torch.randn(numel)
     for _ in range(5):
         dist.all_reduce(t)
-    rounds = torch.zeros(1)
     dist.barrier()
-    n, start = 0, time.perf_counter()
-    while True:  # both processes take the same number of all-reduces: rank 0's clock decides when to stop
-        rounds.fill_(float(rank == 0 and time.perf_counter() - start >= seconds and n >= 10))
-        dist.all_reduce(rounds)
-        if rounds.item() > 0:
-            break
+    start = time.perf_counter()
+    for _ in range(rounds):
         dist.all_reduce(t)
-        n += 1
     if rank == 0:
-        out.put(1000 * (time.perf_counter() - start) / n)
+        out.put(1000 * (time.perf_counter() - start) / rounds)
     dist.destroy_process_group()
 
 
-def all_reduce_ms(numel: int, seconds: float) -> float:
-    """Milliseconds of one gloo all-reduce of ``numel`` floats between two processes (a one-float flag each
-    round keeps them in step, as a run's own step flags do)."""
+def all_reduce_ms(numel: int, rounds: int) -> float:
+    """Milliseconds of one gloo all-reduce of ``numel`` floats between two processes (the mean of ``rounds``)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [ctx.Process(target=reduce_worker, args=(r, numel, seconds, port, out)) for r in range(PROCESSES)]
+    procs = [ctx.Process(target=reduce_worker, args=(r, numel, rounds, port, out)) for r in range(PROCESSES)]
     for p in procs:
         p.start()
     ms = out.get()
@@ -101,7 +94,8 @@ def all_reduce_ms(numel: int, seconds: float) -> float:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--candidates", default="long-lr-3x,short-lr-3x")
-    ap.add_argument("--seconds", type=float, default=3.0, help="how long each timing runs (default 3)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="how long each Newton-Schulz timing runs (default 3)")
+    ap.add_argument("--rounds", type=int, default=200, help="all-reduces timed (default 200)")
     ap.add_argument("--results", default=str(RESULTS))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # as each of a run's processes trains
@@ -111,7 +105,7 @@ def main(argv=None) -> None:
         alone = ns_ms(shapes, args.seconds)
         shares = [ns_ms([s for s, w in zip(shapes, who) if w == r], args.seconds) for r in range(PROCESSES)]
         numel = sum(s[0] * s[1] for s in shapes)
-        reduce = all_reduce_ms(numel, args.seconds)
+        reduce = all_reduce_ms(numel, args.rounds)
         print(f"{name}: {len(shapes)} matrices, Newton-Schulz {alone:.1f} ms alone, shares "
               f"{' / '.join(f'{x:.1f}' for x in shares)} ms; all-reduce of {numel:,} floats {reduce:.1f} ms; "
               f"saved {alone - max(shares) - reduce:.1f} ms a step", flush=True)

@@ -116,7 +116,7 @@ class _TwoRanks:
 def test_two_processes_share_the_orthogonalisations_and_step_as_one_bit_for_bit():
     import threading
 
-    from vitkit.train.optim import owners
+    from vitkit.train.optim import matrix_shape, owners
 
     model = vitkit.create_model("vit_test", num_classes=3, stem="conv", patch_size=4, stem_width=8)
     cfg = RunConfig.from_dict({"optim": {"name": "muon", "muon_convs": True, "weight_decay": 0.05}}).optim
@@ -141,7 +141,8 @@ def test_two_processes_share_the_orthogonalisations_and_step_as_one_bit_for_bit(
     for (k, a), b, c in zip(copies[0].state_dict().items(), copies[1].state_dict().values(),
                             copies[2].state_dict().values()):
         assert torch.equal(a, b) and torch.equal(a, c), k
-    shapes = [p.flatten(1).shape for g in opts[0].param_groups if g["muon"] for p in g["params"]]
+    shapes = [matrix_shape(p) for g in opts[0].param_groups if g["muon"] for p in g["params"]]
+    assert shapes == [tuple(p.flatten(1).shape) for g in opts[0].param_groups if g["muon"] for p in g["params"]]
     for who in owners(shapes, 2):
         done[who] += 1
     assert done[0] > 0 and done[1] > 0  # each rank computes a share

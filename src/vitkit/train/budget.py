@@ -53,7 +53,7 @@ def fewer_views(tta: bool, shift: int, flip: bool = True) -> list[tuple[bool, in
 
 
 def views_words(tta: bool, shift: int, flip: bool = True) -> str:
-    """'6 views (flips and shifted copies)', '2 views (flips)', '3 views (shifted copies)', '1 view'."""
+    """'6 views (flips and shifted copies)', '2 views (flips)', '3 views (the image and shifted copies)', '1 view'."""
     if not tta or eval_views(tta, shift, flip) == 1:
         return "1 view"
     if not flip:

@@ -151,7 +151,8 @@ class MuonAdamW(_PerParameter):
     def _muon(self, pairs: list[tuple[torch.Tensor, dict]]) -> None:
         """Muon's step for these (parameter, group) pairs: each process its share of the orthogonalisations
         (``owners``), then the updates summed over the processes, when the work is shared."""
-        owner = owners([p.flatten(1).shape for p, _ in pairs], self.world)
+        shapes = [matrix_shape(p) for p, _ in pairs]
+        owner = owners(shapes, self.world)
         updates = []
         for (p, group), who in zip(pairs, owner):
             state = self.state[p]
@@ -168,8 +169,7 @@ class MuonAdamW(_PerParameter):
             flat = torch.cat(updates)
             self.sum(flat)
             updates = list(flat.split([p.numel() for p, _ in pairs]))
-        for (p, group), update in zip(pairs, updates):
-            rows, cols = p.flatten(1).shape
+        for (p, group), update, (rows, cols) in zip(pairs, updates, shapes):
             p.mul_(1 - group["lr"] * group["weight_decay"])
             p.add_(update.view(p.shape), alpha=-group["lr"] * 0.2 * math.sqrt(max(rows, cols)))
 
@@ -187,7 +187,13 @@ class MuonAdamW(_PerParameter):
         p.addcdiv_(m, denom, value=-group["lr"] / (1 - b1 ** t))
 
 
-def owners(shapes: list[torch.Size], world: int) -> list[int]:
+def matrix_shape(p: torch.Tensor) -> tuple[int, int]:
+    """(rows, cols) of ``p`` as Muon orthogonalises it, a conv's filters as (out, in * kh * kw), without the copy
+    that flattening a channels-last tensor makes."""
+    return p.shape[0], p.numel() // max(p.shape[0], 1)
+
+
+def owners(shapes: list[tuple[int, int]], world: int) -> list[int]:
     """Which of ``world`` processes orthogonalises each matrix of these shapes: the largest first, each to the
     process with the least work so far (a Newton-Schulz iteration of an (m, n) matrix costs about
     min(m, n)^2 * max(m, n)); the same answer on every process."""
@@ -248,4 +254,4 @@ def follow_param_layout(optimizer: torch.optim.Optimizer) -> None:
 
 
 __all__ = ["param_groups", "build_optimizer", "layer_id", "Lion", "MuonAdamW", "muon_groups", "orthogonalize",
-           "follow_param_layout", "owners"]
+           "follow_param_layout", "owners", "matrix_shape"]
