@@ -394,7 +394,11 @@ def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
     speed, seen = rates(d2=500.0)
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed, where="this CPU (AVX2)")
     on_cpu = [c for c in SMALL_DATA_CANDIDATES if not c.accelerator]
-    assert [cfg["processes"] for cfg in seen] == [2] * len(on_cpu)  # measured as the run trains
+    # measured as the run trains; the long models, slower than the short one, not at all: at the short one's
+    # 3.1 epochs neither table can be chosen
+    assert [cfg["processes"] for cfg in seen] == [2] * 3 and all(cfg["model_args"]["stem_convs"] == 1 for cfg in seen)
+    assert ("; long-lr-3x not measured: at most 3.1 epochs, slower than short-lr-3x (table: none so few); long not "
+            "measured: at most 3.1 epochs, slower than short-lr-3x (table: none so few); chose ") in r.line
     # the same speed for all: the 5 minutes less the end's 6 views of the 5,000 held out (20 s) and the plots
     # (2 s), over the 45,000 images trained on: 3.1 epochs each; the table's best there is trained
     e = 500.0 * (300 - 5_000 * 6 / 3 / 500.0 - 2.0) / 45_000
@@ -413,6 +417,48 @@ def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
         speed, seen = rates(d2=500.0)
         choose_recipe(CIFAR, **{"max_minutes": 5, **given}, cpus=2, speed=speed)
         assert seen == []
+
+
+def test_a_slower_candidate_is_measured_only_where_it_could_be_chosen():
+    short = Candidate("short", "cheap", {"model_args": {"depth": 1}}, ((2.0, 70.0, "x"), (10.0, 84.0, "x")))
+    long = Candidate("long", "dear", {"model_args": {"depth": 2}}, ((10.0, 83.0, "x"), (30.0, 89.0, "x")),
+                     slower_than="short")
+    free = Candidate("long", "dear", {"model_args": {"depth": 2}}, long.points)  # the same, no bound
+    base = {"model_args": {"depth": 0}, "plots": False}
+    for seconds in (100, 150, 159, 161, 200, 1_000):  # short reaches 5, 7.5, 7.95, 8.05, 10, 50 epochs
+        speed, seen = rates(d1=100.0, d2=50.0)
+        pick = choose_by_work((short, long), base, seconds=seconds, images=2_000, speed=speed, clock=lambda: 0.0)
+        every = choose_by_work((short, free), base, seconds=seconds, images=2_000, speed=rates(d1=100.0, d2=50.0)[0],
+                               clock=lambda: 0.0)
+        assert pick.candidate.name == every.candidate.name and pick.predicted == every.predicted  # the same choice
+        # long's table starts at 10 / REACH = 8 epochs: under that many epochs of short it is never measured
+        measured = seconds * 100.0 / 2_000 >= 10.0 / REACH
+        assert [cfg["model_args"]["depth"] for cfg in seen] == ([1, 2] if measured else [1])
+        assert pick.images_per_s == {"short": 100.0, "long": 50.0 if measured else None}
+        assert pick.epochs["long"] == pytest.approx(seconds * (50.0 if measured else 100.0) / 2_000)
+        if not measured:
+            assert pick.line("x").endswith(f"long not measured: at most {seconds * 100.0 / 2_000:.1f} epochs, slower "
+                                           "than short (table: none so few); chose short: cheap")
+    # the time measuring takes counts: short measured in 20 s leaves long's bound at 8 epochs of 180 s, not 200
+    ticks = iter([0.0, 20.0, 20.0, 20.0])
+    speed, seen = rates(d1=100.0, d2=50.0)
+    pick = choose_by_work((short, long), base, seconds=180, images=2_000, speed=speed, clock=ticks.__next__)
+    assert len(seen) == 2 and pick.epochs == {"short": 8.0, "long": 4.0}
+    ticks = iter([0.0, 21.0, 21.0, 21.0])
+    speed, seen = rates(d1=100.0, d2=50.0)
+    pick = choose_by_work((short, long), base, seconds=180, images=2_000, speed=speed, clock=ticks.__next__)
+    assert len(seen) == 1 and pick.epochs["long"] == pytest.approx(7.95) and pick.candidate.name == "short"
+    # a bound the run does not measure first (not among the candidates, or after it) bounds nothing
+    speed, seen = rates(d1=100.0, d2=50.0)
+    choose_by_work((long, short), base, seconds=100, images=2_000, speed=speed, clock=lambda: 0.0)
+    assert len(seen) == 2
+    # every bound in the recipes names an earlier candidate, at the same batch, with less work in its step
+    for table in (SMALL_DATA_CANDIDATES, PHOTO_CANDIDATES):
+        names, by = [c.name for c in table], {c.name: c for c in table}
+        for i, c in enumerate(table):
+            if c.slower_than:
+                assert c.slower_than in names[:i]
+                assert c.overrides.get("batch_size") == by[c.slower_than].overrides.get("batch_size")
 
 
 def test_at_two_epochs_the_table_takes_the_higher_learning_rate_it_measured_better():

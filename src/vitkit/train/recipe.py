@@ -157,6 +157,9 @@ class Candidate:
     points: tuple[tuple[float, float, str], ...]
     accelerator: bool = False  # a candidate for a run on a GPU alone (a run on the CPU never measures it)
     min_images: int = 0  # ... and for data of at least this many training images alone
+    # an earlier candidate whose step does a part of this one's work, at the same batch: it trains at least as
+    # fast, so its epochs bound this one's, and where this one's table cannot take so few, it is not measured
+    slower_than: str | None = None
 
     def fits(self, on_cpu: bool, images: int) -> bool:
         """Whether a run on the CPU (``on_cpu``) or a GPU, of ``images`` training images, may train it."""
@@ -182,20 +185,26 @@ class Candidate:
 class WorkChoice:
     """What ``choose_by_work`` chose: the candidate, the epochs each candidate would reach and the accuracy
     its table predicts there (None: fewer epochs than it was measured at), the images per second, and the
-    images of an epoch."""
+    images of an epoch. A candidate left unmeasured (its ``slower_than`` reaches too few epochs for its table)
+    has None for its images per second and, for its epochs, the most it could reach: its faster one's."""
 
     candidate: Candidate
     epochs: dict[str, float]
     predicted: dict[str, float | None]
-    images_per_s: dict[str, float]
+    images_per_s: dict[str, float | None]
     images: int
+    bound: dict[str, str] = field(default_factory=dict)  # an unmeasured candidate -> the faster one bounding it
 
     def line(self, where: str) -> str:
         """What the run's first line says of the choice: the measured speeds, the epochs, the choice."""
         parts = []
         for name, e in self.epochs.items():
-            p = self.predicted[name]
-            parts.append(f"{name} {self.images_per_s[name]:,.0f} img/s -> {e:.1f} epochs"
+            p, rate = self.predicted[name], self.images_per_s[name]
+            if rate is None:
+                parts.append(f"{name} not measured: at most {e:.1f} epochs, slower than {self.bound[name]} "
+                             "(table: none so few)")
+                continue
+            parts.append(f"{name} {rate:,.0f} img/s -> {e:.1f} epochs"
                          + (f" (table: {p:.1f}%)" if p is not None else " (table: none so few)"))
         return (f"measured on {where}, epochs of {self.images:,} images: {'; '.join(parts)}; chose "
                 f"{self.candidate.name}: {self.candidate.what}")
@@ -222,21 +231,35 @@ def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float
     of ``base`` with its overrides) turned into the epochs that the budget leaves it once measuring (timed
     by ``clock``) and its end's evaluation (``end_seconds``) are taken out, and those into the accuracy its
     points predict. Where no candidate was measured at so few epochs, the one measured at the fewest. ``end``:
-    the run's own values of what the end costs (END_KEYS: --no-tta, --tta-shift, plots), over each candidate's."""
+    the run's own values of what the end costs (END_KEYS: --no-tta, --tta-shift, plots), over each candidate's.
+    A candidate ``slower_than`` one measured before it is not measured where even that one's speed would not
+    reach its table's fewest epochs: it could not be chosen, and measuring it would spend the budget."""
     start = clock()
     configs = {c.name: merge(copy.deepcopy(base), copy.deepcopy(c.overrides)) for c in candidates}
-    rates = {name: speed(cfg) for name, cfg in configs.items()}
-    left = seconds - (clock() - start)
     own = {k: v for k, v in (end or {}).items() if k in END_KEYS}
-    epochs = {name: rates[name] * max(left - end_seconds({**configs[name], **own}, rates[name], scored), 0.0)
-              / max(images, 1) for name in configs}
-    predicted = {c.name: c.predict(epochs[c.name]) for c in candidates}
+
+    def reach(name: str, rate: float, left: float) -> float:
+        return rate * max(left - end_seconds({**configs[name], **own}, rate, scored), 0.0) / max(images, 1)
+
+    rates: dict[str, float | None] = {}
+    bound: dict[str, str] = {}
+    for c in candidates:
+        faster = rates.get(c.slower_than) if c.slower_than else None
+        # the time left only shrinks and a slower rate reaches fewer epochs (its end takes longer): an upper bound
+        if faster is not None and c.predict(reach(c.name, faster, seconds - (clock() - start))) is None:
+            rates[c.name], bound[c.name] = None, c.slower_than
+            continue
+        rates[c.name] = speed(configs[c.name])
+    left = seconds - (clock() - start)
+    epochs = {name: reach(name, rate if rate is not None else rates[bound[name]], left)
+              for name, rate in rates.items()}
+    predicted = {c.name: None if c.name in bound else c.predict(epochs[c.name]) for c in candidates}
     ranked = [c for c in candidates if predicted[c.name] is not None]
     if ranked:
         best = max(ranked, key=lambda c: predicted[c.name])
     else:
-        best = min(candidates, key=lambda c: min(e for e, _, _ in c.points))
-    return WorkChoice(best, epochs, predicted, rates, images)
+        best = min((c for c in candidates if c.name not in bound), key=lambda c: min(e for e, _, _ in c.points))
+    return WorkChoice(best, epochs, predicted, rates, images, bound)
 
 
 def work_images(facts: DataFacts) -> tuple[int, int]:
@@ -291,9 +314,10 @@ SMALL_DATA_CANDIDATES = (
         (7.444, 86.08, f"{TTA}: cifar10, 14.3 min held to AVX2, seed 0"),
         (7.778, 86.32, f"{TTA}: cifar10, 14.3 min held to AVX2, seed 0, a second run"),
         (10.0, 87.60, f"{ABLATE}: long-lr-3x, 10 epochs, seed 0"),
-        (15.587, 88.28, f"{TTA}: cifar10, 30 min on a 2-core Zen 3 (AVX2), seed 0"))),
+        (15.587, 88.28, f"{TTA}: cifar10, 30 min on a 2-core Zen 3 (AVX2), seed 0")),
+              slower_than="short-lr-3x"),
     Candidate("long", "two 3x3 convs at each of the tokenizer's resolutions, EMA 0.999", {}, (
-        (26.057, 88.68, f"{ABLATE}: early-conv-2, 30 min, seed 0"),)),
+        (26.057, 88.68, f"{ABLATE}: early-conv-2, 30 min, seed 0"),), slower_than="short-lr-3x"),
     # On a GPU a step of these models is bound by its launches, not its arithmetic: at batch 128 an H200 trained the
     # long model at about 5,600 images/s alone, where batch 512 takes about a quarter of the steps for the same
     # images (44.7 epochs in 4 minutes against 13.2 at batch 128, each beside 5 other runs). A wider model costs
@@ -322,7 +346,7 @@ PHOTO_CANDIDATES = (
     Candidate("96px-4-blocks", "96 px, 4 blocks", {"img_size": 96, "model_args": {"depth": 4}}, (
         (20.0, 84.67, f"{ABLATE}: photos-96px-4-blocks, catsdogs, 20 epochs, seed 0"),
         (40.0, 86.00, f"{ABLATE}: photos-96px-4-blocks, catsdogs, 40 epochs, seed 0"),
-        (103.857, 88.33, f"{TTA}: catsdogs, 30 min, seed 0"))),
+        (103.857, 88.33, f"{TTA}: catsdogs, 30 min, seed 0")), slower_than="64px-2-blocks"),
 )
 
 @dataclass(frozen=True)
