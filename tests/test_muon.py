@@ -51,6 +51,12 @@ def test_the_blocks_matrices_take_muon_and_nothing_else_does():
     assert not any(names[n] for n in names if not n.startswith("blocks.") or not n.endswith(".weight")
                    or "norm" in n)
     assert not names["head.weight"] and not names["patch_embed.proj.weight"]
+    # the same matrices at no weight decay (a group's decay was once read from its value: at 0, nothing took Muon)
+    for convs in (False, True):
+        at = {wd: {n: g["muon"] for g in build_optimizer(model, RunConfig.from_dict(
+            {"optim": {"name": "muon", "weight_decay": wd, "muon_convs": convs}}).optim).param_groups for n in g["names"]}
+            for wd in (0.0, 0.05)}
+        assert at[0.0] == at[0.05] and any(at[0.0].values())
     with pytest.raises(ConfigError, match="optim.muon_momentum"):
         RunConfig.from_dict({"optim": {"name": "muon", "muon_momentum": 1.0}}).validate()
 

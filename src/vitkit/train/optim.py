@@ -27,7 +27,9 @@ def layer_id(name: str, depth: int) -> int:
 
 
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
-    """Parameter groups keyed by (decay or not, layer); each has ``weight_decay`` and ``lr_scale``."""
+    """Parameter groups keyed by (decay or not, layer); each has ``weight_decay``, ``lr_scale`` and ``decay``
+    (whether its parameters are of the kind weight decay applies to: weights, not biases, norms or embeddings,
+    whatever ``weight_decay`` is, 0 included)."""
     model = unwrap(model)
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
     depth = len(getattr(model, "blocks", []))
@@ -40,7 +42,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
         scale = layer_decay ** (depth + 1 - lid) if layer_decay is not None else 1.0
         key = (no_decay, lid)
         if key not in groups:
-            groups[key] = dict(params=[], names=[], weight_decay=0.0 if no_decay else weight_decay, lr_scale=scale)
+            groups[key] = dict(params=[], names=[], weight_decay=0.0 if no_decay else weight_decay, lr_scale=scale,
+                               decay=not no_decay)
         groups[key]["params"].append(p)
         groups[key]["names"].append(name)
     return [groups[k] for k in sorted(groups)]
@@ -206,12 +209,13 @@ def owners(shapes: list[tuple[int, int]], world: int) -> list[int]:
 
 
 def muon_groups(groups: list[dict], convs: bool = False) -> list[dict]:
-    """``groups`` with the blocks' weight matrices (2-D, decayed) split off into groups marked ``muon``;
-    ``convs``: the conv filters (4-D, decayed: the stem's, each as an (out, in * kh * kw) matrix) too."""
+    """``groups`` with the blocks' weight matrices (2-D, of a ``decay`` group) split off into groups marked
+    ``muon``; ``convs``: the conv filters (4-D, of a ``decay`` group: the stem's, each as an (out, in * kh * kw)
+    matrix) too. Which they are does not depend on the weight decay's value: at 0 they still take Muon."""
     out = []
     for g in groups:
         pairs = list(zip(g["names"], g["params"]))
-        matrix = {n for n, p in pairs if g["weight_decay"] > 0
+        matrix = {n for n, p in pairs if g.get("decay", g["weight_decay"] > 0)
                   and ((n.startswith("blocks.") and p.ndim == 2) or (convs and p.ndim == 4))}
         muon = [(n, p) for n, p in pairs if n in matrix]
         rest = [(n, p) for n, p in pairs if n not in matrix]
