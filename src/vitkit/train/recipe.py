@@ -283,7 +283,9 @@ GPU = "gpu_budget.jsonl"
 # 77.20%, 0.008 77.30%, 0.01 77.26% (ablate_small_data.py --epochs 2, seed 0's carve); the rise flattens at
 # 0.006. Each learning rate is a candidate of its own, chosen only where its table says it wins. Screened at 2
 # epochs and kept out, each losing in the time it takes: batch 64, batch 256, a longer warmup, no label smoothing, Muon's
-# momentum 0.9, no conv at 16x16, a wider tokenizer, 24-px images, identity-initialised convs; at 10 epochs the
+# momentum 0.9, no conv at 16x16, a wider tokenizer, 24-px images, identity-initialised convs; reading less at 2
+# epochs: no gradient clipping, LayerScale, timm's init, weight decay 0 or 0.1, label smoothing 0.3, 2 heads (whose
+# step was not timed); at 10 epochs the
 # short model with the EMA (86.08%, against 85.98% without); at 5 epochs the short model with a second conv at
 # the grid or at 16x16 (84.12%, 83.96%: between the short and the long model, in accuracy and in time)
 # (docs/experiments.md, "The budget in work").
