@@ -209,13 +209,14 @@ def owners(shapes: list[tuple[int, int]], world: int) -> list[int]:
 
 
 def muon_groups(groups: list[dict], convs: bool = False) -> list[dict]:
-    """``groups`` with the blocks' weight matrices (2-D, of a ``decay`` group) split off into groups marked
-    ``muon``; ``convs``: the conv filters (4-D, of a ``decay`` group: the stem's, each as an (out, in * kh * kw)
-    matrix) too. Which they are does not depend on the weight decay's value: at 0 they still take Muon."""
+    """``groups`` (``param_groups``') with the blocks' weight matrices (2-D, of a ``decay`` group) split off into
+    groups marked ``muon``; ``convs``: the conv filters (4-D, of a ``decay`` group: the stem's, each as an
+    (out, in * kh * kw) matrix) too. Which they are does not depend on the weight decay's value: at 0 they still
+    take Muon."""
     out = []
     for g in groups:
         pairs = list(zip(g["names"], g["params"]))
-        matrix = {n for n, p in pairs if g.get("decay", g["weight_decay"] > 0)
+        matrix = {n for n, p in pairs if g["decay"]
                   and ((n.startswith("blocks.") and p.ndim == 2) or (convs and p.ndim == 4))}
         muon = [(n, p) for n, p in pairs if n in matrix]
         rest = [(n, p) for n, p in pairs if n not in matrix]

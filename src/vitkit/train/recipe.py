@@ -253,12 +253,12 @@ def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float
     left = seconds - (clock() - start)
     epochs = {name: reach(name, rate if rate is not None else rates[bound[name]], left)
               for name, rate in rates.items()}
-    predicted = {c.name: None if c.name in bound else c.predict(epochs[c.name]) for c in candidates}
+    predicted = {c.name: c.predict(epochs[c.name]) for c in candidates}  # None for an unmeasured one: fewer still
     ranked = [c for c in candidates if predicted[c.name] is not None]
     if ranked:
         best = max(ranked, key=lambda c: predicted[c.name])
     else:
-        best = min((c for c in candidates if c.name not in bound), key=lambda c: min(e for e, _, _ in c.points))
+        best = min(candidates, key=lambda c: min(e for e, _, _ in c.points))
     return WorkChoice(best, epochs, predicted, rates, images, bound)
 
 
