@@ -285,3 +285,33 @@ def test_flips_given_to_batch_augment_replace_the_random_draw():
     torch.testing.assert_close(out, torch.where(flips.view(-1, 1, 1, 1), plain.flip(-1), plain))
     with pytest.raises(ConfigError, match="AugmentConfig.flip_mode: expected 'random' or 'alternate'"):
         AugmentConfig(flip_mode="sometimes")
+
+
+def test_a_smaller_size_is_the_same_crop_resized_or_the_same_box_cropped_to_it():
+    """Progressive resizing: ``size`` gives the batch at another side. Pad-and-crop draws the same crops and
+    flips, then resizes them (bilinear, antialiased); 'rrc' crops the same boxes to the size directly."""
+    x, y = _batch(h=16, w=16)
+    pad = BatchAugment(AugmentConfig(crop="pad", pad=2, hflip=0.5), (16, 16), PRE, 10)
+    full, _ = pad(x, y, torch.Generator().manual_seed(3))
+    small, _ = pad(x, y, torch.Generator().manual_seed(3), size=8)
+    assert small.shape == (8, 3, 8, 8)
+    torch.testing.assert_close(small, F.interpolate(full, size=(8, 8), mode="bilinear", antialias=True),
+                               atol=1e-5, rtol=0)  # normalising is affine: it commutes with the resize
+    rrc = BatchAugment(AugmentConfig(rrc_scale=(1.0, 1.0), rrc_ratio=(1.0, 1.0), hflip=0.0), (16, 16), PRE, 10)
+    whole, _ = rrc(x, y, torch.Generator().manual_seed(0), size=(8, 8))
+    assert whole.shape == (8, 3, 8, 8)
+    # the whole image sampled at 8x8 pixel centres: the mean of each 2x2 block
+    torch.testing.assert_close(whole, _norm(F.avg_pool2d(x.float(), 2)), atol=1e-4, rtol=0)
+
+
+def test_low_size_and_share_are_checked_and_say_when_a_step_is_low():
+    with pytest.raises(ConfigError, match=r"AugmentConfig\.low_size: expected an integer >= 0 \(0 = off\), got -8"):
+        AugmentConfig(low_size=-8, low_share=0.5)
+    with pytest.raises(ConfigError, match=r"AugmentConfig\.low_share: is a share of the run, expected 0\.\.1, got 1\.5"):
+        AugmentConfig(low_size=16, low_share=1.5)
+    with pytest.raises(ConfigError, match=r"AugmentConfig\.low_share: low_size=16 needs the share of the run it lasts"):
+        AugmentConfig(low_size=16)
+    half = AugmentConfig(low_size=16, low_share=0.5)
+    assert [half.low_at(p) for p in (0.0, 0.49, 0.5, 1.0)] == [True, True, False, False]
+    assert AugmentConfig(low_size=16, low_share=1.0).low_at(1.0)  # all of the run, the last step too
+    assert not AugmentConfig().low_at(0.0)

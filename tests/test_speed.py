@@ -220,3 +220,30 @@ def test_a_budget_that_cannot_hold_one_step_is_refused_before_anything_is_writte
     assert err.endswith("s of work on this CPU (27.6 GFLOPs an image on 2 thread(s) at about 20 GFLOP/s each), more "
                         "than the budget; lower --batch-size (about 26 fits) or raise --max-minutes")
     assert "\n" not in err
+
+
+def test_a_progressive_run_is_timed_at_each_size_and_weighted_by_its_share_of_the_time(tmp_path, monkeypatch):
+    """augment.low_size: the steps at the low size and at the model's are timed apart (each as the run takes
+    it), and the run's speed is their mean weighted by the time at each (low_share of a run the clock bounds);
+    the share and the size are in the cache's key."""
+    import vitkit.train.speed as speed
+
+    seen = []
+
+    def timed(trainer, images, batch, device, steps):
+        seen.append((trainer.cfg.augment.low_size, trainer.cfg.augment.low_share))
+        return 300.0 if trainer.cfg.augment.low_size else 100.0
+
+    monkeypatch.setattr(speed, "timed_steps", timed)
+    aug = {"crop": "pad", "pad": 2, "low_size": 16, "low_share": 0.25}
+    cfg, mcfg = tiny(batch_size=8, processes=2, augment=aug)
+    assert mcfg.dynamic_img_size
+    got = measure_speed(cfg, mcfg, torch.device("cpu"), threads=1, cache_dir=tmp_path)
+    assert got.images_per_s == pytest.approx(2 * (0.25 * 300.0 + 0.75 * 100.0)) and not got.cached
+    assert seen == [(0, 0.0), (16, 1.0)]
+    assert measure_speed(cfg, mcfg, torch.device("cpu"), threads=1, cache_dir=tmp_path).cached
+    other, omcfg = tiny(batch_size=8, processes=2, augment={**aug, "low_share": 0.5})
+    assert measure_speed(other, omcfg, torch.device("cpu"), threads=1, cache_dir=tmp_path).images_per_s == 400.0
+    plain, pmcfg = tiny(batch_size=8, processes=2, augment={"crop": "pad", "pad": 2})
+    assert measure_speed(plain, pmcfg, torch.device("cpu"), threads=1, cache_dir=tmp_path).images_per_s == 200.0
+    assert len(read_speeds(tmp_path / SPEED_FILE)) == 3

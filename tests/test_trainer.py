@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import tiny_run_config as cfg
-from helpers import tiny_splits
+from helpers import TINY_RUN, tiny_splits
 
 import vitkit
 from vitkit.core.errors import ConfigError, TrainingError
@@ -21,6 +21,7 @@ from vitkit.train import trainer as trainer_module
 from vitkit.train.trainer import EpochEnd
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+TINY_AUG = TINY_RUN["augment"]
 
 
 def make_trainer(where, log=None, channels_last=False, **kw) -> Trainer:
@@ -296,6 +297,31 @@ def test_model_config_is_the_model_the_run_builds(tmp_path):
     assert model.cfg == mcfg.replace(num_classes=3) and model.pos_embed.shape == (1, 1 + 36, 32)
     with pytest.raises(ConfigError, match=r"model_args: ViTConfig: unknown field\(s\) 'depthh'"):
         model_config(cfg(init_from=str(tmp_path / "ck"), model_args=dict(depthh=3)))
+
+
+def test_progressive_resizing_trains_the_first_share_of_the_run_small_then_at_the_models_size(tmp_path):
+    """augment.low_size: the steps before low_share of the run's progress see low_size images, the rest the
+    model's size; the model takes both (built with dynamic_img_size) and is scored at its own size."""
+    aug = dict(TINY_AUG, low_size=16, low_share=0.5)
+    c = cfg(augment=aug)
+    assert model_config(c) == vitkit.get_config("vit_test", dynamic_img_size=True)
+    t = make_trainer(tmp_path, augment=aug)  # 2 epochs of 4 steps
+    sizes = []
+    t.model.register_forward_pre_hook(lambda m, args: sizes.append(tuple(args[0].shape[-2:])))
+    assert t.fit() == "completed"
+    assert sizes == [(16, 16)] * 4 + [(32, 32)] * 4  # the 8 steps
+    # bounded by the clock: the share of the time, as the schedule counts it
+    t = make_trainer(tmp_path / "clock", augment=aug, max_minutes=1.0)
+    sizes = []  # the training steps' (the budget also times a forward pass at the model's size)
+    t.model.register_forward_pre_hook(lambda m, args: sizes.append(tuple(args[0].shape[-2:])) if m.training else None)
+    for seconds in (0.0, 29.0, 30.0):
+        t.state.seconds = seconds
+        t.train_step(first_batch(t))
+    assert sizes == [(16, 16), (16, 16), (32, 32)]
+    with pytest.raises(ConfigError, match="augment.low_size: 12 is not a multiple of the model's patch size 8"):
+        model_config(cfg(augment=dict(TINY_AUG, low_size=12, low_share=0.5)))
+    with pytest.raises(ConfigError, match="augment.low_size: 32 is not below the model's image size 32x32"):
+        model_config(cfg(augment=dict(TINY_AUG, low_size=32, low_share=0.5)))
 
 
 def test_preflight_checks_the_augmentation():

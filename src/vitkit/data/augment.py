@@ -63,6 +63,11 @@ class AugmentConfig:
     mix_prob: float = 1.0  # probability that a batch is mixed at all (when mixup or cutmix is on)
     label_smoothing: float = 0.0  # smoothing of the one-hot targets: 1 - eps + eps/K on the label, eps/K off it
     erase_prob: float = 0.0  # probability of random erasing per image (a box of 2%..33% of the area)
+    low_size: int = 0  # progressive resizing: train at this side (px, square; a multiple of the model's patch size,
+    #   below img_size) during the first low_share of the run's progress, then at img_size; 0 = off. The crop is
+    #   drawn as at img_size, then resized ('rrc': cropped to low_size directly); the model takes both sizes
+    low_share: float = 0.0  # the share of the run's progress (its steps, or with --max-minutes its time, as the
+    #   learning-rate schedule counts it) trained at low_size; 1 = all of it (scored at img_size all the same)
 
     def __post_init__(self):
         self.validate()
@@ -100,6 +105,16 @@ class AugmentConfig:
                 bad(name, f"expected >= 0 (0 = off), got {getattr(self, name)!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             bad("label_smoothing", f"expected 0 <= eps < 1, got {self.label_smoothing!r}")
+        if not isinstance(self.low_size, int) or isinstance(self.low_size, bool) or self.low_size < 0:
+            bad("low_size", f"expected an integer >= 0 (0 = off), got {self.low_size!r}")
+        if not 0.0 <= self.low_share <= 1.0:
+            bad("low_share", f"is a share of the run, expected 0..1, got {brief(self.low_share)}")
+        if self.low_size and not self.low_share:
+            bad("low_share", f"low_size={self.low_size} needs the share of the run it lasts (0 < low_share <= 1)")
+
+    def low_at(self, progress: float) -> bool:
+        """Whether a step at ``progress`` (0..1 of the run) trains at low_size."""
+        return bool(self.low_size) and (self.low_share >= 1.0 or progress < self.low_share)
 
     @property
     def mixing(self) -> bool:
@@ -499,27 +514,31 @@ class BatchAugment:
         return f"BatchAugment({self.cfg}, img_size={self.img_size}, num_classes={self.num_classes})"
 
     def __call__(self, images: torch.Tensor | list[torch.Tensor], labels: torch.Tensor, generator: torch.Generator,
-                 flips: torch.Tensor | None = None):
-        """``flips``: which images to flip (bool (B,)), in place of the random draw (flip_mode='alternate')."""
+                 flips: torch.Tensor | None = None, size: int | tuple[int, int] | None = None):
+        """``flips``: which images to flip (bool (B,)), in place of the random draw (flip_mode='alternate').
+        ``size``: the side (or (H, W)) of the images it returns, in place of img_size (progressive resizing: the
+        crop is drawn at img_size and resized, or with 'rrc' cropped to it directly)."""
         b, c, dev = check_batch(images, "BatchAugment")
         if labels.shape != (b,):
             raise ShapeError(f"BatchAugment: labels must have shape ({b},), got {tuple(labels.shape)}")
         if generator.device.type != dev.type:
             raise ShapeError(f"BatchAugment: the generator is on {generator.device} but the images on {dev}")
         cfg, g = self.cfg, generator
-        out = self.img_size
+        out = self.img_size if size is None else to_hw(size, "size", ShapeError)
 
         # 1. geometry: crop and flip
         flip = _rand(g, b, device=dev) < cfg.hflip  # drawn in either mode: the later draws stay the same
         if flips is not None:
             flip = flips.to(dev)
         if cfg.crop == "rrc":
-            x = self.random_resized_crop(images, flip, g)
+            x = self.random_resized_crop(images, flip, g, out)
         else:
-            x = fit_batch(images, out, 1.0, self.pre.interpolation)
+            x = fit_batch(images, self.img_size, 1.0, self.pre.interpolation)
             if cfg.crop == "pad":
                 x = pad_crop(x, cfg.pad, g)
             x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+            if out != self.img_size:
+                x = F.interpolate(x, size=out, mode="bilinear", antialias=True, align_corners=False)
 
         # 2. per-image colour/geometry ops
         if cfg.auto != "none":
@@ -548,16 +567,19 @@ class BatchAugment:
             x, y, self.last_info = mix_batch(x, y, cfg, g)
         return x, y
 
-    def random_resized_crop(self, images: torch.Tensor | list[torch.Tensor], flip: torch.Tensor, g) -> torch.Tensor:
-        """float (B, C, H, W): a random resized crop of each image (flipped where ``flip``), drawn from the
-        whole image: one box draw and one grid_sample for a batch of one size, one each for a list."""
+    def random_resized_crop(self, images: torch.Tensor | list[torch.Tensor], flip: torch.Tensor, g,
+                            out: tuple[int, int] | None = None) -> torch.Tensor:
+        """float (B, C, H, W): a random resized crop of each image (flipped where ``flip``) at ``out`` (else
+        img_size), drawn from the whole image: one box draw and one grid_sample for a batch of one size, one
+        each for a list."""
         cfg, dev = self.cfg, flip.device
+        out = self.img_size if out is None else out
         if isinstance(images, torch.Tensor):
             b, _, h, w = images.shape
             boxes = rrc_boxes(b, h, w, cfg.rrc_scale, cfg.rrc_ratio, g, dev)
-            return crop_resize(images.float(), boxes, self.img_size, flip)
+            return crop_resize(images.float(), boxes, out, flip)
         crops = [crop_resize(img[None].float(), rrc_boxes(1, *img.shape[-2:], cfg.rrc_scale, cfg.rrc_ratio, g, dev),
-                             self.img_size, flip[i : i + 1]) for i, img in enumerate(images)]
+                             out, flip[i : i + 1]) for i, img in enumerate(images)]
         return torch.cat(crops)
 
 

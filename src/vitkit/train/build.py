@@ -57,15 +57,29 @@ def model_config(cfg: RunConfig, init: tuple[VisionTransformer, dict] | None = N
             mcfg = mcfg.replace(**args)
         except ConfigError as e:
             raise ConfigError(f"model_args: {e}") from None
-        return mcfg.replace(img_size=cfg.img_size) if cfg.img_size else mcfg
+        return low_size_checked(cfg, mcfg.replace(img_size=cfg.img_size) if cfg.img_size else mcfg)
     get_config(cfg.model)  # an unknown name first, then its arguments
     if cfg.img_size:
         args["img_size"] = cfg.img_size
-    return get_config(cfg.model, **args)
+    return low_size_checked(cfg, get_config(cfg.model, **args))
 
 
 def _model_args(cfg: RunConfig) -> dict:
     return {k: v for k, v in cfg.model_args.items() if k != "num_classes"}
+
+
+def low_size_checked(cfg: RunConfig, mcfg: ViTConfig) -> ViTConfig:
+    """``mcfg``, taking any multiple of its patch size where the run trains part of the time at
+    augment.low_size (progressive resizing), which must be such a multiple and below the model's size."""
+    low = cfg.augment.low_size
+    if not low:
+        return mcfg
+    h, w = mcfg.img_size
+    if low % mcfg.patch_size:
+        raise ConfigError(f"augment.low_size: {low} is not a multiple of the model's patch size {mcfg.patch_size}")
+    if low >= min(h, w):
+        raise ConfigError(f"augment.low_size: {low} is not below the model's image size {h}x{w}")
+    return mcfg if mcfg.dynamic_img_size else mcfg.replace(dynamic_img_size=True)
 
 
 def init_format(cfg: RunConfig) -> str:

@@ -74,6 +74,8 @@ def run_key(cfg: RunConfig, img_size: tuple[int, int], threads: int) -> str:
              "processes": cfg.processes, "threads": threads, "precision": cfg.precision,
              "channels_last": cfg.channels_last, "optim": [cfg.optim.name, cfg.optim.muon_convs],
              "ema": cfg.ema is not None, "augment": cfg.augment.crop, "accum": cfg.accum_steps}
+    if cfg.augment.low_size:  # progressive resizing: a part of the time at another size
+        parts["low"] = [cfg.augment.low_size, cfg.augment.low_share]
     return json.dumps(parts, sort_keys=True, default=str)
 
 
@@ -95,11 +97,28 @@ def measure_speed(cfg: RunConfig, mcfg, device: torch.device, threads: int, cach
         return Speed(float(known["images_per_s"]), 0.0, True)
     quiet = machine_quiet()
     start = time.perf_counter()
-    one = process_speed(cfg, mcfg, device, threads, num_classes)
+    if cfg.augment.low_size:  # the steps at each size, timed apart
+        one = progressive_speed(cfg.augment.low_share,
+                                process_speed(low_sized(cfg, 0.0), mcfg, device, threads, num_classes),
+                                process_speed(low_sized(cfg, 1.0), mcfg, device, threads, num_classes))
+    else:
+        one = process_speed(cfg, mcfg, device, threads, num_classes)
     speed = Speed(one * max(cfg.processes, 1), time.perf_counter() - start, False)
     if cache is not None and (quiet or device.type != "cpu"):
         store_speed(cache, key, speed.images_per_s)  # a busy CPU's figure serves this run only
     return speed
+
+
+def low_sized(cfg: RunConfig, share: float) -> RunConfig:
+    """``cfg`` training ``share`` of its steps at augment.low_size (0: none, at its own size; 1: all)."""
+    low = {"low_size": cfg.augment.low_size if share else 0, "low_share": share}
+    return RunConfig.from_dict({**cfg.to_dict(), "augment": {**cfg.augment.to_dict(), **low}})
+
+
+def progressive_speed(share: float, full: float, low: float) -> float:
+    """The images per second of a run the clock bounds that trains the first ``share`` of its time at ``low``
+    images per second and the rest at ``full``: the mean of the two, weighted by the time at each."""
+    return share * low + (1.0 - share) * full
 
 
 def machine_quiet() -> bool:

@@ -467,7 +467,9 @@ class Trainer:
         self.lr = self.schedule.apply(self.optimizer, st.step, share=self.share)
         self.generator.manual_seed(aug_seed(cfg.seed, st.step, self.dist.rank))
         images, labels = move_batch(batch[0], self.device), batch[1].to(self.device, non_blocking=True)
-        x, targets = self.augment(images, labels, self.generator, self.batch_flips())
+        low = cfg.augment.low_at(self.schedule.progress(st.step, share=self.share))
+        x, targets = self.augment(images, labels, self.generator, self.batch_flips(),
+                                  cfg.augment.low_size if low else None)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         parts = micro_batches(x, targets, cfg.accum_steps)
