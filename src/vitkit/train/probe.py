@@ -103,8 +103,9 @@ class ProbeTrainer(Trainer):
     def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.head(self.model.head_drop(x))
 
-    def _targets(self, x: torch.Tensor, labels: torch.Tensor, generator, flips):
-        """A batch's features as they are, and its targets: smoothed as augment.label_smoothing says."""
+    def _targets(self, x: torch.Tensor, labels: torch.Tensor, generator, flips, size=None):
+        """A batch's features as they are (computed once, at the model's size: ``size`` does not apply), and its
+        targets: smoothed as augment.label_smoothing says."""
         smoothing = self.cfg.augment.label_smoothing
         return x, one_hot(labels, self.model.head.out_features, smoothing) if smoothing else labels
 
