@@ -209,6 +209,7 @@ def run_vitkit(args, weights: str | None = None) -> dict:
             "img_size": config.get("img_size"), "tune": config.get("tune") if weights else None,
             "machine": summary.get("machine"), "data_seconds": summary.get("data_seconds"),
             "data_cache": summary.get("data_cache"), "total_seconds": summary.get("total_seconds"),
+            "end_seconds": summary.get("end_seconds"), "end_estimate_seconds": summary.get("end_estimate_seconds"),
             "first_line": summary.get("first_line"), "recipe": config, "command": shlex.join(cmd[1:])}
 
 

@@ -26,6 +26,9 @@ from collections import deque
 # falls up to a step late, and estimates err), half of the 10%.
 
 FORWARD_SHARE = 1 / 3  # an image's forward pass against its training step (forward + backward: about 3 forwards)
+FORWARD_TIMINGS = 5  # evaluation batches timed (after a warm-up) for the end's estimate, the fastest kept: one batch
+#   timed alone may catch the machine busy, and an estimate too high is training time lost (a run's summary
+#   gives the end's estimate and its seconds: end_estimate_seconds, end_seconds)
 SAVE_BYTES_PER_S = 100e6  # a checkpoint write not timed yet: a slow disk's rate, fsync included
 PLOT_SECONDS = 2.0  # drawing the plots, not timed yet (matplotlib's import included)
 RECENT_STEPS = 16  # the steps whose median time is a step's
@@ -113,5 +116,5 @@ class RunBudget:
         return max(self.seconds - self.outside - reserve, 1e-3)
 
 
-__all__ = ["RunBudget", "eval_views", "fewer_views", "views_words", "FORWARD_SHARE", "SAVE_BYTES_PER_S",
+__all__ = ["RunBudget", "eval_views", "fewer_views", "views_words", "FORWARD_SHARE", "FORWARD_TIMINGS", "SAVE_BYTES_PER_S",
            "PLOT_SECONDS", "RECENT_STEPS", "END_MARGIN", "END_TOLERANCE"]
