@@ -153,7 +153,7 @@ def step_losses(run: str | os.PathLike) -> list[float]:
 # the fields of metrics.jsonl records that time the run (or name its directory, or say whether the
 # decoded-image cache served its data): all that may differ between a run and its replay
 TIMING_FIELDS = frozenset({"seconds", "img_per_s", "train_seconds", "total_seconds", "cpu_seconds", "run_dir",
-                           "data_seconds", "data_cache"})
+                           "data_seconds", "data_cache", "end_seconds", "end_estimate_seconds"})
 
 
 def timeless_records(run: str | os.PathLike) -> list[dict]:
