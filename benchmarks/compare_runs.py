@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 TIMINGS = {"seconds", "train_seconds", "total_seconds", "cpu_seconds", "data_seconds", "img_per_s", "run_dir",
-           "data_cache", "machine"}
+           "data_cache", "machine", "end_seconds", "end_estimate_seconds"}
 
 
 def records(run: Path) -> list[dict]:
