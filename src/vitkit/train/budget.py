@@ -116,5 +116,5 @@ class RunBudget:
         return max(self.seconds - self.outside - reserve, 1e-3)
 
 
-__all__ = ["RunBudget", "eval_views", "fewer_views", "views_words", "FORWARD_SHARE", "FORWARD_TIMINGS", "SAVE_BYTES_PER_S",
-           "PLOT_SECONDS", "RECENT_STEPS", "END_MARGIN", "END_TOLERANCE"]
+__all__ = ["RunBudget", "eval_views", "fewer_views", "views_words", "FORWARD_SHARE", "FORWARD_TIMINGS",
+           "SAVE_BYTES_PER_S", "PLOT_SECONDS", "RECENT_STEPS", "END_MARGIN", "END_TOLERANCE"]
