@@ -405,10 +405,20 @@ def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
     best = max((c for c in on_cpu if c.predict(e) is not None), key=lambda c: c.predict(e))
     assert best.name.startswith("short")  # the long model was not measured at so few epochs
     assert r.base == merge(dict(copy.deepcopy(SMALL_DATA), max_minutes=5, epochs=CLOCK_EPOCHS, processes=2),
-                           copy.deepcopy(best.overrides))
+                           {**copy.deepcopy(best.overrides), "expected_epochs": round(e, 3)})
     assert (f"measured on this CPU (AVX2), epochs of 45,000 images: {SMALL_DATA_CANDIDATES[0].name} 500 img/s -> "
             f"{e:.1f} epochs (table: ") in r.line and f"{e:.1f}" == "3.1"
     assert f"; chose {best.name}: {best.what}; 2 processes on the CPU" in r.line
+    # where the last runs of 2 processes here reached 0.8 of the epochs they expected, every candidate counts 0.8
+    # of its own; the run records its epochs before that share, which its end compares with what it reached
+    asked = []
+    speed, _ = rates(d2=500.0)
+    r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed, where="this CPU (AVX2)",
+                      share=lambda processes: asked.append(processes) or (0.8, 3))
+    assert asked == [2] and r.base["expected_epochs"] == round(e, 3)
+    assert (f"measured on this CPU (AVX2), epochs of 45,000 images at 0.80x, the median share of their expected "
+            f"epochs that the last 3 runs here reached: {SMALL_DATA_CANDIDATES[0].name} 500 img/s -> {0.8 * e:.1f} "
+            "epochs") in r.line
     speed, _ = rates(d2=5_000.0)  # a fast machine: 30 epochs in 5 minutes
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed)
     assert r.base["model_args"] == SMALL_DATA["model_args"] and r.base["ema"] == SMALL_DATA["ema"]

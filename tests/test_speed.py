@@ -247,3 +247,61 @@ def test_a_progressive_run_is_timed_at_each_size_and_weighted_by_its_share_of_th
     plain, pmcfg = tiny(batch_size=8, processes=2, augment={"crop": "pad", "pad": 2})
     assert measure_speed(plain, pmcfg, torch.device("cpu"), threads=1, cache_dir=tmp_path).images_per_s == 200.0
     assert len(read_speeds(tmp_path / SPEED_FILE)) == 3
+
+
+def test_the_share_of_their_expected_epochs_that_runs_reached_is_kept_by_machine_and_processes(tmp_path):
+    """A finished run bounded by the clock keeps reached / expected epochs (the last RUN_SHARES of each machine and
+    process count); later runs scale their count by the median. A share out of range, a cache folder that cannot be
+    read or written: no record, no error."""
+    import vitkit.train.speed as speed
+
+    cpu = torch.device("cpu")
+    assert speed.reached_share(tmp_path, cpu, 2) is None and speed.reached_share(None, cpu, 2) is None
+    for reached in (3.0, 2.4, 3.3):
+        speed.record_reached(tmp_path, cpu, 2, expected=4.0, reached=reached)
+    assert speed.reached_share(tmp_path, cpu, 2) == (0.75, 3)  # the median of 0.75, 0.6, 0.825
+    assert speed.reached_share(tmp_path, cpu, 1) is None  # another layout: its own
+    speed.record_reached(tmp_path, cpu, 2, expected=100.0, reached=3.0)  # stopped short (or a Ctrl-C): not kept
+    speed.record_reached(tmp_path, cpu, 2, expected=1.0, reached=5.0)  # given more time: not kept
+    assert speed.reached_share(tmp_path, cpu, 2) == (0.75, 3)
+    for _ in range(speed.RUN_SHARES):
+        speed.record_reached(tmp_path, cpu, 2, expected=2.0, reached=1.8)
+    assert speed.reached_share(tmp_path, cpu, 2) == (0.9, speed.RUN_SHARES)  # the recent ones only
+    (tmp_path / speed.RUNS_FILE).write_text("[not, json")
+    assert speed.reached_share(tmp_path, cpu, 2) is None
+    (tmp_path / "file").write_text("x")
+    speed.record_reached(tmp_path / "file", cpu, 2, expected=2.0, reached=1.8)  # no error
+
+
+def test_a_run_the_clock_ends_records_the_share_it_reached_and_the_next_run_counts_with_it(tmp_path, capsys,
+                                                                                          monkeypatch):
+    import vitkit.train.loop as loop
+    import vitkit.train.speed as speed
+
+    recorded = []
+    real = loop.record_reached
+    monkeypatch.setattr(loop, "record_reached", lambda *a: recorded.append(a) or real(*a))
+    cache = tmp_path / "cache"
+    data = image_folder(tmp_path / "data", n=8, test=2)
+    argv = ["train", "--data", str(data), "--max-minutes", "0.05", "--nproc", "1", "--threads", "1", "--device",
+            "cpu", "--batch-size", "8", "--set", "plots=false", "--cache-dir", str(cache)]
+    assert main([*argv, "--out", str(tmp_path / "d")]) == 0
+    saved = json.loads((tmp_path / "d" / "config.json").read_text())
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    ((where, device, processes, expected, reached),) = recorded
+    assert (where, device.type, processes) == (str(cache), "cpu", 1)
+    assert expected == saved["expected_epochs"] > 0 and reached == summary["epochs"]
+    capsys.readouterr()
+    # the next run's line counts the recent share, as the cache holds it
+    speed.record_reached(cache, torch.device("cpu"), 1, expected=2.0, reached=1.5)
+    speed.record_reached(cache, torch.device("cpu"), 1, expected=2.0, reached=1.5)
+    share, runs = speed.reached_share(cache, torch.device("cpu"), 1)
+    assert main([*argv, "--out", str(tmp_path / "e")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f" at {share:.2f}x, the median share of their expected epochs that the last {runs} runs here reached: " in first
+    assert len(recorded) == 2
+    assert main([*argv, "--epochs", "1", "--out", str(tmp_path / "f")]) == 0
+    # a run its epochs end, or a replay (bound by no clock), records nothing
+    assert len(recorded) == 2
+    assert main(["train", "--config", str(tmp_path / "d"), "--out", str(tmp_path / "again"), "--quiet"]) == 0
+    assert len(recorded) == 2

@@ -187,6 +187,10 @@ class RunConfig:
     replay: str | None = None  # a run directory whose recorded steps this run takes: its number of steps and
     #   each step's place in the schedule, in place of the clock (train/replay.py); `--config RUN` sets it
     #   where RUN was bounded by the clock and the request leaves its bound as it was
+    expected_epochs: float | None = None  # the epochs a run bounded by the clock expected to reach, as its first
+    #   line counted them from the measured speed (before the share of them that earlier runs here reached is
+    #   applied); set when the run is resolved, and at its end the share it reached is kept in the cache folder
+    #   for later runs' counts (train/speed.py, RUNS_FILE). None: nothing measured
     # --- bookkeeping ---------------------------------------------------------------------------------
     eval_every: int = 0  # evaluate on the validation split every N epochs (0 = only at the end)
     ckpt_every: int = 0  # also save last/ every N optimizer steps (0 = at the end of each epoch only)
@@ -231,6 +235,8 @@ class RunConfig:
         if self.strategy == "fsdp" and self.channels_last:
             raise ConfigError("channels_last: 'fsdp' shards contiguous parameters only (torch's fully_shard refuses "
                               "channels-last ones); use channels_last = false or null, or strategy ddp")
+        if self.expected_epochs is not None and not self.expected_epochs >= 0:
+            raise ConfigError(f"expected_epochs: must be >= 0, got {self.expected_epochs!r}")
         if self.max_minutes is not None and self.max_minutes < 0:
             raise ConfigError(f"max_minutes: must be >= 0 (0 = no limit), got {self.max_minutes!r}")
         if self.ema is not None and not 0 < self.ema < 1:

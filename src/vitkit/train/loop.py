@@ -33,7 +33,7 @@ from .config import RunConfig
 from .distributed import DistInfo, all_gather_object, barrier, broadcast_object, process_group
 from .metrics import check_loggers
 from .replay import Plan, read_plan
-from .speed import machine_key
+from .speed import machine_key, record_reached
 from .trainer import Trainer, main_log
 
 
@@ -133,6 +133,9 @@ def _run(cfg: RunConfig, run_dir: Path, dist: DistInfo, device: torch.device, re
             summary["total_seconds"] = round(trainer.wall_seconds(), 2)  # every segment, as train_seconds
             summary["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # this process, all threads
             trainer.write_summary(summary)
+            if dist.is_main and cfg.expected_epochs and cfg.max_minutes and not (resume or cfg.replay) \
+                    and summary["epochs"] < cfg.epochs:  # the clock ended it: the share it reached, for later runs
+                record_reached(cache_dir, device, cfg.processes, cfg.expected_epochs, summary["epochs"])
     return summary
 
 

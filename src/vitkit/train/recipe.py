@@ -42,6 +42,7 @@ from ..data.datasets import DataFacts, probe_data
 from ..data.splits import HELD_OUT
 from .budget import FORWARD_SHARE, PLOT_SECONDS, eval_views
 from .config import merge
+from .speed import share_words
 
 SMALL_SIDE = 64  # images whose longer side is at most this many pixels are "small" (rules 1 and 2)
 SMALL_IMAGES = 100_000  # ... and a colour set of at most this many training images takes 'small-data'
@@ -194,6 +195,12 @@ class WorkChoice:
     images_per_s: dict[str, float | None]
     images: int
     bound: dict[str, str] = field(default_factory=dict)  # an unmeasured candidate -> the faster one bounding it
+    share: tuple[float, int] | None = None  # (the share of their expected epochs recent runs here reached, runs)
+
+    @property
+    def expected(self) -> float:
+        """The chosen candidate's epochs as the measured speed alone counts them (before ``share``)."""
+        return self.epochs[self.candidate.name] / (self.share[0] if self.share else 1.0)
 
     def line(self, where: str) -> str:
         """What the run's first line says of the choice: the measured speeds, the epochs, the choice."""
@@ -206,7 +213,8 @@ class WorkChoice:
                 continue
             parts.append(f"{name} {rate:,.0f} img/s -> {e:.1f} epochs"
                          + (f" (table: {p:.1f}%)" if p is not None else " (table: none so few)"))
-        return (f"measured on {where}, epochs of {self.images:,} images: {'; '.join(parts)}; chose "
+        scaled = f" {share_words(self.share)}" if self.share else ""
+        return (f"measured on {where}, epochs of {self.images:,} images{scaled}: {'; '.join(parts)}; chose "
                 f"{self.candidate.name}: {self.candidate.what}")
 
 
@@ -225,7 +233,8 @@ def end_seconds(cfg: dict, images_per_s: float, scored: int) -> float:
 
 def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float, images: int,
                    speed: Callable[[dict], float], scored: int = 0,
-                   clock: Callable[[], float] = time.perf_counter, end: dict | None = None) -> WorkChoice:
+                   clock: Callable[[], float] = time.perf_counter, end: dict | None = None,
+                   share: tuple[float, int] | None = None) -> WorkChoice:
     """The candidate that ``seconds`` of a budget buys the best accuracy with, training on ``images`` images
     an epoch and scoring ``scored`` at the end: each candidate's speed (``speed(config)``: images per second
     of ``base`` with its overrides) turned into the epochs that the budget leaves it once measuring (timed
@@ -233,13 +242,17 @@ def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float
     points predict. Where no candidate was measured at so few epochs, the one measured at the fewest. ``end``:
     the run's own values of what the end costs (END_KEYS: --no-tta, --tta-shift, plots), over each candidate's.
     A candidate ``slower_than`` one measured before it is not measured where even that one's speed would not
-    reach its table's fewest epochs: it could not be chosen, and measuring it would spend the budget."""
+    reach its table's fewest epochs: it could not be chosen, and measuring it would spend the budget. ``share``:
+    (the share of their expected epochs that recent runs on this machine reached, how many runs;
+    ``speed.reached_share``), which scales every candidate's epochs alike."""
     start = clock()
     configs = {c.name: merge(copy.deepcopy(base), copy.deepcopy(c.overrides)) for c in candidates}
     own = {k: v for k, v in (end or {}).items() if k in END_KEYS}
 
+    scale = share[0] if share else 1.0
+
     def reach(name: str, rate: float, left: float) -> float:
-        return rate * max(left - end_seconds({**configs[name], **own}, rate, scored), 0.0) / max(images, 1)
+        return scale * rate * max(left - end_seconds({**configs[name], **own}, rate, scored), 0.0) / max(images, 1)
 
     rates: dict[str, float | None] = {}
     bound: dict[str, str] = {}
@@ -259,7 +272,7 @@ def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float
         best = max(ranked, key=lambda c: predicted[c.name])
     else:
         best = min(candidates, key=lambda c: min(e for e, _, _ in c.points))
-    return WorkChoice(best, epochs, predicted, rates, images, bound)
+    return WorkChoice(best, epochs, predicted, rates, images, bound, share)
 
 
 def work_images(facts: DataFacts) -> tuple[int, int]:
@@ -369,7 +382,8 @@ class Recipe:
 def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: int | None = None,
                   cpus: int | None = None, processes: int | None = None, model: str | None = None,
                   cpu_bf16: str | None = None, speed: Callable[[dict], float] | None = None,
-                  where: str = "this machine", end: dict | None = None) -> Recipe:
+                  where: str = "this machine", end: dict | None = None,
+                  share: Callable[[int], tuple[float, int] | None] | None = None) -> Recipe:
     """The recipe for data described by ``facts`` (the rules in the module docstring). ``max_minutes`` and
     ``epochs``: the run's own budget, if given (None: not given; they win over the recipe's). ``cpus``: the
     CPUs a run on the CPU may use (None: the run trains on a GPU), for the processes (CPU_PROCESSES).
@@ -381,7 +395,10 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
     trains in bf16 (AMX_PRECISION). ``speed``: images per second of a run of a config (a dict), measured on
     the run's device (``where`` names it): a run bounded by the clock then trains the recipe's candidate that
     its budget in epochs buys the best accuracy with (``choose_by_work``, told the run's own ``end`` values);
-    None: by the minutes alone (at most SHORT_MINUTES: SHORT_RUN; the photos: PHOTO_SIZES)."""
+    None: by the minutes alone (at most SHORT_MINUTES: SHORT_RUN; the photos: PHOTO_SIZES). ``share``: the run's
+    processes -> the share of their expected epochs that recent runs of as many processes here reached, and how
+    many runs (``speed.reached_share``; None: none recorded), which scales every candidate's epochs alike; the
+    recipe records the chosen candidate's epochs before it (``expected_epochs``)."""
     small = max(facts.size) <= SMALL_SIDE
     if small and facts.channels == 1:
         base: dict = {}
@@ -389,9 +406,9 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
         return Recipe("digits", f"{facts.describe()}: grey images of at most {SMALL_SIDE} px take the demo's "
                       f"digits model (the defaults){clock}", base)
     if small and facts.images <= SMALL_IMAGES:
-        return _small_data(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where, end)
+        return _small_data(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where, end, share)
     if not small:
-        return _photos(facts, max_minutes, epochs, cpus, processes, model, speed, where, end)
+        return _photos(facts, max_minutes, epochs, cpus, processes, model, speed, where, end, share)
     base = {"model_args": {"in_chans": facts.channels}}  # the data's channels, not the demo model's
     clock = f"; {_clock(base, max_minutes, epochs, 0)}" if max_minutes else ""
     return Recipe("default", f"{facts.describe()}: more than {SMALL_IMAGES:,} images, for which no recipe is "
@@ -400,7 +417,7 @@ def choose_recipe(facts: DataFacts, max_minutes: float | None = None, epochs: in
 
 
 def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where,
-                end=None) -> Recipe:
+                end=None, share=None) -> Recipe:
     """The 'small-data' recipe for ``facts`` (``choose_recipe``'s arguments)."""
     base = copy.deepcopy(SMALL_DATA)
     clock = _clock(base, max_minutes, epochs, SMALL_DATA_MINUTES)
@@ -412,8 +429,9 @@ def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, c
     if minutes and speed is not None and model in (None, base["model"]):
         candidates = tuple(c for c in SMALL_DATA_CANDIDATES if c.fits(cpus is not None, facts.images))
         images, scored = work_images(facts)
-        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored, end=end)
-        base = merge(base, copy.deepcopy(choice.candidate.overrides))
+        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored, end=end,
+                                share=_share(share, base))
+        base = merge(base, {**copy.deepcopy(choice.candidate.overrides), "expected_epochs": round(choice.expected, 3)})
         clock += f"; {choice.line(where)}"
     elif 0 < minutes <= SHORT_MINUTES:
         base = merge(base, copy.deepcopy(SHORT_RUN))
@@ -422,6 +440,11 @@ def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, c
         clock += _named_model(base, model)
     return Recipe("small-data", f"{facts.describe()}: CIFAR-size data (at most {SMALL_SIDE} px, "
                   f"{SMALL_IMAGES:,} images), trained at 32 px; {clock}{procs}", base)
+
+
+def _share(share, base: dict) -> tuple[float, int] | None:
+    """The reached share (``choose_recipe``'s ``share``) for the processes ``base`` trains as."""
+    return share(int(base.get("processes", 1))) if share is not None else None
 
 
 def _processes(base: dict, cpus: int | None, processes: int | None) -> str:
@@ -437,7 +460,7 @@ def _processes(base: dict, cpus: int | None, processes: int | None) -> str:
 
 def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpus: int | None,
             processes: int | None, model: str | None, speed=None, where: str = "this machine",
-            end: dict | None = None) -> Recipe:
+            end: dict | None = None, share=None) -> Recipe:
     """The 'photos' recipe for ``facts``: PHOTOS at the resolution and depth its budget buys the best accuracy
     with (``choose_by_work`` over PHOTO_CANDIDATES), or without a speed, PHOTO_SIZES' by the minutes."""
     base = copy.deepcopy(PHOTOS)
@@ -448,8 +471,9 @@ def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpu
     if minutes and speed is not None and model in (None, base["model"]):
         candidates = tuple(c for c in PHOTO_CANDIDATES if c.fits(cpus is not None, facts.images))
         images, scored = work_images(facts)
-        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored, end=end)
-        base = merge(base, copy.deepcopy(choice.candidate.overrides))
+        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored, end=end,
+                                share=_share(share, base))
+        base = merge(base, {**copy.deepcopy(choice.candidate.overrides), "expected_epochs": round(choice.expected, 3)})
         clock += f"; {choice.line(where)}"
     else:
         size, depth = next((s, d) for limit, s, d in PHOTO_SIZES if 0 < minutes <= limit or limit == float("inf"))
@@ -521,7 +545,8 @@ def _clock(base: dict, max_minutes: float | None, epochs: int | None, default_mi
 def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: float | None = None,
                epochs: int | None = None, cpus: int | None = None, processes: int | None = None,
                model: str | None = None, cpu_bf16: str | None = None, speed: Callable[[dict], float] | None = None,
-               where: str = "this machine", batch_size: int | None = None, end: dict | None = None) -> Recipe:
+               where: str = "this machine", batch_size: int | None = None, end: dict | None = None,
+               share: Callable[[int], tuple[float, int] | None] | None = None) -> Recipe:
     """The recipe for the data at ``path``: ``probe_data`` then ``choose_recipe``. Data that cannot be
     inspected gets 'default', and the run that opens it says what is wrong in its own words. A given
     ``batch_size`` larger than all the images measures no speed (a measurement holds one such batch in
@@ -532,7 +557,7 @@ def recipe_for(path: str | os.PathLike, fmt: str | None = None, max_minutes: flo
         return Recipe("default", f"the data could not be inspected ({e}); the defaults")
     if batch_size is not None and batch_size > facts.images:
         speed = None
-    return choose_recipe(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where, end)
+    return choose_recipe(facts, max_minutes, epochs, cpus, processes, model, cpu_bf16, speed, where, end, share)
 
 
 __all__ = ["DataFacts", "Recipe", "choose_recipe", "probe_data", "recipe_for", "SMALL_DATA", "PHOTOS", "PHOTO_SIZES",

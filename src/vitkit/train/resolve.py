@@ -97,6 +97,8 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
     weights = given.get("init_from")  # --pretrained, --initial-checkpoint: a fine-tune too
     base, notes, saved, measuring = _base(req, flags, elsewhere, weights)
     cfg = resolve_config(req.config, flags, req.overrides, base=base)
+    if req.config and not req.resume:
+        cfg.expected_epochs = None  # the config's run's: this run counts its own, where it measures
     if req.config and not req.resume and (line := settle_replay(cfg, req.config, given)):
         notes.append(line)  # a run bounded by the clock, replayed step by step (train/replay.py)
     if measuring and cfg.max_minutes:  # seconds spent measuring (0: the cache had the speeds)
@@ -208,15 +210,20 @@ def say_speed(cfg: RunConfig, mcfg: ViTConfig, notes: list[str], cache_dir: str 
     ``cfg`` and ``notes``): in the time it leaves once measuring and the end's scoring of ``scored`` images
     (``recipe.end_seconds``) are taken out, as a recipe counts its candidates'. The images a second measured."""
     from .recipe import end_seconds
-    from .speed import measure_speed
+    from .speed import measure_speed, reached_share, share_words
 
-    speed = measure_speed(cfg, mcfg, resolve_device(cfg.device), cfg.threads, cache_dir)
+    device = resolve_device(cfg.device)
+    speed = measure_speed(cfg, mcfg, device, cfg.threads, cache_dir)
     left = cfg.max_minutes * 60 - speed.seconds - end_seconds(cfg.to_dict(), speed.images_per_s, scored)
-    epochs = speed.images_per_s * max(left, 0.0) / (images or 1)
+    expected = speed.images_per_s * max(left, 0.0) / (images or 1)
+    share = reached_share(cache_dir, device, cfg.processes)
+    epochs = expected * (share[0] if share else 1.0)
+    cfg.expected_epochs = round(expected, 3)
     whole = " training the whole model" if cfg.init_from else ""
+    scaled = f" {share_words(share)}" if share else ""
     line = (f"measured on {device_words(cfg.device)}: {speed.images_per_s:,.0f} img/s{whole} -> {epochs:.1f} epochs "
-            f"in {cfg.max_minutes:g} min" + (f" (the run's {cfg.epochs} epochs end it sooner)" if epochs > cfg.epochs
-                                             else ""))
+            f"in {cfg.max_minutes:g} min{scaled}" + (f" (the run's {cfg.epochs} epochs end it sooner)"
+                                                     if epochs > cfg.epochs else ""))
     if notes and notes[0].startswith("recipe "):
         notes[0] += f"; {line}"
     else:
@@ -436,7 +443,7 @@ def data_recipe(data: str, data_format: str | None, flags: dict, overrides: list
                         model=model if isinstance(model, str) else None,
                         cpu_bf16=cpu_bf16_kind() if cpus is not None else None, speed=speed,
                         where=device_words(given.get("device")), batch_size=_whole(given.get("batch_size")),
-                        end=given)
+                        end=given, share=lambda processes: run_share(cache_dir, given.get("device"), processes))
     name = given.get("optim.name")
     if name is not None and name != "muon" and "optim.muon_convs" not in given:  # another optimizer than the
         recipe.base.get("optim", {}).pop("muon_convs", None)  # recipe's Muon: none of Muon's own settings
@@ -469,6 +476,18 @@ def recipe_speed(flags: dict, overrides: list[str], cache_dir: str | None, spent
         return seen[key]
 
     return speed
+
+
+def run_share(cache_dir: str | None, device, processes: int) -> tuple[float, int] | None:
+    """The share of their expected epochs that recent runs of ``processes`` processes reached on the run's
+    device (``train.speed.reached_share``); None where none is recorded or the device is not there."""
+    from .speed import reached_share
+
+    try:
+        dev = resolve_device(device or "auto")
+    except ConfigError:
+        return None
+    return reached_share(cache_dir, dev, processes)
 
 
 def device_words(device) -> str:

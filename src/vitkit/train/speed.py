@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import stat
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,6 +35,15 @@ SPEED_FILE = "speed.json"  # in the cache folder: machine and run -> images per 
 WARMUP_STEPS = 2  # steps before the clock starts: the first allocations, the optimizer's state
 MIN_STEPS, MAX_STEPS, MIN_SECONDS = 3, 20, 1.0  # timed steps: at least MIN_STEPS, until MIN_SECONDS have passed
 MAX_ENTRIES = 200  # measurements the cache file keeps (the newest)
+# The epochs a run expects from its measured speed are more than it reaches: its processes share the machine and
+# wait on each other (the measurement times one alone), and loading the data and starting the processes take
+# time the count leaves out (on a 2-core AVX2 CPU mostly 0.8-0.9 of the expected epochs, 0.71-1.07 in all: the runs
+# of docs/experiments.md, "On a 2-core AVX2-only Zen 3"). A finished run bounded by
+# the clock keeps the share it reached; later runs of as many processes on the machine scale their count by the
+# median of the recent ones (train/resolve.py), for every candidate alike.
+RUNS_FILE = "runs.json"  # in the cache folder: machine and processes -> the shares of their expected epochs reached
+RUN_SHARES = 5  # the recent shares kept for each
+MIN_SHARE, MAX_SHARE = 0.25, 2.0  # a share outside these is a run stopped short or given more time: not kept
 
 
 @dataclass(frozen=True)
@@ -223,4 +233,63 @@ def store_speed(file: Path, key: str, images_per_s: float) -> None:
         pass
 
 
-__all__ = ["Speed", "measure_speed", "machine_key", "run_key", "speed_key", "read_speeds", "store_speed", "SPEED_FILE"]
+def layout_key(device: torch.device, processes: int) -> str:
+    """What a reached share is a share of: the machine (``machine_key``) and the run's processes on it."""
+    return f"{machine_key(device)} | {max(processes, 1)} process(es)"
+
+
+def reached_share(cache_dir: str | os.PathLike | None, device: torch.device, processes: int) -> tuple[float, int] | None:
+    """(the median share of their expected epochs that the last runs here reached, how many runs): what a run of
+    ``processes`` processes on ``device`` scales its expected epochs by; None where no run has recorded one."""
+    if cache_dir is None:
+        return None
+    shares = _read_runs(Path(cache_dir) / RUNS_FILE).get(layout_key(device, processes), [])
+    return (statistics.median(shares), len(shares)) if shares else None
+
+
+def record_reached(cache_dir: str | os.PathLike | None, device: torch.device, processes: int, expected: float,
+                   reached: float) -> None:
+    """Keep the share of ``expected`` epochs that a finished run reached (the last RUN_SHARES of each machine and
+    processes, written atomically; one outside MIN_SHARE..MAX_SHARE, a run stopped by something else, is not kept).
+    A cache folder that cannot be written is no error."""
+    if cache_dir is None or not _positive(expected) or not _positive(reached):
+        return
+    share = reached / expected
+    if not MIN_SHARE <= share <= MAX_SHARE:
+        return
+    file = Path(cache_dir) / RUNS_FILE
+    runs = _read_runs(file)
+    key = layout_key(device, processes)
+    runs[key] = (runs.get(key, []) + [round(share, 4)])[-RUN_SHARES:]
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(file, json.dumps(runs, indent=1, sort_keys=True))
+    except (OSError, VitkitError):
+        pass
+
+
+def share_words(share: tuple[float, int]) -> str:
+    """How a line says that it counts epochs at ``share`` ((the share, how many runs), ``reached_share``)."""
+    value, runs = share
+    if runs == 1:
+        return f"at {value:.2f}x, the share of its expected epochs that the last run here reached"
+    return f"at {value:.2f}x, the median share of their expected epochs that the last {runs} runs here reached"
+
+
+def _read_runs(file: Path) -> dict[str, list[float]]:
+    """``RUNS_FILE``'s shares (layout -> the recent ones); {} where it is missing or not such a JSON object, and
+    a layout's entry left out where it is not a list of shares in range."""
+    try:
+        if not stat.S_ISREG(os.stat(file).st_mode):
+            return {}
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v[-RUN_SHARES:] for k, v in data.items()
+            if isinstance(v, list) and v and all(_positive(x) and MIN_SHARE <= x <= MAX_SHARE for x in v)}
+
+
+__all__ = ["Speed", "measure_speed", "machine_key", "run_key", "speed_key", "read_speeds", "store_speed", "SPEED_FILE",
+           "RUNS_FILE", "layout_key", "reached_share", "record_reached", "share_words"]
