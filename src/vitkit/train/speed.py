@@ -205,15 +205,19 @@ def random_set(n: int, classes: list[str], channels: int, size: tuple[int, int])
 def read_speeds(file: Path) -> dict:
     """The measurements in ``file`` (key -> {"images_per_s", "when"}); {} where it is missing, not a regular
     file or not such a JSON object (it is then measured again and rewritten)."""
+    data = _json_object(file)
+    return {k: v for k, v in data.items() if isinstance(v, dict) and _positive(v.get("images_per_s"))}
+
+
+def _json_object(file: Path) -> dict:
+    """The JSON object in the cache file ``file``; {} where it is missing, not a regular file or not an object."""
     try:
         if not stat.S_ISREG(os.stat(file).st_mode):
             return {}
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, dict) and _positive(v.get("images_per_s"))}
+    return data if isinstance(data, dict) else {}
 
 
 def _positive(x) -> bool:
@@ -279,15 +283,7 @@ def share_words(share: tuple[float, int]) -> str:
 def _read_runs(file: Path) -> dict[str, list[float]]:
     """``RUNS_FILE``'s shares (layout -> the recent ones); {} where it is missing or not such a JSON object, and
     a layout's entry left out where it is not a list of shares in range."""
-    try:
-        if not stat.S_ISREG(os.stat(file).st_mode):
-            return {}
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {k: v[-RUN_SHARES:] for k, v in data.items()
+    return {k: v[-RUN_SHARES:] for k, v in _json_object(file).items()
             if isinstance(v, list) and v and all(_positive(x) and MIN_SHARE <= x <= MAX_SHARE for x in v)}
 
 
