@@ -88,6 +88,12 @@ def test_a_small_model_fine_tuned_within_a_budget_on_the_cpu_trains_as_two_proce
     assert any("2 processes on the CPU" in line for line in run.notes)
     told = resolve_run(RunRequest(data=data, weights=str(ckpt), flags={**flags, "processes": 1}))
     assert told.cfg.processes == 1  # --nproc wins
+    # the epochs its speed line counts are one process's: where two train, the share they reach is not recorded
+    # against them
+    counted = {"batch_size": 8}  # a batch the data holds, which is measured
+    assert resolve_run(RunRequest(data=data, weights=str(ckpt), flags={**flags, **counted, "processes": 1})
+                       ).cfg.expected_epochs > 0
+    assert resolve_run(RunRequest(data=data, weights=str(ckpt), flags={**flags, **counted})).cfg.expected_epochs is None
     fixed = resolve_run(RunRequest(data=data, weights=str(ckpt), flags={"device": "cpu", "epochs": 2}))
     assert fixed.cfg.processes == 1  # a run of fixed epochs stays one process
     probe = resolve_run(RunRequest(data=data, weights=str(ckpt), flags={**flags, "tune": "probe"}))

@@ -131,6 +131,7 @@ def resolve_run(req: RunRequest, *, local_processes: int | None = None, elsewher
         notes.append(settle_tune(cfg, mcfg, images(), measured))
     if weights and not req.resume and (line := finetune_processes(cfg, mcfg, given)):
         notes.append(line)
+        cfg.expected_epochs = None  # counted for one process: the share a run of these reaches is not its
         if not threads_given:  # the same CPUs, shared among the processes
             cfg.threads = default_threads(local_processes or cfg.processes)
     if not threads_given and (line := busy_note(cfg.threads, local_processes or cfg.processes)):
