@@ -427,12 +427,8 @@ def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, c
     procs = _processes(base, cpus, processes)  # before measuring: a step's cost depends on them
     minutes = base.get("max_minutes", 0)
     if minutes and speed is not None and model in (None, base["model"]):
-        candidates = tuple(c for c in SMALL_DATA_CANDIDATES if c.fits(cpus is not None, facts.images))
-        images, scored = work_images(facts)
-        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored, end=end,
-                                share=_share(share, base))
-        base = merge(base, {**copy.deepcopy(choice.candidate.overrides), "expected_epochs": round(choice.expected, 3)})
-        clock += f"; {choice.line(where)}"
+        base, line = _by_work(SMALL_DATA_CANDIDATES, facts, base, minutes, cpus is not None, speed, where, end, share)
+        clock += f"; {line}"
     elif 0 < minutes <= SHORT_MINUTES:
         base = merge(base, copy.deepcopy(SHORT_RUN))
         clock += _named_model(base, model) + f"; at most {SHORT_MINUTES:g} min: {SHORT_WHY}"
@@ -442,9 +438,17 @@ def _small_data(facts: DataFacts, max_minutes, epochs, cpus, processes, model, c
                   f"{SMALL_IMAGES:,} images), trained at 32 px; {clock}{procs}", base)
 
 
-def _share(share, base: dict) -> tuple[float, int] | None:
-    """The reached share (``choose_recipe``'s ``share``) for the processes ``base`` trains as."""
-    return share(int(base.get("processes", 1))) if share is not None else None
+def _by_work(pool: tuple[Candidate, ...], facts: DataFacts, base: dict, minutes: float, on_cpu: bool, speed,
+             where: str, end: dict | None, share) -> tuple[dict, str]:
+    """``base`` with the candidate of ``pool`` that ``minutes`` buy the best accuracy with laid over it
+    (``choose_by_work``, at the reached share for the processes ``base`` trains as: ``choose_recipe``'s ``share``),
+    and the epochs it counted before that share; and the line that says so."""
+    candidates = tuple(c for c in pool if c.fits(on_cpu, facts.images))
+    images, scored = work_images(facts)
+    reached = share(int(base.get("processes", 1))) if share is not None else None
+    choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored, end=end, share=reached)
+    base = merge(base, {**copy.deepcopy(choice.candidate.overrides), "expected_epochs": round(choice.expected, 3)})
+    return base, choice.line(where)
 
 
 def _processes(base: dict, cpus: int | None, processes: int | None) -> str:
@@ -469,12 +473,8 @@ def _photos(facts: DataFacts, max_minutes: float | None, epochs: int | None, cpu
     procs = _processes(base, cpus, processes)  # before measuring: a step's cost depends on them
     minutes = base.get("max_minutes", 0) if epochs is None else 0
     if minutes and speed is not None and model in (None, base["model"]):
-        candidates = tuple(c for c in PHOTO_CANDIDATES if c.fits(cpus is not None, facts.images))
-        images, scored = work_images(facts)
-        choice = choose_by_work(candidates, base, minutes * 60, images, speed, scored=scored, end=end,
-                                share=_share(share, base))
-        base = merge(base, {**copy.deepcopy(choice.candidate.overrides), "expected_epochs": round(choice.expected, 3)})
-        clock += f"; {choice.line(where)}"
+        base, line = _by_work(PHOTO_CANDIDATES, facts, base, minutes, cpus is not None, speed, where, end, share)
+        clock += f"; {line}"
     else:
         size, depth = next((s, d) for limit, s, d in PHOTO_SIZES if 0 < minutes <= limit or limit == float("inf"))
         base["img_size"] = size
