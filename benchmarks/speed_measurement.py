@@ -20,6 +20,10 @@ after the other in each round, each in fresh processes on random images of the c
 
 ``--layouts`` picks some of them (measured, alone, two, ddp, ddp-no-broadcast, ddp-unshared; default all).
 
+``--on KEY=VALUE[,KEY=VALUE...]`` (repeatable) adds a variant of the candidate (those `--set` overrides over
+it), measured in the same layouts in every round right after the candidate itself: a change's cost side by
+side, for screening it at equal time rather than equal epochs (variant against candidate, per layout).
+
 Prints images per second and each layout against `alone` in the same round, and appends one record a
 round to benchmarks/results/speed_measurement.jsonl, with the CPU's instruction set.
 """
@@ -50,7 +54,7 @@ LAYOUTS = {"measured": "measured", "alone": "alone", "two": "two at once", "ddp"
 
 
 def worker(name: str, rank: int, world: int, steps: int | None, port: int, out, broadcast: bool = True,
-           shared: bool = True) -> None:
+           shared: bool = True, sets: tuple[str, ...] = ()) -> None:
     """One process's images per second: alone (world 1) or as rank ``rank`` of a DDP group of ``world``
     (``broadcast``: DDP broadcasting rank 0's buffers before every forward, as a run's DDP does; ``shared``:
     the processes sharing Muon's orthogonalisations out, as a run's do)."""
@@ -81,7 +85,7 @@ def worker(name: str, rank: int, world: int, steps: int | None, port: int, out, 
         MuonAdamW.share_work = lambda self, *a: None  # every process computes every update itself
 
     torch.set_num_threads(1)  # as each of a run's processes trains
-    cfg, mcfg = config(name)
+    cfg, mcfg = config(name, sets)
     dist = DistInfo(rank, world, rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     with process_group(dist, torch.device("cpu")):
@@ -94,7 +98,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def layout(name: str, kind: str, steps: int) -> float:
+def layout(name: str, kind: str, steps: int, sets: tuple[str, ...] = ()) -> float:
     """Images per second of all the processes of one layout together."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -108,7 +112,7 @@ def layout(name: str, kind: str, steps: int) -> float:
     else:  # ddp, with or without the buffers' broadcast or Muon's shared work
         jobs = [(r, PROCESSES, steps) for r in range(PROCESSES)]
     procs = [ctx.Process(target=worker, args=(name, rank, world, n, port, out, kind != "ddp, no buffer broadcast",
-                                              kind != "ddp, Muon unshared"))
+                                              kind != "ddp, Muon unshared", sets))
              for rank, world, n in jobs]  # a process alone starts no group: the port is the DDP pair's
     for p in procs:
         p.start()
@@ -126,6 +130,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=60, help="timed steps of the held layouts (default 60)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--layouts", default=",".join(LAYOUTS), help="which layouts, comma-separated (default all)")
+    ap.add_argument("--on", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="a variant of the candidate to measure beside it (repeatable)")
     ap.add_argument("--results", default=str(RESULTS))
     args = ap.parse_args(argv)
     emulated = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
@@ -136,22 +142,33 @@ def main(argv=None) -> None:
         ap.error(f"--layouts: {', '.join(unknown) or 'alone is needed'} (known: {', '.join(LAYOUTS)}; 'alone' is "
                  "what the others are counted against)")
     kinds = tuple(LAYOUTS[k] for k in picked)
+    variants = {"": ()} | {on: tuple(on.split(",")) for on in args.on}
+    for on in args.on:
+        config(args.candidate, variants[on])  # a bad override fails here, in one line, before any round
     for r in range(args.rounds):
-        rates = {}
+        rates = {v: {} for v in variants}
         for kind in kinds:
-            rates[kind] = layout(args.candidate, kind, args.steps)
-        for kind in kinds:
-            print(f"round {r + 1}: {kind:<26} {rates[kind]:7.0f} img/s  {rates[kind] / rates['alone']:.2f}x alone",
-                  flush=True)
-        record = {"candidate": args.candidate, "round": r + 1, "steps": args.steps, "processes": PROCESSES,
-                  "images_per_s": {k: round(v, 1) for k, v in rates.items()},
-                  "vs_alone": {k: round(v / rates["alone"], 3) for k, v in rates.items()},
-                  "cpu_isa": cpu_capability(), "emulated": emulated, "machine": machine_key(torch.device("cpu")),
-                  "torch": torch.__version__, "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  "command": "python benchmarks/speed_measurement.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+            for v, sets in variants.items():
+                rates[v][kind] = layout(args.candidate, kind, args.steps, sets)
+        for v in variants:
+            for kind in kinds:
+                vs = f"  {rates[v][kind] / rates[''][kind]:.2f}x the candidate" if v else ""
+                print(f"round {r + 1}: {v or args.candidate:<24} {kind:<26} {rates[v][kind]:7.0f} img/s  "
+                      f"{rates[v][kind] / rates[v]['alone']:.2f}x alone{vs}", flush=True)
         with open(args.results, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-
+            for v in variants:
+                record = {"candidate": args.candidate, "round": r + 1, "steps": args.steps, "processes": PROCESSES,
+                          "images_per_s": {k: round(x, 1) for k, x in rates[v].items()},
+                          "vs_alone": {k: round(x / rates[v]["alone"], 3) for k, x in rates[v].items()},
+                          "cpu_isa": cpu_capability(), "emulated": emulated,
+                          "machine": machine_key(torch.device("cpu")), "torch": torch.__version__,
+                          "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                          "command": "python benchmarks/speed_measurement.py "
+                                     + " ".join(argv if argv is not None else sys.argv[1:])}
+                if v:
+                    record["on"] = list(variants[v])
+                    record["vs_candidate"] = {k: round(x / rates[""][k], 3) for k, x in rates[v].items()}
+                f.write(json.dumps(record) + "\n")
 
 if __name__ == "__main__":
     main()

@@ -37,11 +37,12 @@ PARTS = {"conv backward": ("aten::convolution_backward",), "conv forward": ("ate
          "optimizer step": ("Optimizer.step#MuonAdamW.step",)}
 
 
-def config(name: str):
+def config(name: str, sets: list[str] | tuple[str, ...] = ()):
+    """The candidate ``name`` as a clock-bounded run trains it, with ``sets`` (`--set KEY=VALUE` strings) over it."""
     cand = {c.name: c for c in SMALL_DATA_CANDIDATES}[name]
     base = merge(copy.deepcopy(SMALL_DATA), copy.deepcopy(cand.overrides))
     base["processes"] = PROCESSES
-    cfg = resolve_config(None, {}, [], base=base)
+    cfg = resolve_config(None, {}, list(sets), base=base)
     mcfg = model_config(cfg)
     settle_path(cfg, mcfg)
     return cfg, mcfg
