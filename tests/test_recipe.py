@@ -391,40 +391,47 @@ def test_the_epochs_are_those_the_budget_leaves_after_measuring_and_the_end():
 def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
     from vitkit.train.config import merge
 
-    speed, seen = rates(d2=500.0)
+    speed, seen = rates(d1=650.0, d2=500.0)
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed, where="this CPU (AVX2)")
     on_cpu = [c for c in SMALL_DATA_CANDIDATES if not c.accelerator]
-    # measured as the run trains; the long models, slower than the short one, not at all: at the short one's
-    # 3.1 epochs neither table can be chosen
-    assert [cfg["processes"] for cfg in seen] == [2] * 3 and all(cfg["model_args"]["stem_convs"] == 1 for cfg in seen)
+    # measured as the run trains: the one-block model, then the short ones; the long models, slower than the short
+    # one, not at all: at the short one's 3.1 epochs neither table can be chosen
+    assert [cfg["processes"] for cfg in seen] == [2] * 4 and all(cfg["model_args"]["stem_convs"] == 1 for cfg in seen)
+    assert [cfg["model_args"]["depth"] for cfg in seen] == [1, 2, 2, 2]
     assert ("; long-lr-3x not measured: at most 3.1 epochs, slower than short-lr-3x (table: none so few); long not "
             "measured: at most 3.1 epochs, slower than short-lr-3x (table: none so few); chose ") in r.line
-    # the same speed for all: the 5 minutes less the end's 6 views of the 5,000 held out (20 s) and the plots
-    # (2 s), over the 45,000 images trained on: 3.1 epochs each; the table's best there is trained
-    e = 500.0 * (300 - 5_000 * 6 / 3 / 500.0 - 2.0) / 45_000
-    best = max((c for c in on_cpu if c.predict(e) is not None), key=lambda c: c.predict(e))
-    assert best.name.startswith("short")  # the long model was not measured at so few epochs
+    # each candidate's epochs: the 5 minutes less the end's 6 views of the 5,000 held out (at a third of a step's
+    # time an image) and the plots (2 s), at its own speed, over the 45,000 images trained on; the table's best
+    # there is trained: one block, at 4.1 epochs where the two blocks reach 3.1
+    reach = {d: v * (300 - 5_000 * 6 / 3 / v - 2.0) / 45_000 for d, v in ((1, 650.0), (2, 500.0))}
+    epochs = {c.name: reach[merge(copy.deepcopy(SMALL_DATA), copy.deepcopy(c.overrides))["model_args"]["depth"]]
+              for c in on_cpu}
+    best = max((c for c in on_cpu if c.predict(epochs[c.name]) is not None), key=lambda c: c.predict(epochs[c.name]))
+    assert best.name == "one-block-lr-3x"
+    e = epochs[best.name]
     assert r.base == merge(dict(copy.deepcopy(SMALL_DATA), max_minutes=5, epochs=CLOCK_EPOCHS, processes=2),
                            {**copy.deepcopy(best.overrides), "expected_epochs": round(e, 3)})
-    assert (f"measured on this CPU (AVX2), epochs of 45,000 images: {SMALL_DATA_CANDIDATES[0].name} 500 img/s -> "
-            f"{e:.1f} epochs (table: ") in r.line and f"{e:.1f}" == "3.1"
+    assert r.base["model_args"]["depth"] == 1 and r.base["optim"]["lr"] == 0.006 and r.base["ema"] is None
+    assert (f"measured on this CPU (AVX2), epochs of 45,000 images: one-block-lr-3x 650 img/s -> {e:.1f} epochs "
+            f"(table: {best.predict(e):.1f}%); short-lr-3x 500 img/s -> 3.1 epochs (table: ") in r.line
+    assert f"{e:.1f}" == "4.1"
     assert f"; chose {best.name}: {best.what}; 2 processes on the CPU" in r.line
     # where the last runs of 2 processes here reached 0.8 of the epochs they expected, every candidate counts 0.8
     # of its own; the run records its epochs before that share, which its end compares with what it reached
     asked = []
-    speed, _ = rates(d2=500.0)
+    speed, _ = rates(d1=650.0, d2=500.0)
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed, where="this CPU (AVX2)",
                       share=lambda processes: asked.append(processes) or (0.8, 3))
     assert asked == [2] and r.base["expected_epochs"] == round(e, 3)
     assert (f"measured on this CPU (AVX2), epochs of 45,000 images at 0.80x, the median share of their expected "
-            f"epochs that the last 3 runs here reached: {SMALL_DATA_CANDIDATES[0].name} 500 img/s -> {0.8 * e:.1f} "
+            f"epochs that the last 3 runs here reached: one-block-lr-3x 650 img/s -> {0.8 * e:.1f} "
             "epochs") in r.line
-    speed, _ = rates(d2=5_000.0)  # a fast machine: 30 epochs in 5 minutes
+    speed, _ = rates(d1=6_000.0, d2=5_000.0)  # a fast machine: 30 epochs in 5 minutes
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed)
     assert r.base["model_args"] == SMALL_DATA["model_args"] and r.base["ema"] == SMALL_DATA["ema"]
     assert r.base["optim"] == SMALL_DATA["optim"] and "chose long" in r.line
     for given in ({"epochs": 3}, {"model": "vit_test"}, {"max_minutes": 0}):  # nothing to choose: nothing measured
-        speed, seen = rates(d2=500.0)
+        speed, seen = rates(d1=650.0, d2=500.0)
         choose_recipe(CIFAR, **{"max_minutes": 5, **given}, cpus=2, speed=speed)
         assert seen == []
 
@@ -462,6 +469,16 @@ def test_a_slower_candidate_is_measured_only_where_it_could_be_chosen():
     speed, seen = rates(d1=100.0, d2=50.0)
     choose_by_work((long, short), base, seconds=100, images=2_000, speed=speed, clock=lambda: 0.0)
     assert len(seen) == 2
+    # a bound that was itself left unmeasured bounds by what bounded it: the fastest one's speed
+    tiny = Candidate("tiny", "cheapest", {"model_args": {"depth": 3}}, ((1.0, 60.0, "x"), (10.0, 80.0, "x")))
+    mid = Candidate("mid", "cheap", {"model_args": {"depth": 1}}, ((8.0, 81.0, "x"),), slower_than="tiny")
+    top = Candidate("top", "dear", {"model_args": {"depth": 2}}, ((10.0, 83.0, "x"),), slower_than="mid")
+    speed, seen = rates(d3=200.0, d1=100.0, d2=50.0)
+    pick = choose_by_work((tiny, mid, top), base, seconds=50, images=2_000, speed=speed, clock=lambda: 0.0)
+    assert [cfg["model_args"]["depth"] for cfg in seen] == [3]  # 5 epochs of tiny: neither table reaches so few
+    assert pick.images_per_s == {"tiny": 200.0, "mid": None, "top": None}
+    assert pick.epochs == {"tiny": 5.0, "mid": 5.0, "top": 5.0} and pick.bound == {"mid": "tiny", "top": "mid"}
+    assert pick.candidate.name == "tiny"
     # every bound in the recipes names an earlier candidate, at the same batch, with less work in its step
     for table in (SMALL_DATA_CANDIDATES, PHOTO_CANDIDATES):
         names, by = [c.name for c in table], {c.name: c for c in table}
@@ -504,7 +521,8 @@ def test_on_a_gpu_the_wider_model_at_batch_512_is_a_candidate_where_its_epochs_r
     r = choose_recipe(CIFAR, max_minutes=2, cpus=None, speed=speed, where="NVIDIA H200")
     # 52 epochs of it (its 34.2-epoch 88.82% held) against 15.5 of the others (long-lr-3x's about 88.3%): the
     # 2 minutes less the end (6 views of 5,000 images at a third of a step's time, and the plots), of 45,000
-    assert "measured on NVIDIA H200, epochs of 45,000 images: short-lr-3x 6,000 img/s -> 15.5 epochs" in r.line
+    assert ("measured on NVIDIA H200, epochs of 45,000 images: one-block-lr-3x 6,000 img/s -> 15.5 epochs (table: "
+            "82.7%); short-lr-3x 6,000 img/s -> 15.5 epochs") in r.line
     assert "; wide-b512 20,000 img/s -> 52.2 epochs (table: 88.8%); chose wide-b512: 4 blocks of width 192" in r.line
     assert r.base["batch_size"] == 512 and r.base["optim"]["lr"] == 0.004 and r.base["ema"] == 0.999
     assert r.base["model_args"] == {**SMALL_DATA["model_args"], "depth": 4, "embed_dim": 192, "num_heads": 3}
@@ -512,7 +530,7 @@ def test_on_a_gpu_the_wider_model_at_batch_512_is_a_candidate_where_its_epochs_r
     r = choose_recipe(CIFAR, max_minutes=0.85, cpus=None, speed=speed)  # 21.6 epochs: its first segment's line
     assert "wide-b512 20,000 img/s -> 21.6 epochs (table: 87.8%); chose wide-b512" in r.line
     r = choose_recipe(CIFAR, max_minutes=0.4, cpus=None, speed=speed)  # 9.6 epochs: fewer than it was measured near
-    assert "wide-b512 20,000 img/s -> 9.6 epochs (table: none so few); chose short-lr-3x" in r.line
+    assert "wide-b512 20,000 img/s -> 9.6 epochs (table: none so few); chose one-block-lr-3x" in r.line
     seen.clear()  # on the CPU it is never measured, however fast: a larger batch is no faster an image there
     r = choose_recipe(CIFAR, max_minutes=30, cpus=2, speed=speed)
     assert "wide-b512" not in r.line and seen and all(cfg["batch_size"] == 128 for cfg in seen)

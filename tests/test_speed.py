@@ -89,16 +89,16 @@ def test_candidates_whose_steps_cost_the_same_are_measured_once_on_a_busy_machin
     monkeypatch.setattr(os, "getloadavg", lambda: (8.0, 8.0, 8.0))  # nothing kept in the cache between them
     measured = []
     monkeypatch.setattr(speed, "process_speed", lambda cfg, mcfg, device, threads, classes: measured.append(
-        (cfg.optim.lr, cfg.model_args["stem_convs"])) or (300.0 if cfg.model_args["stem_convs"] == 1 else 200.0))
+        (cfg.model_args["depth"], cfg.model_args["stem_convs"])) or (300.0 if cfg.model_args["stem_convs"] == 1 else 200.0))
     data = image_folder(tmp_path / "data", n=4, test=1)
     recipe, seconds = data_recipe(str(data / "train"), None, {"max_minutes": 5.0, "processes": 2, "threads": 1}, [],
                                   cache_dir=str(tmp_path / "cache"))
     on_cpu = [c for c in SMALL_DATA_CANDIDATES if not c.accelerator]  # a GPU's candidates are not measured here
     costs = {tuple(sorted(c.overrides.get("model_args", {"stem_convs": 2}).items())) for c in on_cpu}
-    assert len(on_cpu) > len(costs) == 2  # learning rates share a model's step
-    assert sorted(convs for _, convs in measured) == [1, 2]  # one measurement a step cost, not one a candidate
+    assert len(on_cpu) > len(costs) == 3  # learning rates share a model's step
+    assert sorted(measured) == [(1, 1), (2, 1), (2, 2)]  # one measurement a step cost, not one a candidate
     assert seconds is not None and seconds > 0
-    assert "short-lr-3x 600 img/s" in recipe.line and "long-lr-3x 400 img/s" in recipe.line and "long 400 img/s" in recipe.line
+    assert "one-block-lr-3x 600 img/s" in recipe.line and "short-lr-3x 600 img/s" in recipe.line and "long-lr-3x 400 img/s" in recipe.line and "long 400 img/s" in recipe.line
 
 
 @pytest.mark.parametrize("content", ["fifo", "garbage", "list", "bad-values", "directory"])
@@ -143,12 +143,26 @@ def test_a_run_bounded_by_the_clock_names_its_measured_speed_first_and_takes_the
     assert saved["model_args"] == {**SMALL_DATA["model_args"], **chosen.overrides.get("model_args", {})}
     assert saved["ema"] == chosen.overrides.get("ema", SMALL_DATA["ema"])
     assert saved["optim"]["lr"] == chosen.overrides.get("optim", SMALL_DATA["optim"])["lr"]
-    assert len(read_speeds(cache / SPEED_FILE)) == 2  # one a step cost: the learning rates share the short model's
-    # the next run of the same request on this machine reads them: no time taken
+    # one a step cost (the learning rates share a model's), of the candidates measured: a slower one is not where
+    # its faster one's speed leaves it fewer epochs than its table's, as so short a budget may
+    on_cpu = [c for c in SMALL_DATA_CANDIDATES if not c.accelerator]
+    measured = [c for c in on_cpu if f"; {c.name} not measured: " not in lines[0] and f" {c.name} " in lines[0]]
+    assert measured and measured[0].name == "one-block-lr-3x"  # the fastest is measured first, always
+    costs = {json.dumps({**SMALL_DATA["model_args"], **c.overrides.get("model_args", {}),
+                         "ema": c.overrides.get("ema", SMALL_DATA["ema"]) is not None}, sort_keys=True)
+             for c in measured}
+    assert len(read_speeds(cache / SPEED_FILE)) == len(costs)
+    # the next run of the same request on this machine reads them, measuring none again (it may measure a slower
+    # candidate the first could not spare the time for: the time the cached ones took is its own)
+    first = read_speeds(cache / SPEED_FILE)
     assert main([*argv, "--out", str(tmp_path / "r2")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "measured on this CPU (" in lines[0] and not lines[1].startswith("measuring the speed took")
-    assert json.loads((tmp_path / "r2" / "config.json").read_text())["max_minutes"] == 0.05
+    assert "measured on this CPU (" in lines[0]
+    after = read_speeds(cache / SPEED_FILE)
+    assert all(after[k] == v for k, v in first.items())  # read, not measured again
+    if len(after) == len(first):  # nothing new to measure: no time taken
+        assert not lines[1].startswith("measuring the speed took")
+        assert json.loads((tmp_path / "r2" / "config.json").read_text())["max_minutes"] == 0.05
     assert SMALL_DATA["model_args"]["stem_convs"] == 2  # the recipe's table is left as it was
 
 
@@ -283,7 +297,8 @@ def test_a_run_the_clock_ends_records_the_share_it_reached_and_the_next_run_coun
     monkeypatch.setattr(loop, "record_reached", lambda *a: recorded.append(a) or real(*a))
     cache = tmp_path / "cache"
     data = image_folder(tmp_path / "data", n=8, test=2)
-    argv = ["train", "--data", str(data), "--max-minutes", "0.05", "--nproc", "1", "--threads", "1", "--device",
+    # 6 s: time for the two short models' measurements (about 1.5 s each here) and some training after them
+    argv = ["train", "--data", str(data), "--max-minutes", "0.1", "--nproc", "1", "--threads", "1", "--device",
             "cpu", "--batch-size", "8", "--set", "plots=false", "--cache-dir", str(cache)]
     assert main([*argv, "--out", str(tmp_path / "d")]) == 0
     saved = json.loads((tmp_path / "d" / "config.json").read_text())
