@@ -184,6 +184,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variant(s) {', '.join(unknown)}; --list shows them")
+    for name in args.variants.split(","):  # an --on that a variant sets itself would be overridden, silently
+        own = {o.split("=", 1)[0]: o for o in VARIANTS[name][1]}
+        clash = [o for o in args.on if o.split("=", 1)[0] in own]
+        if clash:
+            p.error(f"--on {clash[0]}: variant {name} sets {own[clash[0].split('=', 1)[0]]} itself, which would win; "
+                    "screen it on a variant that leaves the key alone (e.g. --variants base with the rest as --on)")
     return args
 
 
