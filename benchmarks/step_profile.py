@@ -4,7 +4,7 @@ it (its share of the batch, one thread), channels-last against contiguous in alt
 the step spent in the convolutions, the matrix products (the optimizer's Newton-Schulz products among them)
 and the optimizer step (torch's profiler).
 
-    python benchmarks/step_profile.py [--rounds 3]
+    python benchmarks/step_profile.py [--rounds 3] [--candidates short-lr-3x,long-lr-3x]
 
 Held to AVX2 as a laptop runs it: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2.
 The steps are the speed measurement's own (train/speed.py ``process_speed``). Rows are appended to
@@ -70,10 +70,12 @@ def shares(cfg, mcfg) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--candidates", default="short-lr-3x,long-lr-3x",
+                    help="small-data candidates, comma-separated (train/recipe.py; default short-lr-3x,long-lr-3x)")
     args = ap.parse_args()
     emulated = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
                 if k in os.environ}
-    for name in ("short-lr-3x", "long-lr-3x"):
+    for name in args.candidates.split(","):
         cfg, mcfg = config(name)
         times = {True: [], False: []}
         for _ in range(args.rounds):
@@ -84,7 +86,8 @@ def main() -> None:
                "step_ms_contiguous": round(sorted(times[False])[len(times[False]) // 2], 1),
                "shares_of_cpu_time": shares(cfg, mcfg), "cpu_isa": cpu_capability(), "emulated": emulated,
                "torch": torch.__version__, "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-               "command": "python benchmarks/step_profile.py" + (f" --rounds {args.rounds}" if args.rounds != 3 else "")}
+               "command": "python benchmarks/step_profile.py" + (f" --rounds {args.rounds}" if args.rounds != 3 else "")
+                          + (f" --candidates {args.candidates}" if args.candidates != "short-lr-3x,long-lr-3x" else "")}
         print(json.dumps(row), flush=True)
         with RESULTS.open("a") as f:
             f.write(json.dumps(row) + "\n")

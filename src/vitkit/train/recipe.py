@@ -254,18 +254,18 @@ def choose_by_work(candidates: tuple[Candidate, ...], base: dict, seconds: float
     def reach(name: str, rate: float, left: float) -> float:
         return scale * rate * max(left - end_seconds({**configs[name], **own}, rate, scored), 0.0) / max(images, 1)
 
-    rates: dict[str, float | None] = {}
+    rates: dict[str, float | None] = {}  # measured; None: left unmeasured
     bound: dict[str, str] = {}
-    upper: dict[str, float] = {}  # a candidate left unmeasured -> the rate bounding it (its faster one's, or that one's bound)
+    counted: dict[str, float] = {}  # the rate each candidate's epochs are counted at: its own, or its bound's
     for c in candidates:
-        faster = (rates.get(c.slower_than) or upper.get(c.slower_than)) if c.slower_than else None
+        faster = counted.get(c.slower_than) if c.slower_than else None
         # the time left only shrinks and a slower rate reaches fewer epochs (its end takes longer): an upper bound
         if faster is not None and c.predict(reach(c.name, faster, seconds - (clock() - start))) is None:
-            rates[c.name], bound[c.name], upper[c.name] = None, c.slower_than, faster
+            rates[c.name], bound[c.name], counted[c.name] = None, c.slower_than, faster
             continue
-        rates[c.name] = speed(configs[c.name])
+        rates[c.name] = counted[c.name] = speed(configs[c.name])
     left = seconds - (clock() - start)
-    epochs = {name: reach(name, rate if rate is not None else upper[name], left) for name, rate in rates.items()}
+    epochs = {name: reach(name, counted[name], left) for name in rates}
     predicted = {c.name: c.predict(epochs[c.name]) for c in candidates}  # None for an unmeasured one: fewer still
     ranked = [c for c in candidates if predicted[c.name] is not None]
     if ranked:
@@ -315,7 +315,7 @@ ONE_BLOCK_LR3 = merge(copy.deepcopy(SHORT_LR3), {"model_args": {"depth": 1}})
 # and 4 epochs: 70.10%, 77.62%, 79.96% and 81.44% against 0.006's 70.52%, 76.74%, 79.64% and 80.88%; seed 1 at 3:
 # 80.38% against 79.26%; two blocks at 2 epochs: 77.30% against 77.20%); a candidate of its own, chosen where its
 # table wins
-ONE_BLOCK_LR4 = merge(copy.deepcopy(SHORT_RUN), {"optim": {"lr": 0.008}, "model_args": {"depth": 1}})
+ONE_BLOCK_LR4 = merge(copy.deepcopy(ONE_BLOCK_LR3), {"optim": {"lr": 0.008}})
 SMALL_DATA_CANDIDATES = (
     Candidate("one-block-lr-3x", "the short model with one encoder block (not two) at 3x the learning rate "
               "(0.006)", ONE_BLOCK_LR3, (
