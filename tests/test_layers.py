@@ -346,6 +346,47 @@ def test_a_whitening_conv_stem_builds_from_the_config_and_is_set_from_data():
         vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_bn_momentum=0)
 
 
+def test_a_whitening_stem_whose_batchnorm_learns_nothing_spares_its_first_conv_the_input_gradient(tmp_path):
+    """stem_whiten_affine=False: the BatchNorm after the frozen whitening filters has no scale or shift, so
+    nothing before the first learned conv trains and autograd computes no gradient for that conv's input;
+    the model still trains end to end, and saves and loads as it is."""
+    import vitkit
+    from vitkit.core.errors import ConfigError
+
+    seen = {}
+
+    def conv_input(m):
+        conv = next(c for c in m.patch_embed.stem if isinstance(c, torch.nn.Conv2d))
+        conv.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))
+        return conv
+
+    def build(affine):
+        m = vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_width=8, stem_whiten=True,
+                                stem_early_convs=1, stem_whiten_affine=affine)
+        m.patch_embed.set_whitening(torch.randn(8, 3, 32, 32))
+        return m
+
+    lean, full = build(False), build(True)
+    bn = lean.patch_embed.stem[1]
+    assert isinstance(bn, torch.nn.BatchNorm2d) and not bn.affine and not list(bn.parameters())
+    assert sum(p.numel() for p in full.parameters()) - sum(p.numel() for p in lean.parameters()) == 2 * 24
+    conv_input(full)
+    full(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert seen["x"].requires_grad  # the BatchNorm's scale and shift before it train
+    conv_input(lean)
+    lean(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert not seen["x"].requires_grad  # nothing before it trains: no gradient for its input
+    assert all(p.grad is not None for n, p in lean.named_parameters() if n.startswith("patch_embed"))
+    lean.eval()
+    x = torch.randn(2, 3, 32, 32)
+    vitkit.save(lean, tmp_path / "lean")
+    again = vitkit.load(tmp_path / "lean")
+    assert not again.patch_embed.stem[1].affine
+    torch.testing.assert_close(again(x), lean(x), atol=0, rtol=0)
+    with pytest.raises(ConfigError, match="ViTConfig.stem_whiten_affine: .* needs stem_whiten=True"):
+        vitkit.create_model("vit_test", stem="conv", patch_size=4, stem_whiten_affine=False)
+
+
 def test_stem_dirac_starts_the_stems_3x3_convs_as_identities():
     import vitkit
     from vitkit.core.errors import ConfigError

@@ -101,6 +101,9 @@ class ViTConfig:
     stem_whiten: bool = False  # the 'conv' stem's first stride-2 conv is a frozen 2x2 patch-whitening filter
     #   bank (2*C*4 channels: the eigenvectors of the training data's 2x2 patch covariance over sqrt(eigenvalue),
     #   and their negatives; airbench), set from the data when a run starts from scratch
+    stem_whiten_affine: bool = True  # the BatchNorm after the whitening filters learns a scale and shift; False:
+    #   it only normalises, so nothing before the first learned conv trains and that conv's backward skips its
+    #   input's gradient
     stem_dirac: bool = False  # the 'conv' stem's learned 3x3 convs start as identities on their first
     #   in-channels filters (torch.nn.init.dirac_; the rest He normal), so that a deeper stem starts by
     #   passing its input on (airbench: 21 -> 18 epochs to 94% on CIFAR-10)
@@ -275,6 +278,8 @@ class ViTConfig:
             _bad("stem_early_convs", "early stem convolutions need stem='conv'")
         if self.stem_whiten and self.stem != "conv":
             _bad("stem_whiten", "the whitening layer is part of the conv stem; it needs stem='conv'")
+        if not self.stem_whiten_affine and not self.stem_whiten:
+            _bad("stem_whiten_affine", "is the BatchNorm after the whitening filters; it needs stem_whiten=True")
         if self.stem_dirac and self.stem != "conv":
             _bad("stem_dirac", "the identity init is for the conv stem's convolutions; it needs stem='conv'")
         if self.stem == "conv":

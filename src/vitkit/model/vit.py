@@ -83,7 +83,8 @@ class VisionTransformer(nn.Module):
 
         if cfg.stem == "conv":
             self.patch_embed = ConvStem(cfg.patch_size, cfg.in_chans, D, cfg.stem_width, cfg.stem_convs,
-                                        cfg.stem_whiten, cfg.stem_bn_momentum, cfg.stem_dirac, cfg.stem_early_convs)
+                                        cfg.stem_whiten, cfg.stem_bn_momentum, cfg.stem_dirac, cfg.stem_early_convs,
+                                        cfg.stem_whiten_affine)
         else:
             self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, D, cfg.patch_embed)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None

@@ -176,7 +176,9 @@ class ConvStem(nn.Module):
     right after the first stride-2 block, at twice the grid's resolution.
 
     ``whiten``: the first block's conv is a frozen 2x2 stride-2 ``PatchWhitening`` instead (2*C*4
-    channels), whose filters are set from the training data before training (``set_whitening``).
+    channels), whose filters are set from the training data before training (``set_whitening``);
+    ``whiten_affine=False``: the BatchNorm after it normalises without a learned scale and shift, so the
+    stem's first learned conv needs no input gradient.
     ``bn_momentum``: the BatchNorm layers' running-statistics momentum (torch's 0.1; higher follows the
     changing statistics of a short run more closely).
     ``dirac``: each learned 3x3 conv starts as the identity on its first in-channels filters (a stride-2
@@ -184,20 +186,22 @@ class ConvStem(nn.Module):
     """
 
     def __init__(self, patch_size: int, in_chans: int, embed_dim: int, width: int = 32, extra: int = 0,
-                 whiten: bool = False, bn_momentum: float = 0.1, dirac: bool = False, early: int = 0):
+                 whiten: bool = False, bn_momentum: float = 0.1, dirac: bool = False, early: int = 0,
+                 whiten_affine: bool = True):
         super().__init__()
         self.dirac = dirac
         n = int(math.log2(patch_size))
         layers: list[nn.Module] = []
         c_in = in_chans
         for i in range(n):
+            affine = True
             if i == 0 and whiten:
                 conv: nn.Module = PatchWhitening(c_in, 2)
-                c_out = conv.out_channels
+                c_out, affine = conv.out_channels, whiten_affine
             else:
                 c_out = width * 2**i
                 conv = nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False)
-            layers += [conv, nn.BatchNorm2d(c_out, momentum=bn_momentum), nn.ReLU(inplace=True)]
+            layers += [conv, nn.BatchNorm2d(c_out, momentum=bn_momentum, affine=affine), nn.ReLU(inplace=True)]
             c_in = c_out
             for _ in range(early if i == 0 else 0):
                 layers += [nn.Conv2d(c_in, width, 3, padding=1, bias=False),
@@ -242,6 +246,6 @@ class ConvStem(nn.Module):
                     nn.init.dirac_(m.weight[:min(m.in_channels, m.out_channels)])
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.BatchNorm2d):
+            elif isinstance(m, nn.BatchNorm2d) and m.affine:
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
