@@ -354,8 +354,9 @@ SMALL_DATA_CANDIDATES = (
     # The long model with one encoder block: 1.11-1.23x its images/s alone on the AVX2 CPU, 1.17-1.18x as the run's
     # two DDP processes in two rounds of three (0.83x in the third; speed_measurement.jsonl, --candidate long-lr-3x
     # --on model_args.depth=1), for 0.28 and 0.36 points less at 5 and 10 epochs: in the time of 8.5 epochs of two
-    # blocks it reaches about 10, where its table reads 87.2% against their 86.8%. It trains where two blocks would
-    # reach about 4 to 8.5 epochs; from its last point on, theirs wins (docs/experiments.md, "The budget in work").
+    # blocks it reaches about 10, where its table reads 87.2% against their 86.8%. It trains from about 4 of its own
+    # epochs (5.0 / REACH) until two blocks would reach about 9.3, where their table passes its last point, held
+    # (docs/experiments.md, "The budget in work").
     Candidate("long-one-block-lr-3x", "two 3x3 convs at each of the tokenizer's resolutions, EMA 0.999, one "
               "encoder block (not two), at 3x the learning rate (0.006)",
               {"optim": {"lr": 0.006}, "model_args": {"depth": 1}}, (
