@@ -17,6 +17,7 @@ import argparse
 import copy
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -67,12 +68,12 @@ def shares(cfg, mcfg) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--candidates", default="short-lr-3x,long-lr-3x",
                     help="small-data candidates, comma-separated (train/recipe.py; default short-lr-3x,long-lr-3x)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     emulated = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
                 if k in os.environ}
     for name in args.candidates.split(","):
@@ -86,8 +87,7 @@ def main() -> None:
                "step_ms_contiguous": round(sorted(times[False])[len(times[False]) // 2], 1),
                "shares_of_cpu_time": shares(cfg, mcfg), "cpu_isa": cpu_capability(), "emulated": emulated,
                "torch": torch.__version__, "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-               "command": "python benchmarks/step_profile.py" + (f" --rounds {args.rounds}" if args.rounds != 3 else "")
-                          + (f" --candidates {args.candidates}" if args.candidates != "short-lr-3x,long-lr-3x" else "")}
+               "command": " ".join(["python benchmarks/step_profile.py", *(argv if argv is not None else sys.argv[1:])])}
         print(json.dumps(row), flush=True)
         with RESULTS.open("a") as f:
             f.write(json.dumps(row) + "\n")
