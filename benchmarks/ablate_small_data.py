@@ -141,6 +141,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                           "identities on their first in-channels filters", SHORT_LR3 + ["model_args.stem_dirac=true"]),
     "long-lr-3x": ("the long budget's model (the recipe's: two 3x3 convs at each of the tokenizer's resolutions, EMA "
                    "0.999) at three times the learning rate (0.006, not 0.002)", ["optim.lr=0.006"]),
+    "long-lr-4x": ("the long budget's model (the recipe's: two 3x3 convs at each of the tokenizer's resolutions, EMA "
+                   "0.999) at four times the learning rate (0.008, not 0.002)", ["optim.lr=0.008"]),
     "short-smoothing-0.1": ("the short budget's model with label smoothing 0.1 (not 0.2)",
                             SHORT + ["augment.label_smoothing=0.1"]),
     # photos (the 'photos' recipe, e.g. catsdogs): the training resolution and the encoder's depth (PHOTO_CANDIDATES)

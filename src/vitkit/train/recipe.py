@@ -356,7 +356,8 @@ SMALL_DATA_CANDIDATES = (
     # --on model_args.depth=1), for 0.28 and 0.36 points less at 5 and 10 epochs: in the time of 8.5 epochs of two
     # blocks it reaches about 10, where its table reads 87.2% against their 86.8%. It trains from about 4 of its own
     # epochs (5.0 / REACH) until two blocks would reach about 9.3, where their table passes its last point, held
-    # (docs/experiments.md, "The budget in work").
+    # (docs/experiments.md, "The budget in work"). At lr 0.008 it read 84.88% at 5 epochs, against 0.006's 85.16%
+    # the same day (fp32 on an AMX CPU; `--variants long-lr-4x,long-lr-3x --on model_args.depth=1`).
     Candidate("long-one-block-lr-3x", "two 3x3 convs at each of the tokenizer's resolutions, EMA 0.999, one "
               "encoder block (not two), at 3x the learning rate (0.006)",
               {"optim": {"lr": 0.006}, "model_args": {"depth": 1}}, (
