@@ -353,8 +353,9 @@ SMALL_DATA_CANDIDATES = (
         (20.758, 86.44, f"{ABLATE}: base (bf16, AMX), 10 min, seed 0")), slower_than="one-block-lr-3x"),
     # The long model with one encoder block: 1.11-1.23x its images/s alone on the AVX2 CPU, 1.17-1.18x as the run's
     # two DDP processes in two rounds of three (0.83x in the third; speed_measurement.jsonl, --candidate long-lr-3x
-    # --on model_args.depth=1), for 0.28 and 0.36 points less at 5 and 10 epochs: in the time of 8.5 epochs of two
-    # blocks it reaches about 10, where its table reads 87.2% against their 86.8%. It trains from about 4 of its own
+    # --on model_args.depth=1), for 0.28 and 0.36 points less at 5 and 10 epochs (seed 1 at 10: 87.32% against
+    # 87.48%, 0.16 less): in the time of 8.5 epochs of two blocks it reaches about 10, where its table reads 87.2%
+    # against their 86.8%. It trains from about 4 of its own
     # epochs (5.0 / REACH) until two blocks would reach about 9.3, where their table passes its last point, held
     # (docs/experiments.md, "The budget in work"). At lr 0.008 it read 84.88% at 5 epochs, against 0.006's 85.16%
     # the same day (fp32 on an AMX CPU; `--variants long-lr-4x,long-lr-3x --on model_args.depth=1`).
