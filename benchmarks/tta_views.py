@@ -1,6 +1,6 @@
 """Test-time augmentation views, measured on trained runs: how much translated views add to flip averaging.
 
-    python benchmarks/tta_views.py RUN [RUN ...] [--shifts 1,2] [--results FILE]
+    python benchmarks/tta_views.py RUN [RUN ...] [--shifts 1,2] [--four 1] [--results FILE]
 
 Each RUN is a vitkit run directory trained on small images (e.g. what benchmarks/ablate_small_data.py
 --keep DIR keeps). Its best checkpoint scores the run's own validation carve (the run's seed and
@@ -9,7 +9,9 @@ val_fraction), prepared as the run evaluated it, with these views:
   - flip: the mean logits of the image and its mirror (what `tta=true` scores);
   - flip+shift-S (for each S of --shifts): half the flip logits, and half the mean of the flip logits
     of two copies moved S px diagonally, up-left and down-right (reflection padding): six forward
-    passes (airbench's "mirror + translate" evaluation; what `tta_shift=S` scores).
+    passes (airbench's "mirror + translate" evaluation; what `tta_shift=S` scores);
+  - flip+4shift-S (for each S of --four): the same with four copies, moved S px along both diagonals, an
+    eighth each: ten forward passes.
 Prints a table and appends one record per run to --results (default benchmarks/results/tta_views.jsonl).
 Nothing is trained; a run takes seconds.
 """
@@ -39,9 +41,21 @@ from per_run import record_runs  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "tta_views.jsonl"
 
 
+def four_diagonals(model: nn.Module, x: torch.Tensor, shift: int) -> torch.Tensor:
+    """Half the flip average of ``x`` and an eighth of each of four copies moved ``shift`` px along both
+    diagonals (up-left, down-right, up-right, down-left), each flip-averaged: ten forward passes."""
+    h, w = x.shape[-2:]
+    padded = torch.nn.functional.pad(x, (shift, shift, shift, shift), mode="reflect")
+    s = 2 * shift
+    copies = [padded[..., :h, :w], padded[..., s:s + h, s:s + w], padded[..., :h, s:s + w], padded[..., s:s + h, :w]]
+    return model_logits(model, x, tta=True) / 2 + sum(model_logits(model, c, tta=True) for c in copies) / 8
+
+
 def view_logits(model: nn.Module, x: torch.Tensor, view: str) -> torch.Tensor:
     if view in ("none", "flip"):
         return model_logits(model, x, tta=view == "flip")
+    if view.startswith("flip+4shift-"):
+        return four_diagonals(model, x, int(view.rsplit("-", 1)[1]))
     return model_logits(model, x, tta=True, shift=int(view.rsplit("-", 1)[1]))  # what tta_shift=S scores
 
 
@@ -72,9 +86,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--shifts", default="1,2", help="the translations of the shifted views, in px (default 1,2)")
+    p.add_argument("--four", default="", help="also score, for each of these shifts in px, four copies moved along "
+                   "both diagonals, each flip-averaged (ten forward passes; default none)")
     p.add_argument("--results", default=str(RESULTS))
     args = p.parse_args(argv)
     views = ["none", "flip", *(f"flip+shift-{int(s)}" for s in args.shifts.split(","))]
+    views += [f"flip+4shift-{int(s)}" for s in args.four.split(",") if s]
     record_runs("tta_views.py", args.runs, lambda run: measure(run, views), args.results, argv)
 
 
