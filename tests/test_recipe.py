@@ -393,33 +393,30 @@ def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
 
     seen = []
 
-    def speed(cfg):  # images/s by the model's encoder blocks, its convs at each of the tokenizer's resolutions and
-        seen.append(cfg)  # the tokenizer's width
+    def speed(cfg):  # images/s by the model's encoder blocks and its convs at each of the tokenizer's resolutions
+        seen.append(cfg)
         m = cfg["model_args"]
-        return {(1, 1, 48): 820.0, (1, 1, 64): 650.0, (2, 1, 64): 500.0, (1, 2, 64): 420.0,
-                (2, 2, 64): 350.0}[m["depth"], m["stem_convs"], m["stem_width"]]
+        return {(1, 1): 650.0, (2, 1): 500.0, (1, 2): 420.0, (2, 2): 350.0}[m["depth"], m["stem_convs"]]
 
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed, where="this CPU (AVX2)")
     on_cpu = [c for c in SMALL_DATA_CANDIDATES if not c.accelerator]
-    # measured as the run trains: the one-block models (the narrower tokenizer's on its own: its step differs), then
-    # the short ones, then the one-block long model, which
+    # measured as the run trains: the one-block model, then the short ones, then the one-block long model, which
     # the one-block short model bounds: at its 4.1 epochs the long one's table (from 5.0 / REACH = 4.0) could be
     # chosen. Not measured: the two-block long model, bounded by the one-block long one's 2.6 epochs, and `long`,
     # by the two-block short model's 3.1 (a bound is always a model whose step is a part of the bounded one's)
-    assert [cfg["processes"] for cfg in seen] == [2] * 7
-    assert [(cfg["model_args"]["depth"], cfg["model_args"]["stem_convs"], cfg["model_args"]["stem_width"])
-            for cfg in seen] == [(1, 1, 64), (1, 1, 64), (1, 1, 48), (2, 1, 64), (2, 1, 64), (2, 1, 64), (1, 2, 64)]
+    assert [cfg["processes"] for cfg in seen] == [2] * 6
+    assert [(cfg["model_args"]["depth"], cfg["model_args"]["stem_convs"]) for cfg in seen] == [
+        (1, 1), (1, 1), (2, 1), (2, 1), (2, 1), (1, 2)]
     assert ("; long-one-block-lr-3x 420 img/s -> 2.6 epochs (table: none so few); long-lr-3x not measured: at most "
             "2.6 epochs, slower than long-one-block-lr-3x (table: none so few); long not measured: at most 3.1 epochs, "
             "slower than short-lr-3x (table: none so few); chose ") in r.line
     # each candidate's epochs: the 5 minutes less the end's 6 views of the 5,000 held out (at a third of a step's
     # time an image) and the plots (2 s), at its own speed, over the 45,000 images trained on; the table's best
-    # there is trained: one block at 0.008, at 4.1 epochs where the two blocks reach 3.1 and the narrower
-    # tokenizer 5.2, past its table's last point (80.60% at 4), which it is held at (the long models left
-    # unmeasured at most the epochs of the speed that bounds them)
-    reach = {v: v * (300 - 5_000 * 6 / 3 / v - 2.0) / 45_000 for v in (820.0, 650.0, 500.0, 420.0)}
-    epochs = {c.name: reach[820.0 if "narrow" in c.name else 650.0 if c.name.startswith("one-block") else 420.0
-                            if c.name.startswith("long-") else 500.0] for c in on_cpu}
+    # there is trained: one block at 0.008, at 4.1 epochs where the two blocks reach 3.1
+    # (the long models left unmeasured at most the epochs of the speed that bounds them)
+    reach = {v: v * (300 - 5_000 * 6 / 3 / v - 2.0) / 45_000 for v in (650.0, 500.0, 420.0)}
+    epochs = {c.name: reach[650.0 if c.name.startswith("one-block") else 420.0 if c.name.startswith("long-")
+                            else 500.0] for c in on_cpu}
     best = max((c for c in on_cpu if c.predict(epochs[c.name]) is not None), key=lambda c: c.predict(epochs[c.name]))
     assert best.name == "one-block-lr-4x"
     e = epochs[best.name]
@@ -431,7 +428,6 @@ def test_small_data_runs_bounded_by_the_clock_choose_by_work_and_say_so():
             f"(table: {lr3.predict(e):.1f}%); one-block-lr-4x 650 img/s -> {e:.1f} epochs (table: "
             f"{best.predict(e):.1f}%)") in r.line
     assert "; short-lr-3x 500 img/s -> 3.1 epochs (table: " in r.line
-    assert "; one-block-narrow-lr-4x 820 img/s -> 5.2 epochs (table: 80.6%); " in r.line
     assert f"{e:.1f}" == "4.1"
     assert f"; chose {best.name}: {best.what}; 2 processes on the CPU" in r.line
     # where the last runs of 2 processes here reached 0.8 of the epochs they expected, every candidate counts 0.8
@@ -523,28 +519,24 @@ def test_at_two_epochs_the_table_takes_the_higher_learning_rate_it_measured_bett
     assert by_name["long"].predict(3.0) is None
 
 
-@pytest.mark.parametrize("short_epochs, chosen", [(1.6, "one-block-narrow-lr-4x"), (2.2, "one-block-narrow-lr-4x"),
-                                                  (2.8, "one-block-lr-4x"), (4.0, "one-block-lr-3x"),
+@pytest.mark.parametrize("short_epochs, chosen", [(2.2, "one-block-lr-4x"), (4.0, "one-block-lr-3x"),
                                                   (10.0, "long-one-block-lr-3x"), (14.0, "long-lr-3x"),
                                                   (40.0, "long")])
 def test_the_long_model_at_the_higher_rate_takes_the_middle_budgets(short_epochs, chosen):
     # one block trains at about 1.3x the short model's images/s (speed_measurement.jsonl, --on model_args.depth=1),
     # the long model at about 0.7x (ablate_small_data.jsonl, seed 1's 10-epoch pair: 985 s against 713 s), and it
-    # with one block at about 1.17x that (--candidate long-lr-3x --on model_args.depth=1); one block with the narrower
-    # tokenizer at about 1.27x one block (their 3-epoch runs at lr 0.006 on the AVX2 CPU: 185 s against 146 s)
+    # with one block at about 1.17x that (--candidate long-lr-3x --on model_args.depth=1)
     def speed(cfg):
         short = cfg["model_args"]["stem_convs"] == 1
         one = cfg["model_args"]["depth"] == 1
-        narrow = 1.27 if cfg["model_args"]["stem_width"] == 48 else 1.0
-        return 50_000 * short_epochs / 300 * ((1.3 * narrow if one else 1.0) if short else (0.82 if one else 0.7))
+        return 50_000 * short_epochs / 300 * ((1.3 if one else 1.0) if short else (0.82 if one else 0.7))
 
     r = choose_recipe(CIFAR, max_minutes=5, cpus=2, speed=speed)
     assert f"; chose {chosen}:" in r.line
-    lr = {"one-block-narrow-lr-4x": 0.008, "one-block-lr-4x": 0.008, "one-block-lr-3x": 0.006, "long-one-block-lr-3x": 0.006, "long-lr-3x": 0.006,
+    lr = {"one-block-lr-4x": 0.008, "one-block-lr-3x": 0.006, "long-one-block-lr-3x": 0.006, "long-lr-3x": 0.006,
           "long": 0.002}[chosen]
     assert r.base["optim"]["lr"] == lr and (r.base["model_args"]["depth"] == 1) == ("one-block" in chosen)
     assert (r.base["model_args"]["stem_convs"] == 2) == chosen.startswith("long")
-    assert r.base["model_args"]["stem_width"] == (48 if "narrow" in chosen else 64)
 
 
 def test_on_a_gpu_the_wider_model_at_batch_512_is_a_candidate_where_its_epochs_reach_its_table():
@@ -560,8 +552,8 @@ def test_on_a_gpu_the_wider_model_at_batch_512_is_a_candidate_where_its_epochs_r
     # 52 epochs of it (its 34.2-epoch 88.82% held) against 15.5 of the others (long-lr-3x's about 88.3%): the
     # 2 minutes less the end (6 views of 5,000 images at a third of a step's time, and the plots), of 45,000
     assert ("measured on NVIDIA H200, epochs of 45,000 images: one-block-lr-3x 6,000 img/s -> 15.5 epochs (table: "
-            "85.4%); one-block-lr-4x 6,000 img/s -> 15.5 epochs (table: 81.4%); one-block-narrow-lr-4x 6,000 img/s -> "
-            "15.5 epochs (table: 80.6%); short-lr-3x 6,000 img/s -> 15.5 epochs") in r.line
+            "85.4%); one-block-lr-4x 6,000 img/s -> 15.5 epochs (table: 81.4%); short-lr-3x 6,000 img/s -> 15.5 "
+            "epochs") in r.line
     assert "; wide-b512 20,000 img/s -> 52.2 epochs (table: 88.8%); chose wide-b512: 4 blocks of width 192" in r.line
     assert r.base["batch_size"] == 512 and r.base["optim"]["lr"] == 0.004 and r.base["ema"] == 0.999
     assert r.base["model_args"] == {**SMALL_DATA["model_args"], "depth": 4, "embed_dim": 192, "num_heads": 3}
