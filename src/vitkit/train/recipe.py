@@ -317,8 +317,9 @@ ONE_BLOCK_LR3 = merge(copy.deepcopy(SHORT_LR3), {"model_args": {"depth": 1}})
 # table wins. Each reading less against it at 2 epochs (77.62%): no translations, lr 0.01, label smoothing 0.1,
 # AdamW's beta2 0.95, no warmup, width 128, 6 heads, no learned scale after the whitening filters (75.42%), and
 # LayerNorm on the queries and keys (76.76% against 77.50% the same day, fp32 on an AMX CPU). A narrower tokenizer
-# (48 and 96 channels) at 0.008 reads 0.8-2.0 points less at the same epochs and, in a 2.6-minute run held to AVX2,
-# reached 1.12x one block's epochs: 74.90% on the test images against 75.75% (docs/experiments.md)
+# (48 and 96 channels) at 0.008 reads 0.8-2.0 points less at the same epochs and, in two pairs of 2.6-minute runs
+# held to AVX2, reached about 1.22x one block's epochs: 75.18% on the test images against 75.04% on average, alike
+# within their noise (docs/experiments.md)
 ONE_BLOCK_LR4 = merge(copy.deepcopy(ONE_BLOCK_LR3), {"optim": {"lr": 0.008}})
 SMALL_DATA_CANDIDATES = (
     Candidate("one-block-lr-3x", "the short model with one encoder block (not two) at 3x the learning rate "
