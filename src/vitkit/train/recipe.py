@@ -316,7 +316,8 @@ ONE_BLOCK_LR3 = merge(copy.deepcopy(SHORT_LR3), {"model_args": {"depth": 1}})
 # 80.38% against 79.26%; two blocks at 2 epochs: 77.30% against 77.20%); a candidate of its own, chosen where its
 # table wins. Each reading less against it at 2 epochs (77.62%): no translations, lr 0.01, label smoothing 0.1,
 # AdamW's beta2 0.95, no warmup, width 128, 6 heads, no learned scale after the whitening filters (75.42%), and
-# LayerNorm on the queries and keys (76.76% against 77.50% the same day, fp32 on an AMX CPU). A narrower tokenizer
+# LayerNorm on the queries and keys (76.76% against 77.50% the same day, fp32 on an AMX CPU); an EMA read 77.86% and
+# 76.52% against 77.50% and 76.74% on seeds 0 and 1 (0.07 points on average). A narrower tokenizer
 # (48 and 96 channels) at 0.008 reads 0.8-2.0 points less at the same epochs and, in two pairs of 2.6-minute runs
 # held to AVX2, reached about 1.22x one block's epochs: 75.18% on the test images against 75.04% on average, alike
 # within their noise (docs/experiments.md)
