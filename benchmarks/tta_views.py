@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from vitkit.data import open_dataset  # noqa: E402
 from vitkit.data.splits import HELD_OUT  # noqa: E402
-from vitkit.infer.paths import model_logits  # noqa: E402
+from vitkit.infer.paths import model_logits, shifted_views  # noqa: E402
 from vitkit.io.checkpoint import load  # noqa: E402
 
 from fixres import prepare  # noqa: E402  (benchmarks/ is on sys.path)
@@ -44,10 +44,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "tta_views.jsonl"
 def four_diagonals(model: nn.Module, x: torch.Tensor, shift: int) -> torch.Tensor:
     """Half the flip average of ``x`` and an eighth of each of four copies moved ``shift`` px along both
     diagonals (up-left, down-right, up-right, down-left), each flip-averaged: ten forward passes."""
-    h, w = x.shape[-2:]
-    padded = torch.nn.functional.pad(x, (shift, shift, shift, shift), mode="reflect")
-    s = 2 * shift
-    copies = [padded[..., :h, :w], padded[..., s:s + h, s:s + w], padded[..., :h, s:s + w], padded[..., s:s + h, :w]]
+    # the mirror's up-left and down-right copies, mirrored back, are the image's up-right and down-left ones
+    copies = [*shifted_views(x, shift), *(c.flip(-1) for c in shifted_views(x.flip(-1), shift))]
     return model_logits(model, x, tta=True) / 2 + sum(model_logits(model, c, tta=True) for c in copies) / 8
 
 
