@@ -149,6 +149,22 @@ def test_param_groups_exclude_biases_norms_and_embeddings():
     assert not decay & no_decay and len(decay | no_decay) == len(list(m.parameters()))
 
 
+def test_bn_lr_scale_takes_the_batchnorm_parameters_alone():
+    m = vitkit.create_model("vit_hybrid_whiten_patch4_32", depth=1, stem_early_convs=1, stem_convs=1, seed=0)
+    bn = {f"{mn}.{pn}" for mn, mod in m.named_modules() if isinstance(mod, torch.nn.BatchNorm2d)
+          for pn, _ in mod.named_parameters(recurse=False)}
+    assert len(bn) == 8  # the stem's four BatchNorms, a weight and a bias each
+    opt = build_optimizer(m, OptimConfig(name="muon", lr=0.01, bn_lr_scale=4.0, muon_convs=True))
+    lr = {n: g["lr"] for g in opt.param_groups for n in g["names"]}
+    assert {lr[n] for n in bn} == {0.04}
+    assert {v for n, v in lr.items() if n not in bn} == {0.01}
+    assert len(lr) == len([p for p in m.parameters() if p.requires_grad])
+    assert [g["names"] for g in build_optimizer(m, OptimConfig(lr=0.01)).param_groups] == [
+        g["names"] for g in param_groups(m, 0.05)]  # the default keeps the groups as they were
+    with pytest.raises(ConfigError, match="optim.bn_lr_scale: must be > 0, got 0"):
+        OptimConfig(bn_lr_scale=0).validate()
+
+
 def test_layer_decay_scales():
     m = vitkit.create_model("vit_test", seed=0)  # depth 2
     opt = build_optimizer(m, OptimConfig(lr=1.0, layer_decay=0.5))

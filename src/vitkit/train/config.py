@@ -75,6 +75,8 @@ class OptimConfig:
     nesterov: bool = False  # SGD Nesterov momentum
     layer_decay: float | None = None  # layer-wise lr decay: block i gets lr * decay^(depth - i); None = off
     clip_grad: float | None = 1.0  # clip the global gradient norm to this value; None = off
+    bn_lr_scale: float = 1.0  # the BatchNorm layers' weights and biases train at this multiple of the lr (airbench
+    #   trains its BatchNorm biases at a far higher rate than its filters; not the recipe's: docs/experiments.md)
 
     def validate(self):
         if not self.lr > 0:
@@ -85,6 +87,8 @@ class OptimConfig:
             raise ConfigError(f"optim.layer_decay: must be in (0, 1] or null, got {self.layer_decay!r}")
         if self.clip_grad is not None and not self.clip_grad > 0:
             raise ConfigError(f"optim.clip_grad: must be > 0 or null, got {self.clip_grad!r}")
+        if not self.bn_lr_scale > 0:
+            raise ConfigError(f"optim.bn_lr_scale: must be > 0, got {self.bn_lr_scale!r}")
         if self.muon_convs and self.name != "muon":
             raise ConfigError(f"optim.muon_convs: needs optim.name='muon', got optim.name={self.name!r}")
         if not 0 <= self.muon_momentum < 1:

@@ -26,21 +26,25 @@ def layer_id(name: str, depth: int) -> int:
     return depth + 1
 
 
-def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None,
+                 bn_lr_scale: float = 1.0) -> list[dict]:
     """Parameter groups keyed by (decay or not, layer); each has ``weight_decay``, ``lr_scale`` and ``decay``
     (whether its parameters are of the kind weight decay applies to: weights, not biases, norms or embeddings,
     whatever ``weight_decay`` is, 0 included)."""
     model = unwrap(model)
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
     depth = len(getattr(model, "blocks", []))
-    groups: dict[tuple[bool, int], dict] = {}
+    bn = {f"{mn}.{pn}" for mn, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+          for pn, _ in m.named_parameters(recurse=False)} if bn_lr_scale != 1.0 else set()
+    groups: dict[tuple[bool, int, bool], dict] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         no_decay = p.ndim <= 1 or name in skip or name.endswith(".bias")
         lid = layer_id(name, depth) if layer_decay is not None else 0
         scale = layer_decay ** (depth + 1 - lid) if layer_decay is not None else 1.0
-        key = (no_decay, lid)
+        scale = scale * bn_lr_scale if name in bn else scale
+        key = (no_decay, lid, name in bn)
         if key not in groups:
             groups[key] = dict(params=[], names=[], weight_decay=0.0 if no_decay else weight_decay, lr_scale=scale,
                                decay=not no_decay)
@@ -227,7 +231,7 @@ def muon_groups(groups: list[dict], convs: bool = False) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
-    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay, cfg.bn_lr_scale)
     for g in groups:
         g["lr"] = cfg.lr * g["lr_scale"]
     if cfg.name == "sgd":
