@@ -159,6 +159,22 @@ def test_rank_0_killed_alone_is_reported(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == ["vitkit: error: process 0 of 2 failed (killed by SIGKILL)"]
 
 
+def test_a_crash_that_then_aborts_is_not_taken_for_the_killed_rank(tmp_path, capsys):
+    # rank 1 was killed; rank 0 lost it (gloo: connection closed), recorded that crash, and then ended on
+    # SIGABRT as gloo's threads tore down ("terminate called without an active exception"): rank 1's
+    # death is the cause, whatever the order in which the launcher saw the two
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "stderr.log").write_text("terminate called without an active exception\n")
+    launch_mod.record_error(str(tmp_path / "0" / "error.json"), "RuntimeError: Connection closed by peer",
+                            "Traceback (most recent call last):\nRuntimeError: Connection closed by peer\n")
+    lost = ProcessFailure(local_rank=0, pid=100, exitcode=-signal.SIGABRT, error_file=str(tmp_path / "0" / "error.json"))
+    killed = _failure(tmp_path, 1, -signal.SIGKILL)
+    assert launch_mod.report_failure({0: lost, 1: killed}, _logs(tmp_path)) == 128 + signal.SIGKILL
+    assert capsys.readouterr().err.splitlines() == ["vitkit: error: process 1 of 2 failed (killed by SIGKILL)"]
+
+
 def test_the_launcher_s_sigterm_over_a_crash_records_the_crash(tmp_path):
     # A peer died: this process's collective failed, and the launcher's SIGTERM (Terminated) raised while
     # that crash was on its way out. The crash is recorded with its traceback, the process ends with exit

@@ -378,12 +378,14 @@ def report_failure(failures: dict, logs, run_dir: str | os.PathLike | None = Non
 def _cause_order(f) -> int:
     """How surely a failure is the cause of a launch's end (lowest first): its own vitkit error; killed by a
     signal other than the launcher's SIGTERM; an exit of its own that recorded nothing (it ended abruptly);
-    a crash (in a distributed run most often the loss of another process); stopped by the launcher."""
-    if _recorded(f) and not _crashed(f):
-        return 0
+    a crash (in a distributed run most often the loss of another process), however the process then ended (a
+    crash recorded, its communication threads may still abort it on their way out: SIGABRT is not a death of its
+    own); stopped by the launcher."""
+    if _recorded(f):
+        return 3 if _crashed(f) else 0
     if f.exitcode < 0:
         return 4 if f.signal_name() == "SIGTERM" else 1
-    return 3 if _crashed(f) else 2
+    return 2
 
 
 def _resume_hint(run_dir, log: Path | None) -> str:
