@@ -26,15 +26,19 @@ def layer_id(name: str, depth: int) -> int:
     return depth + 1
 
 
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)  # the CPU's all-reduce one subclasses 2d
+
+
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None,
                  bn_lr_scale: float = 1.0) -> list[dict]:
-    """Parameter groups keyed by (decay or not, layer); each has ``weight_decay``, ``lr_scale`` and ``decay``
-    (whether its parameters are of the kind weight decay applies to: weights, not biases, norms or embeddings,
-    whatever ``weight_decay`` is, 0 included)."""
+    """Parameter groups keyed by (decay or not, layer, BatchNorm or not); each has ``weight_decay``, ``lr_scale``
+    and ``decay`` (whether its parameters are of the kind weight decay applies to: weights, not biases, norms or
+    embeddings, whatever ``weight_decay`` is, 0 included). ``bn_lr_scale`` multiplies the BatchNorm layers'
+    ``lr_scale`` (OptimConfig.bn_lr_scale)."""
     model = unwrap(model)
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
     depth = len(getattr(model, "blocks", []))
-    bn = {f"{mn}.{pn}" for mn, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    bn = {f"{mn}.{pn}" for mn, m in model.named_modules() if isinstance(m, BATCH_NORMS)
           for pn, _ in m.named_parameters(recurse=False)} if bn_lr_scale != 1.0 else set()
     groups: dict[tuple[bool, int, bool], dict] = {}
     for name, p in model.named_parameters():
