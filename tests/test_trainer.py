@@ -16,7 +16,7 @@ from vitkit.data import AugmentConfig
 from vitkit.io import checkpoint as ckpt_io
 from vitkit.train import EMA, RunConfig, StepResult, Trainer, TrainerState, model_config, preflight
 from vitkit.train.build import build_model, prepare_model
-from vitkit.train.budget import FORWARD_TIMINGS
+from vitkit.train.budget import FORWARD_AT, FORWARD_TIMINGS, RunBudget
 from vitkit.train.ema import ema_decay
 from vitkit.train import trainer as trainer_module
 from vitkit.train.trainer import EpochEnd
@@ -279,6 +279,33 @@ def test_the_end_is_estimated_from_an_evaluation_batch_scored_as_the_end_scores_
     share = 16 // world  # each process scores its share of the 16 at once: fewer than a batch of 64
     assert seen == [share] * (1 + FORWARD_TIMINGS)  # a warm-up, then the timed batches
     assert t.budget.forward == pytest.approx(1.0 / (share * world))  # the fastest, 1 s for 16 image-views, on 1 or 2
+
+
+def test_the_end_s_forward_is_timed_twice_and_the_faster_kept_until_a_validation_is_timed():
+    # a run's first seconds may find the machine busy: an evaluation batch is timed once the steps' time is
+    # settled and again once their median is (FORWARD_AT), the faster kept; a timed validation then rules
+    b = RunBudget(60.0)
+    b.add_step(3.0)  # the first step (its warm-up): not settled
+    assert not b.wants_forward_timing()
+    b.add_step(1.0)
+    assert b.wants_forward_timing()
+    b.timed_forward(2.0, 100)  # busy: 20 ms an image-view
+    for _ in range(FORWARD_AT[1] - 2):
+        b.add_step(1.0)
+        assert not b.wants_forward_timing()
+    b.add_step(1.0)
+    assert b.wants_forward_timing()
+    b.timed_forward(0.8, 100)
+    assert b.forward == pytest.approx(0.008) and not b.wants_forward_timing()
+    b.timed_forward(1.6, 100)  # a slower timing never raises it
+    assert b.forward == pytest.approx(0.008)
+    b.timed_eval(1.0, 100)  # a whole validation: its rate, slower or not, and no more batch timings
+    assert b.forward == pytest.approx(0.01) and not b.wants_forward_timing()
+    b.timed_forward(0.1, 100)
+    assert b.forward == pytest.approx(0.01)
+    fresh = RunBudget(60.0)  # a validation before any batch was timed: none is timed then
+    fresh.add_step(1.0), fresh.add_step(1.0), fresh.timed_eval(1.0, 100)
+    assert not fresh.wants_forward_timing() and fresh.forward == pytest.approx(0.01)
 
 
 # ------------------------------------------------------------------------------ the config, once

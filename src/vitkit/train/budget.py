@@ -11,8 +11,8 @@ stops, and training stops early enough for the end to fit.
 
 The end work is estimated from what the run has timed: the image-views it scores (each image of a split
 once a view) at the seconds one took in the last timed validation, else in a forward pass of one
-evaluation batch on every process, timed once the steps' time is settled, else at ``FORWARD_SHARE`` of a
-training step's seconds an image; checkpoint writes at the longest one timed, else at ``SAVE_BYTES_PER_S``;
+evaluation batch on every process, timed twice (``FORWARD_AT``, the faster kept), else at ``FORWARD_SHARE``
+of a training step's seconds an image; checkpoint writes at the longest one timed, else at ``SAVE_BYTES_PER_S``;
 the plots at their time, else ``PLOT_SECONDS``.
 """
 
@@ -32,6 +32,10 @@ FORWARD_TIMINGS = 5  # evaluation batches timed (after a warm-up) for the end's 
 SAVE_BYTES_PER_S = 100e6  # a checkpoint write not timed yet: a slow disk's rate, fsync included
 PLOT_SECONDS = 2.0  # drawing the plots, not timed yet (matplotlib's import included)
 RECENT_STEPS = 16  # the steps whose median time is a step's
+FORWARD_AT = (1, RECENT_STEPS)  # the steps after the first at which an evaluation batch is timed for the end's estimate
+#   (until a validation is timed): once the steps' time is settled, and again once their median is, the faster kept.
+#   A run's first seconds may find the machine busy: a 15-minute CIFAR-10 run timed it at its second step alone and
+#   estimated its end at 36.2 s, which took 13.3 (results/time_to_accuracy.jsonl), seconds taken from training
 END_MARGIN = 1.25  # the end's forward passes over their timed estimate, a margin: a 1.5-minute CIFAR-10 run of 2
 #   processes timed 0.48 ms an image-view in an evaluation batch, and its whole end took 13.8 s of the 20.1 estimated
 END_TOLERANCE = 0.05  # of the budget: how far past the time left the planned end may run before fewer views
@@ -73,6 +77,8 @@ class RunBudget:
         self.first: float | None = None  # the first step timed (its warm-up makes it the slowest)
         self.steps: deque[float] = deque(maxlen=RECENT_STEPS)  # the steps after it
         self.forward: float | None = None  # seconds an image-view took in the last timed evaluation
+        self.validated = False  # whether ``forward`` is a whole validation's (else evaluation batches', or none)
+        self.forward_timings = 0  # the evaluation batches timed for ``forward`` (``timed_forward``)
         self.save: float | None = None  # the longest checkpoint write timed
         self.plot: float | None = None  # the last drawing of the plots timed
 
@@ -91,8 +97,23 @@ class RunBudget:
         return statistics.median(self.steps) if self.steps else (self.first or 0.0)
 
     def timed_eval(self, seconds: float, image_views: int) -> None:
+        """A validation timed: its seconds an image-view are the end's from now on."""
         if image_views > 0:
-            self.forward = seconds / image_views
+            self.forward, self.validated = seconds / image_views, True
+
+    def wants_forward_timing(self) -> bool:
+        """Whether to time an evaluation batch now (``FORWARD_AT``): no validation timed yet, and the steps
+        counted since the first reach the next of FORWARD_AT."""
+        return (not self.validated and self.forward_timings < len(FORWARD_AT)
+                and len(self.steps) >= FORWARD_AT[self.forward_timings])
+
+    def timed_forward(self, seconds: float, image_views: int) -> None:
+        """An evaluation batch of ``image_views`` timed at ``seconds``: the fastest of these timings is the end's
+        estimate an image-view (a busy machine only makes a timing slower)."""
+        self.forward_timings += 1
+        if image_views > 0 and not self.validated:
+            now = seconds / image_views
+            self.forward = now if self.forward is None else min(self.forward, now)
 
     def timed_save(self, seconds: float) -> None:
         self.save = max(self.save or 0.0, seconds)
@@ -117,4 +138,4 @@ class RunBudget:
 
 
 __all__ = ["RunBudget", "eval_views", "fewer_views", "views_words", "FORWARD_SHARE", "FORWARD_TIMINGS",
-           "SAVE_BYTES_PER_S", "PLOT_SECONDS", "RECENT_STEPS", "END_MARGIN", "END_TOLERANCE"]
+           "SAVE_BYTES_PER_S", "PLOT_SECONDS", "RECENT_STEPS", "FORWARD_AT", "END_MARGIN", "END_TOLERANCE"]

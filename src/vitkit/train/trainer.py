@@ -384,7 +384,7 @@ class Trainer:
         end scores batch after batch at its steady speed; one batch timed alone may catch the machine busy, and
         an estimate too high takes its seconds from training). The processes score their shares side by side,
         so an image-view's wall-clock is the batch's seconds over the images of all of them. What the end's
-        estimate rests on until a validation is timed."""
+        estimate rests on until a validation is timed; done twice (``budget.FORWARD_AT``), the faster kept."""
         images = self.val_set if self.val_set is not None else self.test_set
         if images is None or not len(images):
             return
@@ -402,7 +402,7 @@ class Trainer:
                 times.append(time.perf_counter() - t0)
         finally:
             base.train(was_training)
-        self.budget.timed_eval(min(times[1:]), size * self.dist.world_size)
+        self.budget.timed_forward(min(times[1:]), size * self.dist.world_size)
 
     def views(self, tta: bool, shift: int) -> int:
         """The forward passes an image's scoring takes with these views, mirrored or not as the run scores."""
@@ -532,7 +532,7 @@ class Trainer:
         now = self.elapsed()
         if self.budget is not None:
             self.budget.add_step(now - self.state.seconds)
-            if self.budget.settled() and self.budget.forward is None:
+            if self.budget.wants_forward_timing():
                 self.time_forward()
         flags = torch.tensor([local, float(not math.isfinite(local) or bad_grad), float(bool(self.stop_requested())),
                               now, self.reserve()], dtype=torch.float64)  # on the CPU, as collectives_for serves
