@@ -26,9 +26,6 @@ def layer_id(name: str, depth: int) -> int:
     return depth + 1
 
 
-BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)  # the CPU's all-reduce one subclasses 2d
-
-
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None,
                  bn_lr_scale: float = 1.0) -> list[dict]:
     """Parameter groups keyed by (decay or not, layer, BatchNorm or not); each has ``weight_decay``, ``lr_scale``
@@ -38,7 +35,7 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
     model = unwrap(model)
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
     depth = len(getattr(model, "blocks", []))
-    bn = {f"{mn}.{pn}" for mn, m in model.named_modules() if isinstance(m, BATCH_NORMS)
+    bn = {f"{mn}.{pn}" for mn, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
           for pn, _ in m.named_parameters(recurse=False)} if bn_lr_scale != 1.0 else set()
     groups: dict[tuple[bool, int, bool], dict] = {}
     for name, p in model.named_parameters():
