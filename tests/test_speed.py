@@ -4,6 +4,7 @@ an error or a hang; and a run whose recipe measured it says so first and takes t
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from vitkit.train.recipe import SMALL_DATA, SMALL_DATA_CANDIDATES
 from vitkit.train.speed import SPEED_FILE, machine_key, measure_speed, read_speeds, run_key, store_speed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny(**fields) -> tuple[RunConfig, object]:
@@ -270,7 +272,10 @@ def test_the_share_of_their_expected_epochs_that_runs_reached_is_kept_by_machine
     import vitkit.train.speed as speed
 
     cpu = torch.device("cpu")
-    assert speed.reached_share(tmp_path, cpu, 2) is None and speed.reached_share(None, cpu, 2) is None
+    first = (speed.FIRST_SHARE, 0)  # none recorded: what first runs of several processes on a CPU reach
+    assert speed.reached_share(tmp_path, cpu, 2) == first and speed.reached_share(None, cpu, 2) == first
+    assert speed.reached_share(tmp_path, cpu, 1) is None and speed.reached_share(None, cpu, 1) is None
+    assert "none recorded here yet" in speed.share_words(first)
     for reached in (3.0, 2.4, 3.3):
         speed.record_reached(tmp_path, cpu, 2, expected=4.0, reached=reached)
     assert speed.reached_share(tmp_path, cpu, 2) == (0.75, 3)  # the median of 0.75, 0.6, 0.825
@@ -282,9 +287,29 @@ def test_the_share_of_their_expected_epochs_that_runs_reached_is_kept_by_machine
         speed.record_reached(tmp_path, cpu, 2, expected=2.0, reached=1.8)
     assert speed.reached_share(tmp_path, cpu, 2) == (0.9, speed.RUN_SHARES)  # the recent ones only
     (tmp_path / speed.RUNS_FILE).write_text("[not, json")
-    assert speed.reached_share(tmp_path, cpu, 2) is None
+    assert speed.reached_share(tmp_path, cpu, 2) == first and speed.reached_share(tmp_path, cpu, 1) is None
     (tmp_path / "file").write_text("x")
     speed.record_reached(tmp_path / "file", cpu, 2, expected=2.0, reached=1.8)  # no error
+
+
+def test_the_first_share_is_what_first_runs_of_several_processes_on_a_cpu_reached():
+    """FIRST_SHARE is the median reached / expected epochs of the recorded runs bounded by the clock that were the
+    first on their machine (an empty cache folder: the data decoded, 'miss') with two or more processes on a CPU,
+    within 0.03 (a new record moves the median a little; more than that, and the constant wants measuring again)."""
+    import statistics
+
+    import vitkit.train.speed as speed
+
+    shares = []
+    for line in (ROOT / "benchmarks" / "results" / "time_to_accuracy.jsonl").read_text().splitlines():
+        run = (json.loads(line).get("vitkit") or {}) if line.strip() else {}
+        recipe = run.get("recipe") or {}
+        if (run.get("data_cache") == "miss" and str(run.get("machine", "")).startswith("cpu")
+                and (recipe.get("processes") or 1) > 1 and recipe.get("expected_epochs") and run.get("epochs")):
+            shares.append(run["epochs"] / recipe["expected_epochs"])
+    assert len(shares) >= 15
+    assert abs(statistics.median(shares) - speed.FIRST_SHARE) <= 0.03, statistics.median(shares)
+    assert min(shares) >= speed.MIN_SHARE and max(shares) <= speed.MAX_SHARE
 
 
 def test_a_run_the_clock_ends_records_the_share_it_reached_and_the_next_run_counts_with_it(tmp_path, capsys,

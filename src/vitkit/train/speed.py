@@ -40,7 +40,11 @@ MAX_ENTRIES = 200  # measurements the cache file keeps (the newest)
 # time the count leaves out (on a 2-core AVX2 CPU mostly 0.8-0.9 of the expected epochs, 0.71-1.07 in all: the runs
 # of docs/experiments.md, "On a 2-core AVX2-only Zen 3"). A finished run bounded by
 # the clock keeps the share it reached; later runs of as many processes on the machine scale their count by the
-# median of the recent ones (train/resolve.py), for every candidate alike.
+# median of the recent ones (train/resolve.py), for every candidate alike. Where none is recorded, a CPU run of two or
+# more processes counts at FIRST_SHARE: the median share that such runs reached as the first run on their machine (an
+# empty cache folder), 0.63-1.10 over 20 runs on three CPU kinds (benchmarks/results/time_to_accuracy.jsonl; a test
+# reads them). One process has no pair to wait on, and a GPU run had one record: those count at 1.
+FIRST_SHARE = 0.82
 RUNS_FILE = "runs.json"  # in the cache folder: machine and processes -> the shares of their expected epochs reached
 RUN_SHARES = 5  # the recent shares kept for each
 MIN_SHARE, MAX_SHARE = 0.25, 2.0  # a share outside these is a run stopped short or given more time: not kept
@@ -244,11 +248,12 @@ def layout_key(device: torch.device, processes: int) -> str:
 
 def reached_share(cache_dir: str | os.PathLike | None, device: torch.device, processes: int) -> tuple[float, int] | None:
     """(the median share of their expected epochs that the last runs here reached, how many runs): what a run of
-    ``processes`` processes on ``device`` scales its expected epochs by; None where no run has recorded one."""
-    if cache_dir is None:
-        return None
-    shares = _read_runs(Path(cache_dir) / RUNS_FILE).get(layout_key(device, processes), [])
-    return (statistics.median(shares), len(shares)) if shares else None
+    ``processes`` processes on ``device`` scales its expected epochs by. Where no run has recorded one: (FIRST_SHARE,
+    0) for two or more processes on a CPU, else None."""
+    shares = [] if cache_dir is None else _read_runs(Path(cache_dir) / RUNS_FILE).get(layout_key(device, processes), [])
+    if shares:
+        return statistics.median(shares), len(shares)
+    return (FIRST_SHARE, 0) if device.type == "cpu" and processes > 1 else None
 
 
 def record_reached(cache_dir: str | os.PathLike | None, device: torch.device, processes: int, expected: float,
@@ -275,6 +280,9 @@ def record_reached(cache_dir: str | os.PathLike | None, device: torch.device, pr
 def share_words(share: tuple[float, int]) -> str:
     """How a line says that it counts epochs at ``share`` ((the share, how many runs), ``reached_share``)."""
     value, runs = share
+    if runs == 0:
+        return (f"at {value:.2f}x, the median share of their expected epochs that runs of several processes reached "
+                "as the first run on their CPU (none recorded here yet)")
     if runs == 1:
         return f"at {value:.2f}x, the share of its expected epochs that the last run here reached"
     return f"at {value:.2f}x, the median share of their expected epochs that the last {runs} runs here reached"
@@ -288,4 +296,4 @@ def _read_runs(file: Path) -> dict[str, list[float]]:
 
 
 __all__ = ["Speed", "measure_speed", "machine_key", "run_key", "speed_key", "read_speeds", "store_speed", "SPEED_FILE",
-           "RUNS_FILE", "layout_key", "reached_share", "record_reached", "share_words"]
+           "RUNS_FILE", "FIRST_SHARE", "layout_key", "reached_share", "record_reached", "share_words"]
