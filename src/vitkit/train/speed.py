@@ -42,8 +42,8 @@ MAX_ENTRIES = 200  # measurements the cache file keeps (the newest)
 # the clock keeps the share it reached; later runs of as many processes on the machine scale their count by the
 # median of the recent ones (train/resolve.py), for every candidate alike. Where none is recorded, a CPU run of two or
 # more processes counts at FIRST_SHARE: the median share that such runs reached as the first run on their machine (an
-# empty cache folder), 0.63-1.10 over 21 runs on three CPU kinds (benchmarks/results/time_to_accuracy.jsonl; a test
-# recomputes the median). One process has no pair to wait on, and a GPU run had one record: those count at 1.
+# empty cache folder): set from 20 runs on three CPU kinds, 0.63-1.10 (benchmarks/results/time_to_accuracy.jsonl; a
+# test recomputes the median over every such record, and the two runs counted at it since reached 0.81 and 0.82). One process has no pair to wait on, and a GPU run had one record: those count at 1.
 FIRST_SHARE = 0.82
 RUNS_FILE = "runs.json"  # in the cache folder: machine and processes -> the shares of their expected epochs reached
 RUN_SHARES = 5  # the recent shares kept for each
