@@ -43,7 +43,8 @@ MAX_ENTRIES = 200  # measurements the cache file keeps (the newest)
 # median of the recent ones (train/resolve.py), for every candidate alike. Where none is recorded, a CPU run of two or
 # more processes counts at FIRST_SHARE: the median share that such runs reached as the first run on their machine (an
 # empty cache folder): set from 20 runs on three CPU kinds, 0.63-1.10 (benchmarks/results/time_to_accuracy.jsonl; a
-# test recomputes the median over every such record, and the two runs counted at it since reached 0.81 and 0.82). One process has no pair to wait on, and a GPU run had one record: those count at 1.
+# test recomputes the median over every such record, and the two runs counted at it since reached 0.81 and 0.82).
+# One process has no pair to wait on, and a GPU run had one record: those count at 1.
 FIRST_SHARE = 0.82
 RUNS_FILE = "runs.json"  # in the cache folder: machine and processes -> the shares of their expected epochs reached
 RUN_SHARES = 5  # the recent shares kept for each
@@ -250,7 +251,8 @@ def reached_share(cache_dir: str | os.PathLike | None, device: torch.device, pro
     """(the median share of their expected epochs that the last runs here reached, how many runs): what a run of
     ``processes`` processes on ``device`` scales its expected epochs by. Where no run has recorded one: (FIRST_SHARE,
     0) for two or more processes on a CPU, else None."""
-    shares = [] if cache_dir is None else _read_runs(Path(cache_dir) / RUNS_FILE).get(layout_key(device, processes), [])
+    runs = {} if cache_dir is None else _read_runs(Path(cache_dir) / RUNS_FILE)
+    shares = runs.get(layout_key(device, processes), [])
     if shares:
         return statistics.median(shares), len(shares)
     return (FIRST_SHARE, 0) if device.type == "cpu" and processes > 1 else None
