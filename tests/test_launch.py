@@ -185,7 +185,7 @@ def test_the_launcher_s_sigterm_over_a_crash_records_the_crash(tmp_path):
     before = signal.getsignal(signal.SIGTERM)
     ended = None
     try:
-        with launch_mod.errors_recorded(str(error_file)):
+        with launch_mod.errors_recorded(str(error_file), end=sys.exit):  # a launched process: end_now (below)
             try:
                 raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")
             except RuntimeError:
@@ -201,6 +201,27 @@ def test_the_launcher_s_sigterm_over_a_crash_records_the_crash(tmp_path):
     assert record["message"] == "RuntimeError: Connection closed by peer [127.0.0.1]:1234"
     assert record["traceback"].startswith("Traceback (most recent call last)")
     assert "RuntimeError: Connection closed by peer" in record["traceback"]
+
+
+CRASH_THEN_EXIT = """
+import atexit, sys
+from vitkit.train.launch import errors_recorded
+atexit.register(lambda: print("exit handlers ran", file=sys.stderr))
+print("before the crash", end="")  # left in the buffer
+with errors_recorded(sys.argv[1]):
+    raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+"""
+
+
+def test_a_recorded_crash_ends_the_process_at_once_with_its_output_flushed(tmp_path):
+    # After a lost peer, gloo's threads can abort a process as the interpreter tears down, printing
+    # 'terminate called without an active exception' under the launcher's one line: a launched process ends
+    # at its recorded crash without running exit handlers (or that teardown), its output flushed
+    error_file = tmp_path / "error.json"
+    r = subprocess.run([sys.executable, "-c", CRASH_THEN_EXIT, str(error_file)], capture_output=True, text=True,
+                       timeout=120, env=ENV)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "before the crash", "")
+    assert json.loads(error_file.read_text())["message"] == "RuntimeError: Connection closed by peer [127.0.0.1]:1234"
 
 
 def test_a_stop_alone_or_over_a_vitkit_error_is_not_a_crash(tmp_path):

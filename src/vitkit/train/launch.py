@@ -42,6 +42,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, NoReturn
 
 from ..core.errors import ConfigError, TrainingError, VitkitError
 
@@ -296,12 +297,22 @@ def record_error(error_file: str | None, message: str, trace: str | None = None)
             Path(error_file).write_text(json.dumps(record))
 
 
+def end_now(code: int) -> NoReturn:
+    """End this process at once with exit code ``code``, its output flushed, running no exit handlers: after
+    a lost peer, the communication library's threads can abort the process as the interpreter tears down
+    (SIGABRT, and 'terminate called without an active exception' on the terminal after the launcher's line)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing left to save
+            stream.flush()
+    os._exit(code)
+
+
 @contextlib.contextmanager
-def errors_recorded(error_file: str | None):
+def errors_recorded(error_file: str | None, end: Callable[[int], NoReturn] = end_now):
     """Record (``record_error``) a VitkitError that ends this launched process, and let it go on. Any
     other exception (a crash; in a distributed run most often the loss of another process, which the
     collective it waited in reports in many lines) is recorded with its traceback and ends the process
-    with exit code 1 without printing it: the launcher's report says in one line what happened.
+    with exit code 1 (``end``) without printing it: the launcher's report says in one line what happened.
 
     When one process dies, the launcher stops the others with SIGTERM, which may reach this one while its
     own crash (the lost peer) is on its way out, after training's handlers are gone: the signal then
@@ -322,7 +333,7 @@ def errors_recorded(error_file: str | None):
 
         trace = "".join(traceback.format_exception(type(crash), crash, crash.__traceback__))
         record_error(error_file, f"{type(crash).__name__}: {_first_line(crash)[:200]}", trace)
-        raise SystemExit(1) from None
+        end(1)
 
 
 def _crash_of(e: BaseException) -> BaseException | None:
@@ -443,6 +454,6 @@ def _first_line(e: BaseException) -> str:
 
 
 __all__ = ["LaunchPlan", "launch_plan", "parse_nnodes", "parse_endpoint", "check_resolves", "launch", "launch_config",
-           "rank_logs", "follow_launcher", "record_error", "errors_recorded", "report_failure", "write_failure_log",
-           "FAILURE_LOG", "RDZV_BACKENDS",
+           "rank_logs", "follow_launcher", "record_error", "errors_recorded", "end_now", "report_failure",
+           "write_failure_log", "FAILURE_LOG", "RDZV_BACKENDS",
            "DEFAULT_RDZV_ID"]
